@@ -1,0 +1,143 @@
+"""Behaviour policies of the offline suite (SPEC §7, D4RL recipe), trained online with
+stable-baselines3: SAC for hopper and walker2d, TQC (sb3-contrib) for halfcheetah, as the
+hosted Minari MuJoCo datasets were made.
+
+A run resumes from its last checkpoint (model + replay buffer). At every evaluation the actor is
+exported; the first export whose score reaches ``MEDIUM_SCORE`` becomes the *medium* policy and
+the replay buffer up to that moment becomes the *medium-replay* transitions; the best later
+export is the *expert*. Exports are small and committed under ``datasets/policies/<env>/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from envs import Task
+from datasets.rollout import collect
+
+POLICY_DIR = Path(__file__).parent / "policies"
+MEDIUM_SCORE = 40.0  # normalised score: about a third of an expert's return, as D4RL's medium policies
+ALGOS = {"halfcheetah": "TQC", "hopper": "SAC", "walker2d": "SAC"}
+
+
+class GaussianActor(nn.Module):
+    """The tanh-Gaussian actor of SB3's SAC/TQC (same parameter names), runnable without SB3."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] = (256, 256)):
+        super().__init__()
+        layers, d = [], obs_dim
+        for h in hidden:
+            layers += [nn.Linear(d, h), nn.ReLU()]
+            d = h
+        self.latent_pi = nn.Sequential(*layers)
+        self.mu = nn.Linear(d, act_dim)
+        self.log_std = nn.Linear(d, act_dim)
+        self.hidden = tuple(hidden)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, generator: torch.Generator | None = None) -> np.ndarray:
+        """Sampled actions in [-1, 1] (the stochastic policy that generates D4RL-style data)."""
+        z = self.latent_pi(torch.as_tensor(obs, dtype=torch.float32))
+        mu, std = self.mu(z), self.log_std(z).clamp(-20, 2).exp()
+        return torch.tanh(mu + std * torch.randn(mu.shape, generator=generator)).numpy()
+
+    def export(self) -> dict:
+        return {"obs_dim": self.latent_pi[0].in_features, "act_dim": self.mu.out_features,
+                "hidden": self.hidden, "state_dict": self.state_dict()}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "GaussianActor":
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        actor = cls(blob["obs_dim"], blob["act_dim"], tuple(blob["hidden"]))
+        actor.load_state_dict(blob["state_dict"])
+        return actor.eval()
+
+    @classmethod
+    def from_sb3(cls, model) -> "GaussianActor":
+        sb3 = model.actor
+        hidden = tuple(m.out_features for m in sb3.latent_pi if isinstance(m, nn.Linear))
+        actor = cls(sb3.latent_pi[0].in_features, sb3.mu.out_features, hidden)
+        actor.load_state_dict({k: v for k, v in sb3.state_dict().items() if k.split(".")[0] in ("latent_pi", "mu", "log_std")})
+        return actor.eval()
+
+
+def evaluate_actor(actor: GaussianActor, task: Task, episodes: int, seed: int) -> np.ndarray:
+    """Returns of ``episodes`` episodes of the stochastic actor."""
+    gen = torch.Generator().manual_seed(seed)
+    eps = collect(task, lambda o: actor.act(o, gen), num_episodes=episodes, seed=seed)
+    return np.array([e["rewards"].sum() for e in eps])
+
+
+def replay_episodes(buffer, upto: int) -> dict[str, np.ndarray]:
+    """The first ``upto`` transitions of an SB3 replay buffer as flat arrays plus episode lengths
+    (the trailing unfinished episode ends truncated)."""
+    obs, nxt = buffer.observations[:upto, 0], buffer.next_observations[:upto, 0]
+    done, timeout = buffer.dones[:upto, 0].astype(bool), buffer.timeouts[:upto, 0].astype(bool)
+    ends = np.flatnonzero(done)
+    if len(ends) == 0 or ends[-1] != upto - 1:
+        ends = np.append(ends, upto - 1)
+        timeout = timeout.copy(); timeout[-1] = True
+    lengths = np.diff(np.concatenate([[-1], ends]))
+    return dict(observations=obs.astype(np.float32), final_observations=nxt[ends].astype(np.float32),
+                actions=buffer.actions[:upto, 0].astype(np.float32), rewards=buffer.rewards[:upto, 0].astype(np.float32),
+                terminations=done & ~timeout, truncations=timeout, lengths=lengths)
+
+
+def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, eval_every: int = 20_000,
+                    eval_episodes: int = 10, seed: int = 0, policy_dir: Path = POLICY_DIR) -> None:
+    """Train (or resume) the behaviour learner of ``task`` and export medium/medium-replay/expert."""
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from sb3_contrib import TQC
+
+    torch.set_num_threads(1)
+    algo = {"SAC": SAC, "TQC": TQC}[ALGOS[task.name]]
+    work_dir, out = Path(work_dir), Path(policy_dir) / task.name
+    work_dir.mkdir(parents=True, exist_ok=True); out.mkdir(parents=True, exist_ok=True)
+    progress_path = work_dir / "progress.json"
+    progress = json.loads(progress_path.read_text()) if progress_path.exists() else {
+        "task": task.name, "algo": ALGOS[task.name], "seed": seed, "evals": [], "cpu_seconds": 0.0,
+        "medium_step": None, "expert_step": None, "expert_score": -float("inf")}
+    env = task.make()
+    if (work_dir / "model.zip").exists():
+        model = algo.load(work_dir / "model.zip", env=env, device="cpu")
+        model.load_replay_buffer(work_dir / "replay.pkl")
+        print(f"resumed {task.name} at step {model.num_timesteps}")
+    else:
+        model = algo("MlpPolicy", env, learning_starts=10_000, buffer_size=total_steps, seed=seed, device="cpu", verbose=0)
+
+    class Checkpoint(BaseCallback):
+        t0 = time.process_time()
+
+        def _on_step(self) -> bool:
+            step = self.num_timesteps
+            if step % eval_every:
+                return True
+            actor = GaussianActor.from_sb3(self.model)
+            returns = evaluate_actor(actor, task, eval_episodes, seed=10_000 + step)
+            score = float(task.normalize(returns.mean()))
+            progress["evals"].append({"step": step, "return_mean": float(returns.mean()),
+                                      "return_std": float(returns.std()), "normalized": score})
+            meta = {"task": task.name, "algo": ALGOS[task.name], "train_seed": seed, "step": step,
+                    "eval_return_mean": float(returns.mean()), "eval_normalized": score}
+            if progress["medium_step"] is None and score >= MEDIUM_SCORE:
+                torch.save({**actor.export(), "meta": meta}, out / "medium.pt")
+                np.savez_compressed(out / "medium_replay.npz", **replay_episodes(self.model.replay_buffer, step))
+                progress["medium_step"] = step
+            elif progress["medium_step"] is not None and score > progress["expert_score"]:
+                torch.save({**actor.export(), "meta": meta}, out / "expert.pt")
+                progress["expert_step"], progress["expert_score"] = step, score
+            self.model.save(work_dir / "model.tmp.zip"); os.replace(work_dir / "model.tmp.zip", work_dir / "model.zip")
+            self.model.save_replay_buffer(work_dir / "replay.tmp.pkl"); os.replace(work_dir / "replay.tmp.pkl", work_dir / "replay.pkl")
+            now = time.process_time(); progress["cpu_seconds"] += now - self.t0; self.t0 = now
+            progress_path.write_text(json.dumps(progress, indent=1))
+            print(f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}", flush=True)
+            return True
+
+    model.learn(total_steps - model.num_timesteps, callback=Checkpoint(), reset_num_timesteps=False)

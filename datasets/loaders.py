@@ -1,0 +1,123 @@
+"""Load a dataset from any supported source into the one in-memory format (``Trajectories``):
+
+- a Minari dataset id (``mujoco/hopper/medium-v0``, or a suite id ``dt-primal/hopper/medium-v0``,
+  which is built on first use), read from ``$MINARI_DATASETS_PATH``;
+- a D4RL hdf5 file (keys ``observations, actions, rewards, terminals, timeouts``);
+- a decision-transformer pickle (a list of trajectory dicts with ``observations, actions,
+  rewards`` and ``terminals`` or ``dones``).
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from dt_primal.data import Trajectories
+from dt_primal.errors import UserError
+from envs import find_task
+
+D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
+HDF5_SUFFIXES, PICKLE_SUFFIXES = (".hdf5", ".h5"), (".pkl", ".pickle")
+
+
+def load_dataset(spec: str, env: str | None = None, download: bool = False) -> Trajectories:
+    """Trajectories from ``spec``; ``.env`` is the evaluation task from the source's metadata,
+    else ``env``, else the task named in ``spec`` (e.g. ``hopper-medium-v2.hdf5``)."""
+    path = Path(spec).expanduser()
+    if path.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES or path.exists():
+        if not path.is_file():
+            raise UserError(f"Dataset file {spec} does not exist. Give the path of a D4RL .hdf5 file, a "
+                            f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0.")
+        if path.suffix in HDF5_SUFFIXES:
+            data = load_d4rl_hdf5(path)
+        elif path.suffix in PICKLE_SUFFIXES:
+            data = load_pickle(path)
+        else:
+            raise UserError(f"Cannot tell the format of {spec}: use a .hdf5/.h5 (D4RL) or .pkl/.pickle "
+                            f"(decision-transformer) file, or a Minari dataset id.")
+    else:
+        data = load_minari(spec, download)
+    data.env = env or data.env or (find_task(spec).gym_id if find_task(spec) else None)
+    if data.env is None:
+        raise UserError(f"The dataset {spec} does not say which environment it comes from; pass --env "
+                        f"(hopper, halfcheetah or walker2d).")
+    return data
+
+
+def load_minari(dataset_id: str, download: bool = False) -> Trajectories:
+    import minari
+    from datasets.suite import SUITE_NAMESPACE, build_if_missing
+
+    if dataset_id.startswith(SUITE_NAMESPACE + "/"):
+        build_if_missing(dataset_id)
+    elif dataset_id not in minari.list_local_datasets():
+        if not download:
+            raise UserError(
+                f"Minari dataset {dataset_id} is not in $MINARI_DATASETS_PATH (default ~/.minari/datasets). "
+                f"Pass --download to fetch it from the Minari server, copy its folder there, or use a dataset of "
+                f"the offline suite, which is built here on first use (e.g. dt-primal/hopper/medium-v0; see "
+                f"python -m datasets build --help).")
+    try:
+        ds = minari.load_dataset(dataset_id, download=download)
+    except Exception as exc:  # unknown remote id, broken files, no network
+        raise UserError(f"Could not load Minari dataset {dataset_id}: {exc}. Check the id "
+                        f"(python -c 'import minari; print(minari.list_local_datasets())').") from exc
+    episodes = [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
+                for ep in ds.iterate_episodes()]
+    env = ds.env_spec.id if ds.env_spec is not None else None
+    return Trajectories.from_episodes(episodes, env=env, source=dataset_id)
+
+
+def load_d4rl_hdf5(path: Path) -> Trajectories:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in D4RL_KEYS if k not in f]
+            if missing:
+                raise UserError(f"{path} is not a D4RL dataset: it lacks the keys {', '.join(missing)} "
+                                f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).")
+            arrays = {k: f[k][()] for k in D4RL_KEYS}
+            timeouts = f["timeouts"][()] if "timeouts" in f else np.zeros_like(arrays["terminals"])
+    except OSError as exc:
+        raise UserError(f"Cannot read {path} as hdf5 ({exc}); the file may be truncated or not hdf5.") from exc
+    n = len(arrays["rewards"])
+    for k, v in {**arrays, "timeouts": timeouts}.items():
+        if len(v) != n:
+            raise UserError(f"{path}: '{k}' has {len(v)} rows but 'rewards' has {n}; every key needs one row per step.")
+    terminals, timeouts = arrays["terminals"].reshape(-1).astype(bool), timeouts.reshape(-1).astype(bool)
+    ends = np.flatnonzero(terminals | timeouts) + 1
+    if len(ends) == 0 or ends[-1] != n:
+        ends = np.append(ends, n)  # a trailing unfinished episode
+    lengths = np.diff(np.concatenate([[0], ends]))
+    data = Trajectories(observations=np.asarray(arrays["observations"], np.float32),
+                        actions=np.asarray(arrays["actions"], np.float32),
+                        rewards=np.asarray(arrays["rewards"], np.float32).reshape(-1),
+                        lengths=lengths.astype(np.int64), terminals=terminals[ends - 1], source=str(path))
+    return data.validate()
+
+
+def load_pickle(path: Path) -> Trajectories:
+    try:
+        with open(path, "rb") as f:
+            trajs = pickle.load(f)
+    except Exception as exc:
+        raise UserError(f"Cannot unpickle {path} ({exc}); the file may be truncated or not a pickle.") from exc
+    if not isinstance(trajs, (list, tuple)) or not all(isinstance(t, dict) for t in trajs):
+        raise UserError(f"{path} must hold a list of trajectory dicts (decision-transformer format), "
+                        f"found {type(trajs).__name__}.")
+    episodes = []
+    for i, t in enumerate(trajs):
+        missing = [k for k in ("observations", "actions", "rewards") if k not in t]
+        if missing:
+            raise UserError(f"{path}: trajectory {i} lacks the keys {', '.join(missing)} "
+                            f"(each needs observations, actions, rewards and terminals or dones).")
+        ep = {k: np.asarray(t[k]) for k in ("observations", "actions", "rewards")}
+        ep["terminals"] = np.asarray(t.get("terminals", t.get("dones", False)))
+        if ep["observations"].ndim != 2 or ep["actions"].ndim != 2 or len(ep["observations"]) < len(ep["actions"]) \
+                or len(ep["rewards"]) != len(ep["actions"]):
+            raise UserError(f"{path}: trajectory {i} has shapes observations {ep['observations'].shape}, actions "
+                            f"{ep['actions'].shape}, rewards {ep['rewards'].shape}; expected (T, obs_dim), (T, act_dim), (T,).")
+        episodes.append(ep)
+    return Trajectories.from_episodes(episodes, source=str(path))

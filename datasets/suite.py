@@ -1,0 +1,158 @@
+"""The offline suite: D4RL-style Minari datasets ``dt-primal/<env>/<level>-v0`` built on this
+machine from committed behaviour policies (SPEC §7).
+
+random = uniform actions; medium = the policy first reaching about a third of expert score;
+medium-replay = every transition its learner collected until then; expert = the best policy of
+the finished learner; medium-expert = medium + expert. Episodes end on termination or at 1000
+steps. ``steps`` scales every level down (tests use tiny builds).
+"""
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from datasets.behaviour import ALGOS, MEDIUM_SCORE, POLICY_DIR, GaussianActor
+from datasets.rollout import collect
+from dt_primal.errors import UserError
+from envs import TASKS, Task
+
+SUITE_NAMESPACE = "dt-primal"
+LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
+FULL_STEPS = 1_000_000
+RECIPES = {
+    "random": "{steps} steps of uniformly random actions.",
+    "medium": "{steps} steps of the stochastic {algo} policy (stable-baselines3) exported the first time its "
+              "learner reached a normalised score of {medium}, about a third of an expert's return.",
+    "medium-replay": "Every transition the {algo} learner collected (its replay buffer, from its first random "
+                     "episodes) until it first reached medium level{subsample}.",
+    "expert": "{steps} steps of the stochastic {algo} policy with the best evaluation of the finished learner.",
+    "medium-expert": "The episodes of medium-v0 followed by those of expert-v0 (built with the same steps and seed).",
+}
+
+
+def suite_id(env: str, level: str) -> str:
+    return f"{SUITE_NAMESPACE}/{env}/{level}-v0"
+
+
+def parse_suite_id(dataset_id: str) -> tuple[Task, str]:
+    m = re.fullmatch(rf"{SUITE_NAMESPACE}/([a-z0-9]+)/([a-z-]+)-v0", dataset_id)
+    if not m or m.group(1) not in TASKS or m.group(2) not in LEVELS:
+        raise UserError(f"Unknown suite dataset {dataset_id!r}: suite ids are {SUITE_NAMESPACE}/<env>/<level>-v0 with "
+                        f"env in {', '.join(TASKS)} and level in {', '.join(LEVELS)}.")
+    return TASKS[m.group(1)], m.group(2)
+
+
+def policy_file(task: Task, name: str) -> Path:
+    path = POLICY_DIR / task.name / name
+    if not path.exists():
+        raise UserError(f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "
+                        f"`python -m datasets train-policy --env {task.name}` (hours of CPU; it resumes), or use "
+                        f"the random level, which needs no policy.")
+    return path
+
+
+def _policy_episodes(task: Task, name: str, steps: int, seed: int) -> tuple[list[dict], dict]:
+    blob = torch.load(policy_file(task, name), map_location="cpu", weights_only=True)
+    actor = GaussianActor.load(policy_file(task, name))
+    gen = torch.Generator().manual_seed(seed)
+    eps = collect(task, lambda o: actor.act(o, gen), num_steps=steps, seed=seed, num_envs=64, progress=True)
+    return eps, blob["meta"]
+
+
+def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
+    """The learner's transitions until medium level, as episodes; when ``steps`` is below their
+    total, whole episodes evenly spread over the learner's history, so it still runs from the
+    first episodes to medium level."""
+    z = np.load(policy_file(task, "medium_replay.npz"))
+    ends = np.cumsum(z["lengths"])
+    starts = ends - z["lengths"]
+    eps = [dict(observations=np.concatenate([z["observations"][s:e], z["final_observations"][i:i + 1]]),
+                actions=z["actions"][s:e], rewards=z["rewards"][s:e], terminations=z["terminations"][s:e],
+                truncations=z["truncations"][s:e]) for i, (s, e) in enumerate(zip(starts, ends))]
+    total = int(ends[-1])
+    if steps < total:
+        keep, used = [], 0
+        for i in np.linspace(0, len(eps) - 1, num=len(eps)).astype(int)[:: max(1, total // steps)]:
+            if used >= steps:
+                break
+            keep.append(eps[i]); used += len(eps[i]["actions"])
+        eps = keep
+    return eps, total
+
+
+def _write(dataset_id: str, task: Task, episodes: list[dict], algorithm: str, description: str) -> None:
+    import minari
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"], rewards=ep["rewards"].tolist(),
+                             terminations=ep["terminations"].tolist(), truncations=ep["truncations"].tolist())
+               for i, ep in enumerate(episodes)]
+    if dataset_id in minari.list_local_datasets():
+        minari.delete_dataset(dataset_id)
+    with warnings.catch_warnings():  # Minari asks for an author e-mail; a built dataset has none
+        warnings.filterwarnings("ignore", message=".*author_email.*")
+        minari.create_dataset_from_buffers(
+            dataset_id, buffers, env=task.gym_id, eval_env=task.gym_id, algorithm_name=algorithm, author="dt-primal",
+            code_permalink="datasets/suite.py", ref_min_score=task.ref_min, ref_max_score=task.ref_max,
+            description=description)
+
+
+def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
+    """Build ``dt-primal/<env>/<level>-v0`` (replacing an existing one); returns its id."""
+    dataset_id = suite_id(task.name, level)
+    if steps < 1:
+        raise UserError(f"--steps must be at least 1 (got {steps}).")
+    t0 = time.time()
+    algo = f"{ALGOS[task.name]} (stable-baselines3)"
+    fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, subsample="")
+    if level == "random":
+        rng = np.random.default_rng(seed)
+        act_dim = task.make().action_space.shape[0]
+        episodes = collect(task, lambda o: rng.uniform(-1, 1, (len(o), act_dim)).astype(np.float32),
+                           num_steps=steps, seed=seed, num_envs=64, progress=True)
+        algorithm, seeds = "uniform random actions", f"rollout seed {seed}"
+    elif level in ("medium", "expert"):
+        episodes, meta = _policy_episodes(task, f"{level}.pt", steps, seed)
+        algorithm = f"{algo}, policy exported at learner step {meta['step']}"
+        seeds = f"learner seed {meta['train_seed']}, rollout seed {seed}"
+    elif level == "medium-replay":
+        episodes, total = _replay_episodes(task, steps)
+        meta = torch.load(policy_file(task, "medium.pt"), weights_only=True)["meta"]
+        if steps < total:
+            fmt["subsample"] = f" (scaled down: whole episodes spread evenly over the {total} transitions)"
+        algorithm, seeds = f"{algo} replay buffer, learner steps 0-{meta['step']}", f"learner seed {meta['train_seed']}"
+    elif level == "medium-expert":
+        episodes = []
+        for part in ("medium", "expert"):
+            part_id = build_if_missing(suite_id(task.name, part), steps=steps, seed=seed)
+            episodes += _minari_episodes(part_id)
+        algorithm, seeds = f"{algo}: medium-v0 + expert-v0", f"rollout seed {seed} for both parts"
+    else:
+        raise UserError(f"Unknown level {level!r}: choose one of {', '.join(LEVELS)}.")
+    description = f"D4RL-style {task.name} {level} dataset on {task.gym_id}. " + RECIPES[level].format(**fmt) + \
+        f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} --steps {steps} --seed {seed}`."
+    _write(dataset_id, task, episodes, algorithm, description)
+    print(f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps "
+          f"in {time.time() - t0:.0f} s")
+    return dataset_id
+
+
+def _minari_episodes(dataset_id: str) -> list[dict]:
+    import minari
+    return [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards,
+                 terminations=ep.terminations, truncations=ep.truncations)
+            for ep in minari.load_dataset(dataset_id).iterate_episodes()]
+
+
+def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
+    import minari
+    task, level = parse_suite_id(dataset_id)
+    if dataset_id not in minari.list_local_datasets():
+        print(f"{dataset_id} is not built yet: building it now (once).")
+        build(task, level, steps=steps, seed=seed)
+    return dataset_id

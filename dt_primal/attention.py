@@ -1,0 +1,97 @@
+"""Causal self-attention: one interface, two implementations.
+
+Both take ``x`` (B, L, d_model) and ``valid`` (B, L) bool (True for real tokens, or None when
+there is no padding) and return ``(y, J)``: the output (B, L, d_model) and the per-sequence KSVD
+objective J (B,) — None for softmax attention. No output at a real token depends on padding or
+on a later token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SoftmaxAttention(nn.Module):
+    """Canonical causal multi-head attention through ``scaled_dot_product_attention``."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float):
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None):
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        p = self.dropout if self.training else 0.0
+        if valid is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:  # causal and key-padding mask; every token sees itself so no row is empty
+            idx = torch.arange(L, device=x.device)
+            mask = (idx[:, None] >= idx[None, :]) & valid[:, None, None, :] | (idx[:, None] == idx[None, :])
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, L, D))), None
+
+
+def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Running mean over the valid tokens up to each position, z: (B, H, L, d) (SPEC §1.2)."""
+    z = z.float()
+    if valid is None:
+        n = torch.arange(1, z.shape[2] + 1, device=z.device, dtype=z.dtype)[:, None]
+        return z.cumsum(2) / n
+    w = valid[:, None, :, None].to(z.dtype)
+    return (z * w).cumsum(2) / w.cumsum(2).clamp_min(1.0)
+
+
+def ksvd_objective(e: torch.Tensor, r: torch.Tensor, lam: torch.Tensor, W_e: torch.Tensor, W_r: torch.Tensor,
+                   valid: torch.Tensor | None) -> torch.Tensor:
+    """KSVD primal objective J of eq. 11 for each sequence, as SPEC §2:
+
+        J_b = ½ mean_{h,t} ‖e_{h,t} ⊙ Λ_h‖² + ½ mean_{h,t} ‖r_{h,t} ⊙ Λ_h‖² − Tr(mean_h W_e[h]ᵀ W_r[h])
+
+    e, r: (B, H, L, s) scores; lam: (H, s); W_e, W_r: (H, d_k, s); means over valid tokens only.
+    """
+    lam = lam[None, :, None, :].float()
+    energy = 0.5 * ((e.float() * lam) ** 2).sum(-1) + 0.5 * ((r.float() * lam) ** 2).sum(-1)  # (B, H, L)
+    if valid is None:
+        mean = energy.mean((1, 2))
+    else:
+        w = valid[:, None, :].to(energy.dtype)
+        mean = (energy * w).sum((1, 2)) / (w.sum((1, 2)) * energy.shape[1]).clamp_min(1.0)
+    return mean - (W_e.float() * W_r.float()).sum((1, 2)).mean()
+
+
+class CausalPrimalAttention(nn.Module):
+    """Causal Primal-Attention with data-independent projection weights (eq. 9, appendix B.1,
+    SPEC §1): running-mean queries/keys, cosine feature map φ(z) = z/‖z‖, scores
+    e = φ(q̄)ᵀW_e and r = φ(k̄)ᵀW_r, output Linear([e; r]). No value projection; O(L·d_k·s)."""
+
+    def __init__(self, d_model: int, n_head: int, s: int, dropout: float):
+        super().__init__()
+        self.n_head, d_k = n_head, d_model // n_head
+        self.qk = nn.Linear(d_model, 2 * d_model)
+        self.W_e = nn.Parameter(nn.init.orthogonal_(torch.empty(n_head, d_k, s)))
+        self.W_r = nn.Parameter(nn.init.orthogonal_(torch.empty(n_head, d_k, s)))
+        self.Lambda = nn.Parameter(torch.rand(n_head, s))  # used by the KSVD loss only
+        self.head_out = nn.Linear(2 * s, d_k)  # shared by all heads
+        self.proj = nn.Linear(d_model, d_model)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def scores(self, x: torch.Tensor, valid: torch.Tensor | None):
+        """Features φ(q̄), φ(k̄) (B, H, L, d_k) and scores e, r (B, H, L, s)."""
+        B, L, D = x.shape
+        q, k = self.qk(x).view(B, L, 2, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        phi_q = F.normalize(causal_mean(q, valid), dim=-1)
+        phi_k = F.normalize(causal_mean(k, valid), dim=-1)
+        e = torch.einsum("bhld,hds->bhls", phi_q, self.W_e.float())
+        r = torch.einsum("bhld,hds->bhls", phi_k, self.W_r.float())
+        return phi_q, phi_k, e, r
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None):
+        B, L, D = x.shape
+        _, _, e, r = self.scores(x, valid)
+        y = self.head_out(torch.cat([e, r], dim=-1).to(x.dtype))  # (B, H, L, d_k)
+        y = self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, L, D)))
+        return y, ksvd_objective(e, r, self.Lambda, self.W_e, self.W_r, valid)

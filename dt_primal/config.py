@@ -1,0 +1,129 @@
+"""The one config object shared by ``train.py`` and ``evaluate.py`` (defaults: SPEC §4)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass, fields
+
+from dt_primal.errors import UserError
+
+MODELS = ("dt", "primal", "primalformer")
+
+# KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
+PAPER_S = {
+    ("halfcheetah", "medium"): 64, ("halfcheetah", "medium-replay"): 32, ("halfcheetah", "medium-expert"): 96,
+    ("hopper", "medium"): 64, ("hopper", "medium-replay"): 64, ("hopper", "medium-expert"): 64,
+    ("walker2d", "medium"): 96, ("walker2d", "medium-replay"): 96, ("walker2d", "medium-expert"): 96,
+}
+DEFAULT_S = 64
+
+
+@dataclass
+class Config:
+    # data
+    dataset: str = "dt-primal/hopper/medium-v0"
+    env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, ...)
+    download: bool = False  # let Minari download a hosted dataset that is not present locally
+    # model (SPEC §3)
+    model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal
+    n_layer: int = 3
+    d_model: int = 256
+    n_head: int = 4
+    context: int = 20  # K timesteps, 3K tokens
+    dropout: float = 0.1
+    max_ep_len: int = 1000
+    s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
+    eta: float = 0.05  # KSVD loss weight (eq. 10)
+    # optimisation
+    steps: int = 100_000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 10_000
+    grad_clip: float = 0.25
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    # returns and evaluation (SPEC §5)
+    reward_scale: float = 1000.0
+    targets: list[float] | None = None  # None: the task's two targets
+    eval_every: int = 10_000
+    eval_episodes_during: int = 10  # per target, at intermediate evaluations
+    eval_episodes: int = 100  # per target, at the end
+    # bookkeeping
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    out: str = "runs/default"
+    checkpoint_every: int = 10_000
+    log_every: int = 200
+
+    def resolved_s(self) -> int:
+        """``s`` if set, else the paper's value for this dataset (SPEC §4), else 64."""
+        if self.s is not None:
+            return self.s
+        from envs import find_task
+        task = find_task(self.dataset)
+        m = re.search(r"medium-replay|medium-expert|medium", self.dataset.lower().replace("_", "-"))
+        return PAPER_S.get((task.name if task else None, m.group(0) if m else None), DEFAULT_S)
+
+    def validate(self) -> "Config":
+        problems = []
+        if self.model not in MODELS:
+            problems.append(f"--model must be one of {', '.join(MODELS)} (got {self.model!r})")
+        if self.d_model <= 0 or self.n_head <= 0 or self.d_model % self.n_head:
+            problems.append(f"--d-model ({self.d_model}) must be a positive multiple of --n-head ({self.n_head})")
+        for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if self.s is not None and self.s <= 0:
+            problems.append(f"--s (KSVD rank) must be positive (got {self.s})")
+        if self.steps < 0 or self.warmup_steps < 0 or self.eval_episodes < 0 or self.eval_episodes_during < 0:
+            problems.append("--steps, --warmup-steps and the episode counts cannot be negative")
+        if self.targets is not None and len(self.targets) == 0:
+            problems.append("--targets needs at least one return to condition on")
+        if self.precision not in ("fp32", "bf16"):
+            problems.append(f"--precision must be fp32 or bf16 (got {self.precision!r})")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            problems.append(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        if not 0 <= self.dropout < 1 or self.eta < 0 or self.lr <= 0 or self.reward_scale <= 0:
+            problems.append("need 0 <= --dropout < 1, --eta >= 0, --lr > 0 and --reward-scale > 0")
+        if problems:
+            raise UserError("Invalid configuration: " + "; ".join(problems) + ". Fix these options and run again.")
+        return self
+
+
+# Small settings for the newcomer's first run: minutes on a 2-core CPU instead of hours.
+PRESETS = {
+    "quick": dict(d_model=128, steps=2000, warmup_steps=200, eval_every=1000, eval_episodes_during=5,
+                  eval_episodes=10, checkpoint_every=500, precision="bf16"),
+    "paper": {},
+}
+
+
+def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One ``--field-name`` option per Config field (or per field in ``only``); defaults are left
+    unset (None) so that presets and checkpoints can tell what the user really asked for."""
+    for f in fields(Config):
+        if only is not None and f.name not in only:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            parser.add_argument(flag, action="store_true", default=None)
+        elif f.name == "targets":
+            parser.add_argument(flag, type=float, nargs="+", default=None, help="returns to condition on")
+        elif f.name == "model":
+            parser.add_argument(flag, choices=MODELS, default=None, help=f"default {f.default}")
+        else:
+            kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
+            parser.add_argument(flag, type=kind, default=None, help=f"default {f.default}")
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """The Config fields the user set on the command line."""
+    names = {f.name for f in fields(Config)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def make_config(preset: str = "paper", **changes) -> Config:
+    if preset not in PRESETS:
+        raise UserError(f"Unknown preset {preset!r}: choose one of {', '.join(PRESETS)}.")
+    return dataclasses.replace(Config(), **{**PRESETS[preset], **changes}).validate()

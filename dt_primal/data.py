@@ -1,0 +1,112 @@
+"""One in-memory dataset format whatever the source, and the on-device window sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dt_primal.errors import UserError
+
+
+@dataclass
+class Trajectories:
+    """Episodes concatenated along time. Step ``i`` holds the observation the agent acted on,
+    its action and its reward; the episode boundaries are given by ``lengths``."""
+
+    observations: np.ndarray  # (N, obs_dim) float32
+    actions: np.ndarray  # (N, act_dim) float32
+    rewards: np.ndarray  # (N,) float32
+    lengths: np.ndarray  # (E,) int64, sum == N
+    terminals: np.ndarray  # (E,) bool: the episode ended by termination (not by a time limit)
+    env: str | None = None  # evaluation task named by the source's metadata (e.g. "Hopper-v5")
+    source: str = ""
+
+    @classmethod
+    def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "") -> "Trajectories":
+        """From per-episode dicts with ``observations`` (T or T+1 rows), ``actions``, ``rewards``
+        and optionally ``terminals`` (T,)."""
+        if not episodes:
+            raise UserError(f"The dataset {source} holds no episodes. Check the file, or build it again.")
+        lengths = np.array([len(ep["actions"]) for ep in episodes], dtype=np.int64)
+        return cls(
+            observations=np.concatenate([np.asarray(ep["observations"], np.float32)[:n] for ep, n in zip(episodes, lengths)]),
+            actions=np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
+            rewards=np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes]),
+            lengths=lengths,
+            terminals=np.array([bool(np.any(ep.get("terminals", False))) for ep in episodes]),
+            env=env, source=source).validate()
+
+    @property
+    def obs_dim(self) -> int:
+        return self.observations.shape[1]
+
+    @property
+    def act_dim(self) -> int:
+        return self.actions.shape[1]
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+
+    def episode_returns(self) -> np.ndarray:
+        return np.add.reduceat(self.rewards.astype(np.float64), self.starts)
+
+    def validate(self) -> "Trajectories":
+        """Raise a UserError naming what is wrong; otherwise return self."""
+        where = f"The dataset {self.source}" if self.source else "The dataset"
+        n = len(self.rewards)
+        if self.observations.ndim != 2 or self.actions.ndim != 2 or self.rewards.ndim != 1:
+            raise UserError(f"{where} has wrong shapes: observations {self.observations.shape}, actions "
+                            f"{self.actions.shape}, rewards {self.rewards.shape}; expected (N, obs_dim), (N, act_dim), (N,).")
+        if len(self.observations) != n or len(self.actions) != n or int(self.lengths.sum()) != n:
+            raise UserError(f"{where} is inconsistent: {len(self.observations)} observations, {len(self.actions)} "
+                            f"actions, {n} rewards and episodes totalling {int(self.lengths.sum())} steps.")
+        if len(self.lengths) == 0 or (self.lengths < 1).any():
+            raise UserError(f"{where} has empty episodes; remove them or rebuild the dataset.")
+        for name in ("observations", "actions", "rewards"):
+            bad = ~np.isfinite(getattr(self, name))
+            if bad.any():
+                raise UserError(f"{where} has {int(bad.sum())} NaN/inf values in '{name}'; clean the data first.")
+        return self
+
+    def state_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and std (+1e-6) of the observations (SPEC §4)."""
+        return self.observations.mean(0), self.observations.std(0) + 1e-6
+
+
+class WindowSampler:
+    """Draws training windows of K steps, right-padded, entirely on ``device``.
+
+    A window starts at a uniformly drawn step of the whole store, which is the same as drawing the
+    episode with probability proportional to its length and then a start inside it. Returns-to-go
+    use γ = 1 and are divided by ``reward_scale``; states are normalised.
+    """
+
+    def __init__(self, data: Trajectories, context: int, reward_scale: float, state_mean: np.ndarray,
+                 state_std: np.ndarray, device: torch.device | str = "cpu"):
+        starts, ends = data.starts, data.starts + data.lengths
+        ep_of_step = np.repeat(np.arange(len(data.lengths)), data.lengths)
+        step_in_ep = np.arange(len(data.rewards)) - starts[ep_of_step]
+        rew = data.rewards.astype(np.float64)
+        # return-to-go: reward sum from step i to its episode's end
+        tail = np.cumsum(rew[::-1])[::-1]
+        rtg = tail - np.append(tail, 0.0)[ends[ep_of_step]]
+        as_t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=device)
+        self.states = as_t((data.observations - state_mean) / state_std, torch.float32)
+        self.actions = as_t(data.actions, torch.float32)
+        self.rtg = as_t(rtg / reward_scale, torch.float32)
+        self.timesteps = as_t(step_in_ep, torch.long)
+        self.end = as_t(ends[ep_of_step], torch.long)  # exclusive end of each step's episode
+        self.offsets = torch.arange(context, device=device)
+        self.context, self.device = context, device
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        start = torch.randint(len(self.rtg), (batch_size,), device=self.device, generator=generator)
+        idx = start[:, None] + self.offsets  # (B, K)
+        valid = idx < self.end[start][:, None]
+        idx = torch.where(valid, idx, start[:, None])  # padding reads a real step, then is zeroed
+        m = valid.unsqueeze(-1)
+        return {"states": self.states[idx] * m, "actions": self.actions[idx] * m,
+                "returns_to_go": (self.rtg[idx] * valid).unsqueeze(-1),
+                "timesteps": self.timesteps[idx] * valid, "valid": valid}

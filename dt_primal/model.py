@@ -1,0 +1,90 @@
+"""Decision Transformer (SPEC §3) whose blocks use softmax or Causal Primal-Attention.
+
+Tokens per timestep: return-to-go, state, action, interleaved (R̂₁, s₁, a₁, R̂₂, …); a learned
+timestep embedding is added to the three tokens of a step; pre-LN GPT blocks; the action a_t is
+predicted from the hidden state of the s_t token through tanh.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
+from dt_primal.config import Config
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(LN(x)), then x + MLP(LN(x)) with MLP width 4·d_model."""
+
+    def __init__(self, cfg: Config, primal: bool):
+        super().__init__()
+        d = cfg.d_model
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = (CausalPrimalAttention(d, cfg.n_head, cfg.resolved_s(), cfg.dropout) if primal
+                     else SoftmaxAttention(d, cfg.n_head, cfg.dropout))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(cfg.dropout))
+
+    def forward(self, x, valid):
+        a, J = self.attn(self.ln1(x), valid)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), J
+
+
+def primal_layers(cfg: Config) -> list[bool]:
+    """Which blocks are primal: none (dt), the last (primal, the paper's Primal.+DT), all (primalformer)."""
+    return [cfg.model == "primalformer" or (cfg.model == "primal" and i == cfg.n_layer - 1) for i in range(cfg.n_layer)]
+
+
+class DecisionTransformer(nn.Module):
+    def __init__(self, cfg: Config, state_dim: int, act_dim: int):
+        super().__init__()
+        d = cfg.d_model
+        self.max_ep_len = cfg.max_ep_len
+        self.embed_return = nn.Linear(1, d)
+        self.embed_state = nn.Linear(state_dim, d)
+        self.embed_action = nn.Linear(act_dim, d)
+        self.embed_timestep = nn.Embedding(cfg.max_ep_len, d)
+        self.embed_ln = nn.LayerNorm(d)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, primal) for primal in primal_layers(cfg))
+        self.ln_f = nn.LayerNorm(d)
+        self.predict_action = nn.Linear(d, act_dim)
+        self.apply(self._init_weights)  # GPT-2 init; primal W_e, W_r, Λ keep their own (SPEC §1)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+
+    def forward(self, states, actions, returns_to_go, timesteps, valid=None):
+        """states (B, K, o), actions (B, K, a), returns_to_go (B, K, 1), timesteps (B, K) long,
+        valid (B, K) bool or None. Returns predicted actions (B, K, a) and the list of per-layer
+        KSVD objectives J (each (B,)) of the primal blocks."""
+        B, K, _ = states.shape
+        t = self.embed_timestep(timesteps.clamp(max=self.max_ep_len - 1))
+        tokens = torch.stack([self.embed_return(returns_to_go) + t, self.embed_state(states) + t,
+                              self.embed_action(actions) + t], dim=2).reshape(B, 3 * K, -1)
+        x = self.drop(self.embed_ln(tokens))
+        token_valid = None if valid is None else valid.repeat_interleave(3, dim=1)
+        Js = []
+        for block in self.blocks:
+            x, J = block(x, token_valid)
+            if J is not None:
+                Js.append(J)
+        h = self.ln_f(x).view(B, K, 3, -1)[:, :, 1]  # hidden state of each s_t token
+        return torch.tanh(self.predict_action(h)), Js
+
+
+def dt_loss(model: DecisionTransformer, batch: dict, eta: float):
+    """Action MSE over valid timesteps + η · mean_layers mean_b J_b² (eq. 10, SPEC §2).
+    Returns (loss, action_loss, Js)."""
+    pred, Js = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"], batch["valid"])
+    w = batch["valid"].unsqueeze(-1).to(pred.dtype)
+    action_loss = (((pred.float() - batch["actions"]) ** 2) * w).sum() / (w.sum() * pred.shape[-1])
+    loss = action_loss
+    if Js:
+        loss = loss + eta * torch.stack([(J ** 2).mean() for J in Js]).mean()
+    return loss, action_loss, Js
