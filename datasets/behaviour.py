@@ -100,12 +100,13 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
     algo = {"SAC": SAC, "TQC": TQC}[ALGOS[task.name]]
     work_dir, out = Path(work_dir), Path(policy_dir) / task.name
     work_dir.mkdir(parents=True, exist_ok=True); out.mkdir(parents=True, exist_ok=True)
-    progress_path = work_dir / "progress.json"
-    progress = json.loads(progress_path.read_text()) if progress_path.exists() else {
+    progress_path = out / "learner.json"  # committed: the learner's history, read by `python -m datasets stats`
+    resuming = (work_dir / "model.zip").exists()
+    progress = json.loads(progress_path.read_text()) if resuming and progress_path.exists() else {
         "task": task.name, "algo": ALGOS[task.name], "seed": seed, "evals": [], "cpu_seconds": 0.0,
         "medium_step": None, "expert_step": None, "expert_score": -float("inf")}
     env = task.make()
-    if (work_dir / "model.zip").exists():
+    if resuming:
         model = algo.load(work_dir / "model.zip", env=env, device="cpu")
         model.load_replay_buffer(work_dir / "replay.pkl")
         print(f"resumed {task.name} at step {model.num_timesteps}")
@@ -124,7 +125,9 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
             score = float(task.normalize(returns.mean()))
             progress["evals"].append({"step": step, "return_mean": float(returns.mean()),
                                       "return_std": float(returns.std()), "normalized": score})
+            now = time.process_time(); progress["cpu_seconds"] += now - self.t0; self.t0 = now
             meta = {"task": task.name, "algo": ALGOS[task.name], "train_seed": seed, "step": step,
+                    "learner_cpu_seconds": progress["cpu_seconds"],
                     "eval_return_mean": float(returns.mean()), "eval_normalized": score}
             if progress["medium_step"] is None and score >= MEDIUM_SCORE:
                 torch.save({**actor.export(), "meta": meta}, out / "medium.pt")
@@ -135,7 +138,6 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
                 progress["expert_step"], progress["expert_score"] = step, score
             self.model.save(work_dir / "model.tmp.zip"); os.replace(work_dir / "model.tmp.zip", work_dir / "model.zip")
             self.model.save_replay_buffer(work_dir / "replay.tmp.pkl"); os.replace(work_dir / "replay.tmp.pkl", work_dir / "replay.pkl")
-            now = time.process_time(); progress["cpu_seconds"] += now - self.t0; self.t0 = now
             progress_path.write_text(json.dumps(progress, indent=1))
             print(f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}", flush=True)
             return True

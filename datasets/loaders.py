@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from envs import find_task
+from envs import TASKS, find_task
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
 HDF5_SUFFIXES, PICKLE_SUFFIXES = (".hdf5", ".h5"), (".pkl", ".pickle")
@@ -38,10 +39,14 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False) -> T
                             f"(decision-transformer) file, or a Minari dataset id.")
     else:
         data = load_minari(spec, download)
-    data.env = env or data.env or (find_task(spec).gym_id if find_task(spec) else None)
-    if data.env is None:
-        raise UserError(f"The dataset {spec} does not say which environment it comes from; pass --env "
-                        f"(hopper, halfcheetah or walker2d).")
+    task = find_task(env or data.env or spec)
+    if task is None and env:
+        raise UserError(f"--env {env} is not a supported task; use one of {', '.join(TASKS)}.")
+    if task is None:
+        origin = f"was recorded on {data.env}, which is not" if data.env else "does not name"
+        raise UserError(f"The dataset {spec} {origin} one of the supported tasks ({', '.join(TASKS)}); pass --env "
+                        f"if it was recorded on one of them.")
+    data.env = task.gym_id
     return data
 
 
@@ -53,11 +58,13 @@ def load_minari(dataset_id: str, download: bool = False) -> Trajectories:
         build_if_missing(dataset_id)
     elif dataset_id not in minari.list_local_datasets():
         if not download:
+            home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
             raise UserError(
-                f"Minari dataset {dataset_id} is not in $MINARI_DATASETS_PATH (default ~/.minari/datasets). "
-                f"Pass --download to fetch it from the Minari server, copy its folder there, or use a dataset of "
-                f"the offline suite, which is built here on first use (e.g. dt-primal/hopper/medium-v0; see "
-                f"python -m datasets build --help).")
+                f"{dataset_id} is neither a dataset file nor a Minari dataset in {home} ($MINARI_DATASETS_PATH). "
+                f"Use a dataset of the offline suite, built here on first use (dt-primal/<env>/<level>-v0, e.g. "
+                f"dt-primal/hopper/medium-v0, or build it ahead with python -m datasets build --env hopper --level "
+                f"medium); pass --download to fetch a hosted Minari dataset (or copy its folder into {home}); or "
+                f"give the path of a D4RL .hdf5 or decision-transformer .pkl file.")
     try:
         ds = minari.load_dataset(dataset_id, download=download)
     except Exception as exc:  # unknown remote id, broken files, no network
@@ -80,8 +87,9 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
                                 f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).")
             arrays = {k: f[k][()] for k in D4RL_KEYS}
             timeouts = f["timeouts"][()] if "timeouts" in f else np.zeros_like(arrays["terminals"])
-    except OSError as exc:
-        raise UserError(f"Cannot read {path} as hdf5 ({exc}); the file may be truncated or not hdf5.") from exc
+    except (OSError, KeyError, TypeError) as exc:  # truncated or not hdf5; a key that is a group, not an array
+        raise UserError(f"Cannot read {path} as a D4RL hdf5 file ({exc}); the file may be truncated or not "
+                        f"in the D4RL layout. Download or convert it again.") from exc
     n = len(arrays["rewards"])
     for k, v in {**arrays, "timeouts": timeouts}.items():
         if len(v) != n:

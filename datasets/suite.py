@@ -8,6 +8,7 @@ steps. ``steps`` scales every level down (tests use tiny builds).
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 import warnings
@@ -76,13 +77,18 @@ def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
                 truncations=z["truncations"][s:e]) for i, (s, e) in enumerate(zip(starts, ends))]
     total = int(ends[-1])
     if steps < total:
-        keep, used = [], 0
-        for i in np.linspace(0, len(eps) - 1, num=len(eps)).astype(int)[:: max(1, total // steps)]:
-            if used >= steps:
-                break
-            keep.append(eps[i]); used += len(eps[i]["actions"])
-        eps = keep
+        eps = [eps[i] for i in _spread(z["lengths"], steps)]
     return eps, total
+
+
+def _spread(lengths: np.ndarray, steps: int) -> np.ndarray:
+    """Indices of the fewest evenly spread episodes (first and last included) holding >= steps."""
+    pick = lambda k: np.unique(np.linspace(0, len(lengths) - 1, k).round().astype(int))
+    lo, hi = 1, len(lengths)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if lengths[pick(mid)].sum() >= steps else (mid + 1, hi)
+    return pick(lo)
 
 
 def _write(dataset_id: str, task: Task, episodes: list[dict], algorithm: str, description: str) -> None:
@@ -137,9 +143,15 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str
     description = f"D4RL-style {task.name} {level} dataset on {task.gym_id}. " + RECIPES[level].format(**fmt) + \
         f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} --steps {steps} --seed {seed}`."
     _write(dataset_id, task, episodes, algorithm, description)
-    print(f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps "
-          f"in {time.time() - t0:.0f} s")
+    seconds = time.time() - t0
+    (dataset_dir(dataset_id) / "build.json").write_text(json.dumps({"seconds": seconds, "steps": steps, "seed": seed}))
+    print(f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps in {seconds:.0f} s")
     return dataset_id
+
+
+def dataset_dir(dataset_id: str) -> Path:
+    from minari.storage.datasets_root_dir import get_dataset_path
+    return Path(get_dataset_path(dataset_id))
 
 
 def _minari_episodes(dataset_id: str) -> list[dict]:

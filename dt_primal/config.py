@@ -22,7 +22,7 @@ DEFAULT_S = 64
 @dataclass
 class Config:
     # data
-    dataset: str = "dt-primal/hopper/medium-v0"
+    dataset: str = "dt-primal/hopper/random-v0"
     env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, ...)
     download: bool = False  # let Minari download a hosted dataset that is not present locally
     # model (SPEC §3)
@@ -71,21 +71,25 @@ class Config:
             problems.append(f"--model must be one of {', '.join(MODELS)} (got {self.model!r})")
         if self.d_model <= 0 or self.n_head <= 0 or self.d_model % self.n_head:
             problems.append(f"--d-model ({self.d_model}) must be a positive multiple of --n-head ({self.n_head})")
-        for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "checkpoint_every", "log_every"):
+        for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "eval_episodes",
+                     "eval_episodes_during", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if self.s is not None and self.s <= 0:
             problems.append(f"--s (KSVD rank) must be positive (got {self.s})")
-        if self.steps < 0 or self.warmup_steps < 0 or self.eval_episodes < 0 or self.eval_episodes_during < 0:
-            problems.append("--steps, --warmup-steps and the episode counts cannot be negative")
+        if self.steps < 0 or self.warmup_steps < 0:
+            problems.append(f"--steps and --warmup-steps cannot be negative (got {self.steps}, {self.warmup_steps})")
         if self.targets is not None and len(self.targets) == 0:
             problems.append("--targets needs at least one return to condition on")
         if self.precision not in ("fp32", "bf16"):
             problems.append(f"--precision must be fp32 or bf16 (got {self.precision!r})")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             problems.append(f"--device must be auto, cpu or cuda (got {self.device!r})")
-        if not 0 <= self.dropout < 1 or self.eta < 0 or self.lr <= 0 or self.reward_scale <= 0:
-            problems.append("need 0 <= --dropout < 1, --eta >= 0, --lr > 0 and --reward-scale > 0")
+        # written as "not (x > 0)" so that NaN fails too
+        if not (0 <= self.dropout < 1 and self.eta >= 0 and self.lr > 0 and self.weight_decay >= 0
+                and self.grad_clip > 0 and self.reward_scale > 0):
+            problems.append("need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
+                            "and --reward-scale > 0")
         if problems:
             raise UserError("Invalid configuration: " + "; ".join(problems) + ". Fix these options and run again.")
         return self

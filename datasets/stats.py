@@ -1,0 +1,66 @@
+"""``python -m datasets stats``: what the built suite holds and how good its behaviour policies are,
+printed and written to ``docs/datasets.md``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from datasets.behaviour import POLICY_DIR, GaussianActor, evaluate_actor
+from datasets.suite import LEVELS, SUITE_NAMESPACE, dataset_dir, suite_id
+from envs import TASKS, Task
+
+
+def dataset_row(dataset_id: str, task: Task) -> str:
+    import minari
+    ds = minari.load_dataset(dataset_id)
+    returns = np.array([ep.rewards.sum() for ep in ds.iterate_episodes()])
+    norm = task.normalize(returns)
+    build = dataset_dir(dataset_id) / "build.json"
+    seconds = f"{json.loads(build.read_text())['seconds']:.0f}" if build.exists() else "?"
+    return (f"| {dataset_id} | {ds.total_episodes} | {ds.total_steps} | {returns.mean():.1f} ± {returns.std():.1f} | "
+            f"{returns.min():.1f} | {returns.max():.1f} | {norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f}) | {seconds} |")
+
+
+def policy_row(task: Task, episodes: int) -> str | None:
+    """The learner's history and a fresh ``episodes``-episode measurement of medium and expert."""
+    folder = POLICY_DIR / task.name
+    if not (folder / "learner.json").exists():
+        return None
+    learner = json.loads((folder / "learner.json").read_text())
+    cells = []
+    for level in ("medium", "expert"):
+        path = folder / f"{level}.pt"
+        if not path.exists():
+            cells.append("not reached yet")
+            continue
+        import torch
+        meta = torch.load(path, weights_only=True)["meta"]
+        r = evaluate_actor(GaussianActor.load(path), task, episodes, seed=12345)
+        s = task.normalize(r)
+        cells.append(f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**")
+    last = learner["evals"][-1] if learner["evals"] else {"step": 0, "normalized": float("nan")}
+    return (f"| {task.name} | {learner['algo']} | {last['step']} ({last['normalized']:.1f}) | "
+            f"{learner['cpu_seconds'] / 3600:.2f} | {cells[0]} | {cells[1]} |")
+
+
+def stats(out: Path, episodes: int = 100) -> str:
+    import minari
+    local = minari.list_local_datasets()
+    rows = [dataset_row(suite_id(t, lvl), TASKS[t]) for t in TASKS for lvl in LEVELS if suite_id(t, lvl) in local]
+    policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
+    text = "\n".join([
+        "# The offline dataset suite", "",
+        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v0` built on this machine (`python -m datasets build`); "
+        "normalised scores use the D4RL reference returns. Regenerate this page with `python -m datasets stats`.", "",
+        "## Built datasets", "",
+        "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s |",
+        "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",
+        f"## Behaviour policies (measured: {episodes} episodes of the stochastic policy that makes the data)", "",
+        "| env | algorithm | learner step (last eval, normalised) | learner CPU hours | medium | expert |",
+        "|---|---|---|---|---|---|", *(policies or ["| (no learner has run yet) | | | | | |"]), "",
+        "Targets: expert ≥ 75 normalised on each task, medium between 30 and 65.", ""])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention, causal_mean, ksvd_objective
+from dt_primal.config import Config
+from dt_primal.model import DecisionTransformer
+
+D, H, S = 32, 4, 6
+
+
+def attentions():
+    torch.manual_seed(0)
+    return [SoftmaxAttention(D, H, dropout=0.0).eval(), CausalPrimalAttention(D, H, S, dropout=0.0).eval()]
+
+
+@pytest.mark.parametrize("attn", attentions(), ids=["softmax", "primal"])
+def test_causal_later_tokens_do_not_change_earlier_outputs(attn):
+    x = torch.randn(2, 10, D)
+    y, _ = attn(x)
+    x2 = x.clone(); x2[:, 6:] = torch.randn(2, 4, D) * 10
+    y2, _ = attn(x2)
+    torch.testing.assert_close(y[:, :6], y2[:, :6])
+    assert not torch.allclose(y[:, 6:], y2[:, 6:])
+
+
+@pytest.mark.parametrize("attn", attentions(), ids=["softmax", "primal"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_never_changes_real_outputs(attn, side):
+    x = torch.randn(3, 8, D)
+    y, J = attn(x)
+    pad = torch.randn(3, 5, D) * 100  # garbage of any size
+    xp = torch.cat([pad, x], 1) if side == "left" else torch.cat([x, pad], 1)
+    valid = torch.zeros(3, 13, dtype=torch.bool)
+    real = slice(5, 13) if side == "left" else slice(0, 8)
+    valid[:, real] = True
+    yp, Jp = attn(xp, valid)
+    torch.testing.assert_close(yp[:, real], y, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(yp).all()
+    if J is not None:  # the KSVD objective also ignores padding
+        torch.testing.assert_close(Jp, J, atol=1e-5, rtol=1e-5)
+
+
+def test_running_mean_counts_valid_tokens_only():
+    z = torch.tensor([[[[9.0], [1.0], [3.0], [5.0]]]])  # (B=1, H=1, L=4, d=1)
+    valid = torch.tensor([[False, True, True, True]])
+    torch.testing.assert_close(causal_mean(z, valid).flatten(), torch.tensor([0.0, 1.0, 2.0, 3.0]))
+    torch.testing.assert_close(causal_mean(z, None).flatten(), torch.tensor([9.0, 5.0, 13 / 3, 4.5]))
+
+
+def test_ksvd_objective_matches_formula_written_out():
+    torch.manual_seed(1)
+    B, L = 2, 5
+    e, r = torch.randn(B, H, L, S), torch.randn(B, H, L, S)
+    lam, W_e, W_r = torch.rand(H, S), torch.randn(H, 8, S), torch.randn(H, 8, S)
+    valid = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    J = ksvd_objective(e, r, lam, W_e, W_r, valid)
+    for b in range(B):
+        n = int(valid[b].sum())
+        se = sr = 0.0
+        for h in range(H):
+            for t in range(n):
+                se += sum(float(e[b, h, t, i] * lam[h, i]) ** 2 for i in range(S))
+                sr += sum(float(r[b, h, t, i] * lam[h, i]) ** 2 for i in range(S))
+        trace = sum(float(torch.trace(W_e[h].T @ W_r[h])) for h in range(H)) / H
+        expected = 0.5 * se / (H * n) + 0.5 * sr / (H * n) - trace
+        assert abs(float(J[b]) - expected) < 1e-4 * max(1.0, abs(expected))
+
+
+def test_primal_uses_the_papers_parameters():
+    attn = CausalPrimalAttention(D, H, S, dropout=0.0)
+    assert attn.W_e.shape == attn.W_r.shape == (H, D // H, S) and attn.Lambda.shape == (H, S)
+    flat = attn.W_e.detach().reshape(H, -1)  # orthogonal_ on the 3-D tensor: orthonormal rows
+    torch.testing.assert_close(flat @ flat.T, torch.eye(H), atol=1e-5, rtol=0)
+    assert not any("v" == n.split(".")[0] for n, _ in attn.named_parameters())  # no value projection
+
+
+@pytest.mark.parametrize("model", ["dt", "primal", "primalformer"])
+def test_action_prediction_ignores_own_and_future_actions(model):
+    torch.manual_seed(0)
+    cfg = Config(model=model, d_model=32, n_head=4, n_layer=3, s=8, dropout=0.0)
+    net = DecisionTransformer(cfg, 11, 3).eval()
+    primal = [type(b.attn).__name__ == "CausalPrimalAttention" for b in net.blocks]
+    assert primal == {"dt": [False] * 3, "primal": [False, False, True], "primalformer": [True] * 3}[model]
+    s, a, R = torch.randn(2, 6, 11), torch.rand(2, 6, 3), torch.randn(2, 6, 1)
+    t = torch.arange(6).repeat(2, 1)
+    pred, Js = net(s, a, R, t)
+    assert len(Js) == sum(primal)
+    a2 = a.clone(); a2[:, 3:] = -a2[:, 3:]
+    pred2, _ = net(s, a2, R, t)
+    torch.testing.assert_close(pred[:, :4], pred2[:, :4])  # a_3 is not seen when predicting a_3
+    assert not torch.allclose(pred[:, 4:], pred2[:, 4:])

@@ -1,0 +1,102 @@
+"""The offline suite at a tiny scale, with throwaway behaviour policies in a temporary folder."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import datasets.suite as suite
+from datasets.behaviour import GaussianActor
+from datasets.loaders import load_dataset
+from datasets.rollout import collect
+from envs import TASKS
+
+HOPPER = TASKS["hopper"]
+STEPS = 300
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """medium.pt, expert.pt and medium_replay.npz as the learner exports them."""
+    root = tmp_path_factory.mktemp("policies")
+    folder = root / "hopper"
+    folder.mkdir()
+    for i, level in enumerate(("medium", "expert")):
+        torch.manual_seed(i)
+        meta = {"task": "hopper", "algo": "SAC", "train_seed": 0, "step": 1000 * (i + 1), "learner_cpu_seconds": 1.0,
+                "eval_return_mean": 0.0, "eval_normalized": 0.0}
+        torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / f"{level}.pt")
+    rng = np.random.default_rng(0)
+    eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
+    np.savez_compressed(folder / "medium_replay.npz",
+                        observations=np.concatenate([e["observations"][:-1] for e in eps]),
+                        final_observations=np.stack([e["observations"][-1] for e in eps]),
+                        actions=np.concatenate([e["actions"] for e in eps]), rewards=np.concatenate([e["rewards"] for e in eps]),
+                        terminations=np.concatenate([e["terminations"] for e in eps]),
+                        truncations=np.concatenate([e["truncations"] for e in eps]),
+                        lengths=np.array([len(e["actions"]) for e in eps]))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(suite, "POLICY_DIR", root)
+    yield folder
+    mp.undo()
+
+
+@pytest.mark.parametrize("level", suite.LEVELS)
+def test_every_level_builds_and_loads_through_the_pipeline(policies, level):
+    import minari
+    dataset_id = suite.build(HOPPER, level, steps=STEPS, seed=0)
+    assert dataset_id == f"dt-primal/hopper/{level}-v0"
+    data = load_dataset(dataset_id)
+    assert data.env == "Hopper-v5" and data.obs_dim == 11 and data.act_dim == 3
+    expected = {"medium-expert": 2 * STEPS, "medium-replay": None}.get(level, STEPS)
+    if expected is not None:
+        assert len(data.rewards) == expected
+    ds = minari.load_dataset(dataset_id)
+    meta = ds.storage.metadata
+    assert meta["ref_min_score"] == HOPPER.ref_min and meta["ref_max_score"] == HOPPER.ref_max
+    assert minari.get_normalized_score(ds, np.array([HOPPER.ref_max]))[0] == pytest.approx(1.0)  # a fraction
+    assert level in meta["description"] and "Seeds:" in meta["description"]
+    assert ds.env_spec.id == "Hopper-v5"
+    for ep in ds.iterate_episodes():  # each episode ends on termination or truncation (flagged only at its end)
+        flags = ep.terminations | ep.truncations
+        assert flags[-1] and not flags[:-1].any() and len(ep.observations) == len(ep.actions) + 1
+        assert len(ep.actions) <= 1000
+
+
+def test_same_seed_same_dataset_other_seed_other_dataset(policies):
+    first = load_dataset(suite.build(HOPPER, "medium", steps=STEPS, seed=3))
+    again = load_dataset(suite.build(HOPPER, "medium", steps=STEPS, seed=3))
+    other = load_dataset(suite.build(HOPPER, "medium", steps=STEPS, seed=4))
+    np.testing.assert_array_equal(first.observations, again.observations)
+    np.testing.assert_array_equal(first.actions, again.actions)
+    assert not np.array_equal(first.actions, other.actions)
+
+
+def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies):
+    parts = [load_dataset(suite.build(HOPPER, lvl, steps=STEPS, seed=1)) for lvl in ("medium", "expert")]
+    both = load_dataset(suite.build(HOPPER, "medium-expert", steps=STEPS, seed=1))
+    np.testing.assert_array_equal(both.lengths, np.concatenate([p.lengths for p in parts]))
+    for k in ("observations", "actions", "rewards"):
+        np.testing.assert_array_equal(getattr(both, k), np.concatenate([getattr(p, k) for p in parts]))
+
+
+def test_medium_replay_keeps_the_learners_history(policies):
+    full = load_dataset(suite.build(HOPPER, "medium-replay", steps=10**6))
+    z = np.load(policies / "medium_replay.npz")
+    np.testing.assert_array_equal(full.actions, z["actions"])  # every transition, in order
+    small = load_dataset(suite.build(HOPPER, "medium-replay", steps=120))
+    assert 120 <= len(small.rewards) < len(full.rewards)
+    # scaled down, it still spans the history: its first and last episodes are the learner's first and last
+    np.testing.assert_array_equal(small.actions[:small.lengths[0]], full.actions[:full.lengths[0]])
+    np.testing.assert_array_equal(small.actions[-small.lengths[-1]:], full.actions[-full.lengths[-1]:])
+
+
+def test_build_if_missing_builds_once(policies, capsys):
+    import minari
+    dataset_id = suite.suite_id("hopper", "random")
+    if dataset_id in minari.list_local_datasets():
+        minari.delete_dataset(dataset_id)
+    suite.build_if_missing(dataset_id, steps=STEPS)
+    suite.build_if_missing(dataset_id, steps=STEPS)
+    assert capsys.readouterr().out.count("building it now") == 1
+    assert json.loads((suite.dataset_dir(dataset_id) / "build.json").read_text())["steps"] == STEPS

@@ -1,0 +1,72 @@
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from conftest import make_episodes
+from datasets.loaders import load_dataset
+from dt_primal.config import Config
+from dt_primal.training import train
+from test_data import write_d4rl
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu"]
+
+
+def hopper_file(tmp_path) -> Path:
+    path = tmp_path / "hopper_tiny.hdf5"
+    write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=3))
+    return path
+
+
+def run(*args, **kw):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_end_to_end_train_then_evaluate(tmp_path):
+    out = tmp_path / "run"
+    res = run("train.py", "--dataset", str(hopper_file(tmp_path)), "--model", "primal", "--steps", "30",
+              "--warmup-steps", "5", "--eval-every", "15", "--eval-episodes-during", "1", "--eval-episodes", "3",
+              "--out", str(out), *TINY)
+    assert res.returncode == 0, res.stderr
+    result = json.loads((out / "eval.json").read_text())
+    assert result["step"] == 30 and result["task"] == "Hopper-v5"
+    assert [r["target"] for r in result["targets"]] == [3600.0, 1800.0]
+    for r in result["targets"]:
+        assert r["episodes"] == 3 and math.isfinite(r["normalized_mean"]) and r["return_mean"] > 0
+    assert (out / "last.pt").exists() and list(out.glob("events.out.tfevents*"))
+    assert [json.loads(l)["step"] for l in (out / "evals.jsonl").read_text().splitlines()] == [15]
+    assert "normalised score" in res.stdout
+
+    res = run("evaluate.py", str(out / "last.pt"), str(out / "last.pt"), "--episodes", "2", "--out", str(tmp_path / "ev.json"))
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "ev.json").read_text())
+    for r in report["across_checkpoints"]:
+        assert {"target", "return_mean", "return_std", "normalized_mean", "normalized_std", "episodes"} <= set(r)
+        assert r["episodes"] == 4 and r["normalized_std"] == 0.0  # the same checkpoint twice, same seed
+    assert (tmp_path / "ev.md").read_text().startswith("| checkpoint")
+
+
+def test_bad_input_exits_with_a_message(tmp_path):
+    res = run("train.py", "--dataset", str(tmp_path / "missing.hdf5"), "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "does not exist" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=24, warmup_steps=5, batch_size=8,
+                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=7)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=10), data)  # "interrupted" at step 10
+    train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True)
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=False)
+    b = torch.load(tmp_path / "split" / "last.pt", weights_only=False)
+    assert a["step"] == b["step"] == 24
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
+    np.testing.assert_array_equal(a["state_mean"], b["state_mean"])
