@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from datasets.behaviour import POLICY_DIR, GaussianActor, evaluate_actor
-from datasets.suite import LEVELS, SUITE_NAMESPACE, dataset_dir, suite_id
+from datasets.suite import LEVELS, SUITE_NAMESPACE, dataset_dir, is_built, suite_id
 from envs import TASKS, Task
 
 
@@ -46,9 +46,7 @@ def policy_row(task: Task, episodes: int) -> str | None:
 
 
 def stats(out: Path, episodes: int = 100) -> str:
-    import minari
-    local = minari.list_local_datasets()
-    rows = [dataset_row(suite_id(t, lvl), TASKS[t]) for t in TASKS for lvl in LEVELS if suite_id(t, lvl) in local]
+    rows = [dataset_row(suite_id(t, lvl), TASKS[t]) for t in TASKS for lvl in LEVELS if is_built(suite_id(t, lvl))]
     policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     text = "\n".join([
         "# The offline dataset suite", "",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -98,8 +99,7 @@ def _write(dataset_id: str, task: Task, episodes: list[dict], algorithm: str, de
     buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"], rewards=ep["rewards"].tolist(),
                              terminations=ep["terminations"].tolist(), truncations=ep["truncations"].tolist())
                for i, ep in enumerate(episodes)]
-    if dataset_id in minari.list_local_datasets():
-        minari.delete_dataset(dataset_id)
+    shutil.rmtree(dataset_dir(dataset_id), ignore_errors=True)  # an older or half-written build
     with warnings.catch_warnings():  # Minari asks for an author e-mail; a built dataset has none
         warnings.filterwarnings("ignore", message=".*author_email.*")
         minari.create_dataset_from_buffers(
@@ -161,10 +161,14 @@ def _minari_episodes(dataset_id: str) -> list[dict]:
             for ep in minari.load_dataset(dataset_id).iterate_episodes()]
 
 
+def is_built(dataset_id: str) -> bool:
+    """``build.json`` is written last: a build that was interrupted does not count."""
+    return (dataset_dir(dataset_id) / "build.json").exists()
+
+
 def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
-    import minari
     task, level = parse_suite_id(dataset_id)
-    if dataset_id not in minari.list_local_datasets():
+    if not is_built(dataset_id):
         print(f"{dataset_id} is not built yet: building it now (once).")
         build(task, level, steps=steps, seed=seed)
     return dataset_id

@@ -34,6 +34,14 @@ class SoftmaxAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, L, D))), None
 
+    def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
+        """The causal attention probabilities (B, H, L, L) of unpadded ``x``."""
+        B, L, D = x.shape
+        q, k, _ = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(-1, -2) / (D // self.n_head) ** 0.5
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        return logits.masked_fill(~causal, float("-inf")).softmax(-1)
+
 
 def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     """Running mean over the valid tokens up to each position, z: (B, H, L, d) (SPEC §1.2)."""
@@ -88,6 +96,12 @@ class CausalPrimalAttention(nn.Module):
         e = torch.einsum("bhld,hds->bhls", phi_q, self.W_e.float())
         r = torch.einsum("bhld,hds->bhls", phi_k, self.W_r.float())
         return phi_q, phi_k, e, r
+
+    def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
+        """The asymmetric kernel matrix K_ij = <φ(q̄_i), φ(k̄_j)> (B, H, L, L) of unpadded ``x``
+        (section 4: the dual counterpart of the primal scores)."""
+        phi_q, phi_k, _, _ = self.scores(x, None)
+        return phi_q @ phi_k.transpose(-1, -2)
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None):
         B, L, D = x.shape

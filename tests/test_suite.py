@@ -91,12 +91,16 @@ def test_medium_replay_keeps_the_learners_history(policies):
     np.testing.assert_array_equal(small.actions[-small.lengths[-1]:], full.actions[-full.lengths[-1]:])
 
 
-def test_build_if_missing_builds_once(policies, capsys):
-    import minari
+def test_build_if_missing_builds_once_and_redoes_an_interrupted_build(policies, capsys):
+    import shutil
     dataset_id = suite.suite_id("hopper", "random")
-    if dataset_id in minari.list_local_datasets():
-        minari.delete_dataset(dataset_id)
+    shutil.rmtree(suite.dataset_dir(dataset_id), ignore_errors=True)
     suite.build_if_missing(dataset_id, steps=STEPS)
     suite.build_if_missing(dataset_id, steps=STEPS)
     assert capsys.readouterr().out.count("building it now") == 1
     assert json.loads((suite.dataset_dir(dataset_id) / "build.json").read_text())["steps"] == STEPS
+    # a build killed while writing leaves files but no build.json: it is built again, not loaded
+    (suite.dataset_dir(dataset_id) / "build.json").unlink()
+    (suite.dataset_dir(dataset_id) / "data" / "main_data.hdf5").write_bytes(b"half a file")
+    assert len(load_dataset(dataset_id).rewards) == STEPS
+    assert capsys.readouterr().out.count("building it now") == 1

@@ -1,0 +1,175 @@
+"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs, several at once,
+skipping finished runs and resuming interrupted ones, then one aggregated table (Markdown, CSV), a
+bar chart and learning curves. Scores are those of the **last** checkpoint of each run.
+
+  python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
+      --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
+    slug = dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
+    return out / slug / model / f"seed_{seed}"
+
+
+def run_one(dataset: str, model: str, seed: int, out: Path, extra: list[str], threads: int) -> tuple[Path, int]:
+    """Train one run unless it finished; resume it if it started. Returns (run dir, exit status)."""
+    rd = run_dir(out, dataset, model, seed)
+    if (rd / "eval.json").exists():
+        return rd, 0
+    rd.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), "--dataset", dataset, "--model", model, "--seed", str(seed),
+           "--out", str(rd), *extra, *(["--resume"] if (rd / "last.pt").exists() else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with open(rd / "train.log", "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n"); log.flush()
+        return rd, subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+
+
+def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> list[dict]:
+    """One row per (dataset, model): per target the normalised score mean ± std (ddof 0) over the
+    seeds that finished, with the seeds' final scores."""
+    rows = []
+    for d in datasets:
+        for m in models:
+            evals = [json.loads(p.read_text()) for s in seeds if (p := run_dir(out, d, m, s) / "eval.json").exists()]
+            if not evals:
+                continue
+            targets = [r["target"] for r in evals[0]["targets"]]
+            per_target = []
+            for i, t in enumerate(targets):
+                scores = np.array([e["targets"][i]["normalized_mean"] for e in evals])
+                per_target.append({"target": t, "mean": float(scores.mean()), "std": float(scores.std()),
+                                   "seeds": scores.tolist()})
+            rows.append({"dataset": d, "model": m, "n_seeds": len(evals), "step": evals[0]["step"],
+                         "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target})
+    return rows
+
+
+def write_tables(rows: list[dict], models: list[str], out: Path) -> str:
+    lines = ["| dataset | model | seeds | steps | high target | low target |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{t['mean']:.1f} ± {t['std']:.1f} ({t['target']:g})" for t in r["targets"]]
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['n_seeds']} | {r['step']} | " + " | ".join(cells) + " |")
+    for m in models:
+        mine = [r for r in rows if r["model"] == m]
+        if mine:
+            avg = [np.mean([r["targets"][i]["mean"] for r in mine]) for i in range(len(mine[0]["targets"]))]
+            lines.append(f"| **average ({len(mine)} datasets)** | {m} | | | " + " | ".join(f"**{a:.1f}**" for a in avg) + " |")
+    md = "\n".join(lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best), mean ± std "
+                             "(ddof 0) across seeds of the per-seed mean over the final evaluation episodes.\n")
+    (out / "results.md").write_text(md)
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["dataset", "model", "target", "normalized_mean", "normalized_std", "n_seeds", "steps", "episodes", "seed_scores"])
+        for r in rows:
+            for t in r["targets"]:
+                w.writerow([r["dataset"], r["model"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}", r["n_seeds"],
+                            r["step"], r["episodes"], " ".join(f"{s:.3f}" for s in t["seeds"])])
+    return md
+
+
+def plot_bars(rows: list[dict], models: list[str], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(datasets)) * 2, 4), sharey=True)
+    width = 0.8 / len(models)
+    for ti, ax in enumerate(axes):
+        for mi, m in enumerate(models):
+            got = {r["dataset"]: r["targets"][ti] for r in rows if r["model"] == m}
+            xs = [i + mi * width for i, d in enumerate(datasets) if d in got]
+            ax.bar(xs, [got[d]["mean"] for d in datasets if d in got], width,
+                   yerr=[got[d]["std"] for d in datasets if d in got], capsize=3, label=m)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))])
+        ax.set_xticklabels([d.split("/")[-2] + "\n" + d.split("/")[-1] if d.count("/") >= 2 else d for d in datasets], fontsize=8)
+        ax.set_title(["high target", "low target"][ti] if ti < 2 else f"target {ti}")
+        ax.set_ylabel("normalised score (last checkpoint)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "results.png", dpi=120)
+    plt.close(fig)
+
+
+def plot_curves(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> None:
+    """Normalised score (high target) against steps: mean and min–max band over seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.5), squeeze=False)
+    for ax, d in zip(axes[0], datasets):
+        for m in models:
+            curves = []
+            for s in seeds:
+                rd = run_dir(out, d, m, s)
+                pts = [json.loads(l) for l in (rd / "evals.jsonl").read_text().splitlines()] if (rd / "evals.jsonl").exists() else []
+                if (rd / "eval.json").exists():
+                    pts.append(json.loads((rd / "eval.json").read_text()))
+                curves.append({p["step"]: p["reports" if "reports" in p else "targets"][0]["normalized_mean"] for p in pts})
+            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
+            if not steps:
+                continue
+            y = np.array([[c[s] for s in steps] for c in curves])
+            ax.plot(steps, y.mean(0), label=f"{m} ({len(curves)} seeds)")
+            ax.fill_between(steps, y.min(0), y.max(0), alpha=0.2)
+        ax.set_title(d, fontsize=9); ax.set_xlabel("training step"); ax.set_ylabel("normalised score")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(prog="python -m dt_primal.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", required=True)
+    p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=1, help="runs at once")
+    p.add_argument("--out", type=Path, default=Path("runs/sweep"))
+    p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    grid = [(d, m, s) for d in args.datasets for m in args.models for s in args.seeds]
+    if not args.aggregate_only:
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        t0, failed = time.time(), []
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(run_one, d, m, s, args.out, extra, threads) for d, m, s in grid]
+            for i, f in enumerate(futures, 1):
+                rd, rc = f.result()
+                print(f"[{i}/{len(grid)}] {rd} {'done' if rc == 0 else f'FAILED (exit {rc}, see train.log)'} "
+                      f"({(time.time() - t0) / 60:.1f} min)", flush=True)
+                if rc:
+                    failed.append(rd)
+        if failed:
+            print(f"{len(failed)} runs failed; fix and run the same command again (finished runs are skipped).")
+    rows = collect(args.out, args.datasets, args.models, args.seeds)
+    if not rows:
+        sys.exit("no finished run to aggregate yet")
+    print(write_tables(rows, args.models, args.out))
+    plot_bars(rows, args.models, args.out)
+    plot_curves(args.out, args.datasets, args.models, args.seeds)
+    print(f"wrote {args.out}/results.md, results.csv, results.png, curves.png")
+
+
+if __name__ == "__main__":
+    main()
