@@ -89,9 +89,28 @@ def replay_episodes(buffer, upto: int) -> dict[str, np.ndarray]:
                 terminations=done & ~timeout, truncations=timeout, lengths=lengths)
 
 
+def restore_replay(buffer, z) -> int:
+    """Refill an empty SB3 replay buffer from transitions exported by ``replay_episodes``."""
+    n = len(z["rewards"])
+    ends = np.cumsum(z["lengths"]) - 1
+    nxt = np.empty_like(z["observations"])
+    nxt[:-1] = z["observations"][1:]
+    nxt[ends] = z["final_observations"]
+    buffer.observations[:n, 0], buffer.next_observations[:n, 0] = z["observations"], nxt
+    buffer.actions[:n, 0], buffer.rewards[:n, 0] = z["actions"], z["rewards"]
+    buffer.dones[:n, 0], buffer.timeouts[:n, 0] = z["terminations"] | z["truncations"], z["truncations"]
+    buffer.pos = n
+    return n
+
+
 def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, eval_every: int = 20_000,
                     eval_episodes: int = 10, seed: int = 0, policy_dir: Path = POLICY_DIR) -> None:
-    """Train (or resume) the behaviour learner of ``task`` and export medium/medium-replay/expert."""
+    """Train (or resume) the behaviour learner of ``task`` and export medium/medium-replay/expert.
+
+    Resumes from ``work_dir`` (model + full replay buffer) when it holds a checkpoint, else from the
+    committed ``learner.zip`` with the replay buffer refilled from the committed transitions
+    (``history.npz`` until medium level, then ``medium_replay.npz``): a fresh clone continues the
+    learner, with an older replay buffer after medium level."""
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from sb3_contrib import TQC
@@ -101,8 +120,8 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
     work_dir, out = Path(work_dir), Path(policy_dir) / task.name
     work_dir.mkdir(parents=True, exist_ok=True); out.mkdir(parents=True, exist_ok=True)
     progress_path = out / "learner.json"  # committed: the learner's history, read by `python -m datasets stats`
-    resuming = (work_dir / "model.zip").exists()
-    progress = json.loads(progress_path.read_text()) if resuming and progress_path.exists() else {
+    resuming, committed = (work_dir / "model.zip").exists(), (out / "learner.zip").exists()
+    progress = json.loads(progress_path.read_text()) if (resuming or committed) and progress_path.exists() else {
         "task": task.name, "algo": ALGOS[task.name], "seed": seed, "evals": [], "cpu_seconds": 0.0,
         "medium_step": None, "expert_step": None, "expert_score": -float("inf")}
     env = task.make()
@@ -110,6 +129,11 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
         model = algo.load(work_dir / "model.zip", env=env, device="cpu")
         model.load_replay_buffer(work_dir / "replay.pkl")
         print(f"resumed {task.name} at step {model.num_timesteps}")
+    elif committed:
+        model = algo.load(out / "learner.zip", env=env, device="cpu", buffer_size=total_steps)
+        transitions = out / ("history.npz" if (out / "history.npz").exists() else "medium_replay.npz")
+        n = restore_replay(model.replay_buffer, np.load(transitions))
+        print(f"resumed {task.name} at step {model.num_timesteps} from the committed learner ({n} transitions of {transitions.name})")
     else:
         model = algo("MlpPolicy", env, learning_starts=10_000, buffer_size=total_steps, seed=seed, device="cpu", verbose=0)
 
@@ -132,12 +156,18 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
             if progress["medium_step"] is None and score >= MEDIUM_SCORE:
                 torch.save({**actor.export(), "meta": meta}, out / "medium.pt")
                 np.savez_compressed(out / "medium_replay.npz", **replay_episodes(self.model.replay_buffer, step))
+                (out / "history.npz").unlink(missing_ok=True)
                 progress["medium_step"] = step
             elif progress["medium_step"] is not None and score > progress["expert_score"]:
                 torch.save({**actor.export(), "meta": meta}, out / "expert.pt")
                 progress["expert_step"], progress["expert_score"] = step, score
             self.model.save(work_dir / "model.tmp.zip"); os.replace(work_dir / "model.tmp.zip", work_dir / "model.zip")
             self.model.save_replay_buffer(work_dir / "replay.tmp.pkl"); os.replace(work_dir / "replay.tmp.pkl", work_dir / "replay.pkl")
+            # what a fresh clone needs to continue: the learner and, until medium level, every transition
+            self.model.save(out / "learner.tmp.zip"); os.replace(out / "learner.tmp.zip", out / "learner.zip")
+            if progress["medium_step"] is None:
+                np.savez_compressed(out / "history.tmp.npz", **replay_episodes(self.model.replay_buffer, step))
+                os.replace(out / "history.tmp.npz", out / "history.npz")
             progress_path.write_text(json.dumps(progress, indent=1))
             print(f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}", flush=True)
             return True

@@ -104,3 +104,22 @@ def test_build_if_missing_builds_once_and_redoes_an_interrupted_build(policies, 
     (suite.dataset_dir(dataset_id) / "data" / "main_data.hdf5").write_bytes(b"half a file")
     assert len(load_dataset(dataset_id).rewards) == STEPS
     assert capsys.readouterr().out.count("building it now") == 1
+
+
+def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
+    """Only datasets/policies/<env>/ survives into a new checkout: the learner must go on from it,
+    with its replay history intact (the medium-replay data)."""
+    import shutil
+    from datasets.behaviour import train_behaviour
+    policy_dir, work = tmp_path / "policies", tmp_path / "work"
+    train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
+    first = dict(np.load(policy_dir / "hopper" / "history.npz"))
+    assert len(first["rewards"]) == 600 and first["lengths"].sum() == 600
+    shutil.rmtree(work)  # a fresh clone has no local checkpoint
+    train_behaviour(HOPPER, work, total_steps=900, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
+    after = np.load(policy_dir / "hopper" / "history.npz")
+    assert len(after["rewards"]) == 900
+    for k in ("observations", "actions", "rewards"):
+        np.testing.assert_array_equal(after[k][:600], first[k])
+    learner = json.loads((policy_dir / "hopper" / "learner.json").read_text())
+    assert [e["step"] for e in learner["evals"]] == [300, 600, 900] and learner["cpu_seconds"] > 0

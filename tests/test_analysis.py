@@ -1,0 +1,54 @@
+"""The sweep runner and the spectrum analysis, on tiny runs."""
+import csv
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from dt_primal.config import Config
+from dt_primal.model import DecisionTransformer
+from dt_primal.spectrum import layer_spectra
+from test_train import ROOT, hopper_file
+
+TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--steps", "6",
+        "--warmup-steps", "2", "--eval-every", "3", "--eval-episodes-during", "1", "--eval-episodes", "2", "--device", "cpu"]
+
+
+def sweep(tmp_path, data):
+    return subprocess.run([sys.executable, "-m", "dt_primal.sweep", "--datasets", str(data), "--models", "dt", "primal",
+                           "--seeds", "0", "1", "--jobs", "2", "--out", str(tmp_path / "sweep"), "--", *TINY],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+
+
+def test_sweep_runs_the_grid_once_and_aggregates(tmp_path):
+    data = hopper_file(tmp_path)
+    res = sweep(tmp_path, data)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = tmp_path / "sweep"
+    logs = sorted(out.glob("*/*/seed_*/train.log"))
+    assert len(logs) == 4
+    md = (out / "results.md").read_text()
+    assert "| dt |" in md and "| primal |" in md and "average" in md and "last checkpoint" in md
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 2 * 2  # models x targets
+    assert all(r["n_seeds"] == "2" and np.isfinite(float(r["normalized_mean"])) for r in rows)
+    assert (out / "results.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
+    again = sweep(tmp_path, data)  # finished runs are skipped, not retrained
+    assert again.returncode == 0
+    assert all(log.read_text().count("$ ") == 1 for log in logs)
+
+
+def test_spectrum_curves_are_cumulative_fractions():
+    torch.manual_seed(0)
+    cfg = Config(model="primal", d_model=32, n_head=2, n_layer=2, s=8, dropout=0.0)
+    net = DecisionTransformer(cfg, 11, 3).eval()
+    K = 5
+    batch = {"states": torch.randn(4, K, 11), "actions": torch.rand(4, K, 3), "returns_to_go": torch.randn(4, K, 1),
+             "timesteps": torch.arange(K).repeat(4, 1)}
+    curves = layer_spectra(net, batch)
+    assert len(curves) == 2
+    for c in curves:
+        assert c.shape == (3 * K,) and np.all(np.diff(c) >= -1e-12) and abs(c[-1] - 1) < 1e-9
+    phi = net.blocks[1].attn.attention_matrix(torch.randn(1, 3 * K, 32))
+    assert phi.shape == (1, 2, 3 * K, 3 * K) and phi.abs().max() <= 1 + 1e-6  # cosine similarities
