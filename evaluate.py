@@ -13,7 +13,7 @@ from dt_primal.config import add_config_args, overrides
 from dt_primal.errors import UserError
 from dt_primal.evaluation import rollout
 from dt_primal.training import load_checkpoint, model_from_checkpoint, resolve_device
-from envs import TASKS
+from envs import get_task
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     for path in args.checkpoints:
         ckpt = load_checkpoint(path, device)
         model, cfg = model_from_checkpoint(ckpt, device)
-        task = TASKS[ckpt["task"]]
+        task = get_task(ckpt["task"])
         tasks.add(task.name)
         targets = given.get("targets") or cfg.targets or list(task.targets)
         print(f"{path}: {cfg.model} on {ckpt['dataset']} (step {ckpt['step']}), {args.episodes} episodes x {len(targets)} targets")

@@ -3,6 +3,8 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
 
   python train.py --preset quick                       # minutes on a CPU
   python train.py --dataset dt-primal/hopper/medium-replay-v0 --model primal --seeds 0 1 2 --out runs/hmr
+  python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
+  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/troubleshooting.md)
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from pathlib import Path
 
 from datasets.loaders import load_dataset
 from dt_primal.cli import run_main, write_report
-from dt_primal.config import PRESETS, add_config_args, make_config, overrides
-from dt_primal.training import Interrupted, train
+from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
+from dt_primal.training import Interrupted, distributed, load_checkpoint, train
 
 
 def main() -> None:
@@ -22,30 +24,39 @@ def main() -> None:
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
                    help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per target (minutes on a CPU)")
     p.add_argument("--seeds", type=int, nargs="+", help="train these seeds into OUT/seed_N and write OUT/report.json")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/last.pt where a run stopped")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from OUT/last.pt where a run stopped, with its settings (--steps and the evaluation "
+                        "and checkpoint options may be changed)")
     add_config_args(p)
     args = p.parse_args()
-    cfg = make_config(args.preset, **overrides(args))
-    data = load_dataset(cfg.dataset, cfg.env, cfg.download)
+    given = overrides(args)
+    cfg = make_config(args.preset, **given)
+    first = Path(cfg.out) / (f"seed_{args.seeds[0]}" if args.seeds else "") / "last.pt"
+    if args.resume and first.exists():  # the checkpoint's settings, except those given now
+        cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
     seeds = args.seeds or [cfg.seed]
-    results = []
-    for seed in seeds:
-        run_cfg = dataclasses.replace(cfg, seed=seed, out=str(Path(cfg.out) / f"seed_{seed}") if args.seeds else cfg.out)
-        try:
-            result = train(run_cfg, data, resume=args.resume)
-        except Interrupted as exc:
-            print(f"\n{exc}", file=sys.stderr)
-            sys.exit(128 + exc.signum)
-        results.append(result)
-        for r in result["targets"]:
-            print(f"seed {seed} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
-                  f"normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} ({r['episodes']} episodes)")
-    if args.seeds:
-        summary = write_report(results, Path(cfg.out) / "report.json")
-        for r in summary["across_checkpoints"]:
-            print(f"target {r['target']:g}: normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} "
-                  f"across {len(seeds)} seeds")
-        print(f"report: {Path(cfg.out) / 'report.md'}")
+    with distributed(cfg.device) as (rank, world):
+        data = load_dataset(cfg.dataset, cfg.env, cfg.download, build=world == 1)
+        results = []
+        for seed in seeds:
+            out = Path(cfg.out) / f"seed_{seed}" if args.seeds else Path(cfg.out)
+            try:
+                result = train(dataclasses.replace(cfg, seed=seed, out=str(out)), data, resume=args.resume)
+            except Interrupted as exc:
+                print(f"\n{exc}", file=sys.stderr)
+                sys.exit(128 + exc.signum)
+            if rank != 0:  # only rank 0 evaluates and reports
+                continue
+            results.append(result)
+            for r in result["targets"]:
+                print(f"seed {seed} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
+                      f"normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} ({r['episodes']} episodes)")
+        if args.seeds and rank == 0:
+            summary = write_report(results, Path(cfg.out) / "report.json")
+            for r in summary["across_checkpoints"]:
+                print(f"target {r['target']:g}: normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} "
+                      f"across {len(seeds)} seeds")
+            print(f"report: {Path(cfg.out) / 'report.md'}")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
 HDF5_SUFFIXES, PICKLE_SUFFIXES = (".hdf5", ".h5"), (".pkl", ".pickle")
 
 
-def load_dataset(spec: str, env: str | None = None, download: bool = False) -> Trajectories:
-    """Trajectories from ``spec``; ``.env`` is the evaluation task from the source's metadata,
-    else ``env``, else the task named in ``spec`` (e.g. ``hopper-medium-v2.hdf5``)."""
+def load_dataset(spec: str, env: str | None = None, download: bool = False, build: bool = True) -> Trajectories:
+    """Trajectories from ``spec``; ``.env`` is the Gymnasium id of the evaluation task: ``env``,
+    else the one in the source's metadata, else the task named in ``spec`` (``hopper-medium-v2.hdf5``).
+    ``build``: build a missing suite dataset (off in multi-process runs, where every process would)."""
     path = Path(spec).expanduser()
     if path.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES or path.exists():
         if not path.is_file():
@@ -38,7 +39,7 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False) -> T
             raise UserError(f"Cannot tell the format of {spec}: use a .hdf5/.h5 (D4RL) or .pkl/.pickle "
                             f"(decision-transformer) file, or a Minari dataset id.")
     else:
-        data = load_minari(spec, download)
+        data = load_minari(spec, download, build)
     task = find_task(env or data.env or spec)
     if task is None and env:
         raise UserError(f"--env {env} is not a supported task; use one of {', '.join(TASKS)}.")
@@ -50,11 +51,16 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False) -> T
     return data
 
 
-def load_minari(dataset_id: str, download: bool = False) -> Trajectories:
+def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> Trajectories:
     import minari
-    from datasets.suite import SUITE_NAMESPACE, build_if_missing
+    from datasets.suite import SUITE_NAMESPACE, build_if_missing, is_built, parse_suite_id
 
     if dataset_id.startswith(SUITE_NAMESPACE + "/"):
+        task, level = parse_suite_id(dataset_id)
+        if not build and not is_built(dataset_id):
+            raise UserError(f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
+                            f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
+                            f"(on every node, unless $MINARI_DATASETS_PATH is shared), then start the run again.")
         build_if_missing(dataset_id)
     elif dataset_id not in minari.list_local_datasets():
         if not download:
@@ -96,7 +102,7 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
             raise UserError(f"{path}: '{k}' has {len(v)} rows but 'rewards' has {n}; every key needs one row per step.")
     terminals, timeouts = arrays["terminals"].reshape(-1).astype(bool), timeouts.reshape(-1).astype(bool)
     ends = np.flatnonzero(terminals | timeouts) + 1
-    if len(ends) == 0 or ends[-1] != n:
+    if n and (len(ends) == 0 or ends[-1] != n):
         ends = np.append(ends, n)  # a trailing unfinished episode
     lengths = np.diff(np.concatenate([[0], ends]))
     data = Trajectories(observations=np.asarray(arrays["observations"], np.float32),

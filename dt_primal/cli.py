@@ -10,12 +10,16 @@ from dt_primal.evaluation import aggregate, markdown
 
 
 def run_main(main) -> None:
-    """Run ``main()``; a UserError becomes a one-paragraph message and exit status 2."""
+    """Run ``main()``; a UserError becomes a one-paragraph message and exit status 2, a Ctrl-C
+    that training did not catch (during the final evaluation, say) a line and status 130."""
     try:
         main()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted (checkpoints already written are intact)", file=sys.stderr)
+        sys.exit(130)
 
 
 def write_report(results: list[dict], path: Path) -> dict:

@@ -85,7 +85,7 @@ class Config:
             problems.append(f"--precision must be fp32 or bf16 (got {self.precision!r})")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             problems.append(f"--device must be auto, cpu or cuda (got {self.device!r})")
-        # written as "not (x > 0)" so that NaN fails too
+        # one condition that must hold, so that NaN (which fails every comparison) fails it
         if not (0 <= self.dropout < 1 and self.eta >= 0 and self.lr > 0 and self.weight_decay >= 0
                 and self.grad_clip > 0 and self.reward_scale > 0):
             problems.append("need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
@@ -109,16 +109,17 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
     for f in fields(Config):
         if only is not None and f.name not in only:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        # --s has an alias: torchrun's own argument parser refuses --s as an ambiguous abbreviation
+        flags = ["--" + f.name.replace("_", "-")] + (["--ksvd-rank"] if f.name == "s" else [])
         if f.type == "bool":
-            parser.add_argument(flag, action="store_true", default=None)
+            parser.add_argument(*flags, action="store_true", default=None)
         elif f.name == "targets":
-            parser.add_argument(flag, type=float, nargs="+", default=None, help="returns to condition on")
+            parser.add_argument(*flags, type=float, nargs="+", default=None, help="returns to condition on")
         elif f.name == "model":
-            parser.add_argument(flag, choices=MODELS, default=None, help=f"default {f.default}")
+            parser.add_argument(*flags, choices=MODELS, default=None, help=f"default {f.default}")
         else:
             kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
-            parser.add_argument(flag, type=kind, default=None, help=f"default {f.default}")
+            parser.add_argument(*flags, type=kind, default=None, help=f"default {f.default}")
 
 
 def overrides(args: argparse.Namespace) -> dict:

@@ -28,6 +28,11 @@ class Trajectories:
         and optionally ``terminals`` (T,)."""
         if not episodes:
             raise UserError(f"The dataset {source} holds no episodes. Check the file, or build it again.")
+        sizes = {(np.shape(ep["observations"])[1:], np.shape(ep["actions"])[1:]) for ep in episodes}
+        if len(sizes) > 1:
+            raise UserError(f"The episodes of the dataset {source} differ in observation/action shapes "
+                            f"({', '.join(f'{o} and {a}' for o, a in sorted(sizes))}); a dataset must come from one "
+                            f"environment. Remove the odd episodes or rebuild the dataset.")
         lengths = np.array([len(ep["actions"]) for ep in episodes], dtype=np.int64)
         return cls(
             observations=np.concatenate([np.asarray(ep["observations"], np.float32)[:n] for ep, n in zip(episodes, lengths)]),
@@ -62,8 +67,12 @@ class Trajectories:
         if len(self.observations) != n or len(self.actions) != n or int(self.lengths.sum()) != n:
             raise UserError(f"{where} is inconsistent: {len(self.observations)} observations, {len(self.actions)} "
                             f"actions, {n} rewards and episodes totalling {int(self.lengths.sum())} steps.")
-        if len(self.lengths) == 0 or (self.lengths < 1).any():
-            raise UserError(f"{where} has empty episodes; remove them or rebuild the dataset.")
+        if n == 0:
+            raise UserError(f"{where} holds no steps at all. Check that it is the right file, or rebuild it.")
+        if (self.lengths < 1).any():
+            empty = np.flatnonzero(self.lengths < 1)
+            raise UserError(f"{where} has {len(empty)} empty episodes (episode {empty[0]} is the first) with no "
+                            f"action to learn from; remove them or rebuild the dataset.")
         for name in ("observations", "actions", "rewards"):
             bad = ~np.isfinite(getattr(self, name))
             if bad.any():

@@ -102,8 +102,9 @@ def test_build_if_missing_builds_once_and_redoes_an_interrupted_build(policies, 
     # a build killed while writing leaves files but no build.json: it is built again, not loaded
     (suite.dataset_dir(dataset_id) / "build.json").unlink()
     (suite.dataset_dir(dataset_id) / "data" / "main_data.hdf5").write_bytes(b"half a file")
-    assert len(load_dataset(dataset_id).rewards) == STEPS
+    suite.build_if_missing(dataset_id, steps=STEPS)
     assert capsys.readouterr().out.count("building it now") == 1
+    assert len(load_dataset(dataset_id).rewards) == STEPS
 
 
 def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):

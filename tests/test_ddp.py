@@ -1,0 +1,67 @@
+"""Data-parallel training with torchrun on two CPU processes (gloo)."""
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from datasets.loaders import load_dataset
+from dt_primal.config import Config
+from dt_primal.training import train
+from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from test_train import ROOT, hopper_file
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "train.py"]
+# no dropout: each rank draws masks for its share of the batch, one process for all of it
+ARGS = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--ksvd-rank", "8", "--dropout", "0", "--device", "cpu",
+        "--batch-size", "8", "--warmup-steps", "5", "--eval-every", "100000", "--eval-episodes", "1", "--seed", "3"]
+
+
+def saved(out):
+    return torch.load(out / "last.pt", weights_only=False)
+
+
+def one_process(out, ckpt, data, resume=False, **change):
+    """Train in this process with the settings of ``ckpt``."""
+    train(dataclasses.replace(Config(**ckpt["config"]), out=str(out), **change), data, resume=resume)
+    return saved(out)
+
+
+def test_two_processes_give_the_weights_of_one_with_the_same_batch(tmp_path):
+    data = load_dataset(str(hopper_file(tmp_path)))
+    two = subprocess.run([*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "20", "--out", str(tmp_path / "two")],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr
+    a = saved(tmp_path / "two")
+    b = one_process(tmp_path / "one", a, data)
+    assert a["step"] == b["step"] == 20
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=1e-5, msg=k)
+    # rank 0 alone writes, evaluates and reports
+    assert len(list((tmp_path / "two").glob("events.out.tfevents*"))) == 1
+    assert json.loads((tmp_path / "two" / "eval.json").read_text())["step"] == 20
+    assert two.stdout.count("seed 3 target 3600") == 1
+
+
+def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp_path):
+    data = load_dataset(str(hopper_file(tmp_path)))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "100000", "--checkpoint-every",
+                             "5", "--out", str(out)], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "last.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert workers, proc.communicate()[1]
+    os.kill(int(workers[0]), signal.SIGTERM)  # as when one node of a job is preempted
+    _, stderr = proc.communicate(timeout=120)
+    steps = re.findall(r"stopped by signal SIGTERM at step (\d+)", stderr)
+    assert len(steps) == 2 and steps[0] == steps[1], stderr
+    ckpt = saved(out)
+    assert ckpt["step"] == int(steps[0])
+    assert one_process(out, ckpt, data, steps=ckpt["step"] + 2, resume=True)["step"] == ckpt["step"] + 2
