@@ -151,6 +151,7 @@ def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = Fa
 
     from dt_primal.data import WindowSampler
     from dt_primal.model import DecisionTransformer, dt_loss
+    from dt_primal.training import make_optimizer
 
     phase = phase or (lambda name: contextlib.nullcontext())
     torch.manual_seed(seed)
@@ -159,8 +160,7 @@ def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = Fa
     mean, std = data.state_stats()
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, mean, std, device)
     model = DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused_adamw)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    opt, sched = make_optimizer(model, cfg, fused=fused_adamw)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     forward = torch.compile(model) if compile_model else model
     sums = torch.zeros(3, device=device)

@@ -191,6 +191,13 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+def make_optimizer(model: torch.nn.Module, cfg: Config, fused: bool = False):
+    """AdamW and its schedule: linear warm-up over ``warmup_steps``, then constant (SPEC §4)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    return opt, sched
+
+
 def _rank_loss(model, batch: dict, eta: float, rank: int, world: int):
     """``dt_loss`` of this process's share of the batch. DDP averages gradients over the processes;
     weighting the action MSE by the share's part of the batch's valid steps makes that average the
@@ -248,8 +255,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False) -> dict | None:
         model = model_from_checkpoint(ckpt, device)[0]
     else:
         model = DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    opt, sched = make_optimizer(model, cfg, fused=device.type == "cuda")
     step, saved_step = 0, None
     if ckpt is not None:
         try:
