@@ -4,7 +4,7 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
   python train.py --preset quick                       # minutes on a CPU
   python train.py --dataset dt-primal/hopper/medium-replay-v0 --model primal --seeds 0 1 2 --out runs/hmr
   python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
-  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/troubleshooting.md)
+  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (README: Multi-GPU)
 """
 from __future__ import annotations
 
