@@ -52,11 +52,12 @@ class GaussianActor(nn.Module):
                 "hidden": self.hidden, "state_dict": self.state_dict()}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "GaussianActor":
+    def load(cls, path: str | os.PathLike) -> tuple["GaussianActor", dict]:
+        """An exported policy and its ``meta`` (learner step, seed, score at export)."""
         blob = torch.load(path, map_location="cpu", weights_only=True)
         actor = cls(blob["obs_dim"], blob["act_dim"], tuple(blob["hidden"]))
         actor.load_state_dict(blob["state_dict"])
-        return actor.eval()
+        return actor.eval(), blob["meta"]
 
     @classmethod
     def from_sb3(cls, model) -> "GaussianActor":

@@ -35,9 +35,8 @@ def policy_row(task: Task, episodes: int) -> str | None:
         if not path.exists():
             cells.append("not reached yet")
             continue
-        import torch
-        meta = torch.load(path, weights_only=True)["meta"]
-        r = evaluate_actor(GaussianActor.load(path), task, episodes, seed=12345)
+        actor, meta = GaussianActor.load(path)
+        r = evaluate_actor(actor, task, episodes, seed=12345)
         s = task.normalize(r)
         cells.append(f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**")
     last = learner["evals"][-1] if learner["evals"] else {"step": 0, "normalized": float("nan")}

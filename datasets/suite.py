@@ -59,11 +59,10 @@ def policy_file(task: Task, name: str) -> Path:
 
 
 def _policy_episodes(task: Task, name: str, steps: int, seed: int) -> tuple[list[dict], dict]:
-    blob = torch.load(policy_file(task, name), map_location="cpu", weights_only=True)
-    actor = GaussianActor.load(policy_file(task, name))
+    actor, meta = GaussianActor.load(policy_file(task, name))
     gen = torch.Generator().manual_seed(seed)
     eps = collect(task, lambda o: actor.act(o, gen), num_steps=steps, seed=seed, num_envs=64, progress=True)
-    return eps, blob["meta"]
+    return eps, meta
 
 
 def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
@@ -128,7 +127,7 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str
         seeds = f"learner seed {meta['train_seed']}, rollout seed {seed}"
     elif level == "medium-replay":
         episodes, total = _replay_episodes(task, steps)
-        meta = torch.load(policy_file(task, "medium.pt"), weights_only=True)["meta"]
+        meta = GaussianActor.load(policy_file(task, "medium.pt"))[1]
         if steps < total:
             fmt["subsample"] = f" (scaled down: whole episodes spread evenly over the {total} transitions)"
         algorithm, seeds = f"{algo} replay buffer, learner steps 0-{meta['step']}", f"learner seed {meta['train_seed']}"
