@@ -1,9 +1,10 @@
 """Causal self-attention: one interface, two implementations.
 
-Both take ``x`` (B, L, d_model) and ``valid`` (B, L) bool (True for real tokens, or None when
-there is no padding) and return ``(y, J)``: the output (B, L, d_model) and the per-sequence KSVD
-objective J (B,) — None for softmax attention. No output at a real token depends on padding or
-on a later token.
+Both take ``x`` (B, L, d_model), ``valid`` (B, L) bool (True for real tokens, or None when
+there is no padding) and ``rows``, a slice of the positions whose output is wanted (None: all),
+and return ``(y, J)``: the output (B, len(rows), d_model) and the per-sequence KSVD objective J
+(B,) over all tokens — None for softmax attention. No output at a real token depends on padding
+or on a later token.
 """
 from __future__ import annotations
 
@@ -22,17 +23,21 @@ class SoftmaxAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
-        if valid is None:
+        if valid is None and rows is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # causal and key-padding mask; every token sees itself so no row is empty
             idx = torch.arange(L, device=x.device)
-            mask = (idx[:, None] >= idx[None, :]) & valid[:, None, None, :] | (idx[:, None] == idx[None, :])
+            at = idx if rows is None else idx[rows]
+            mask = at[:, None] >= idx[None, :]
+            if valid is not None:
+                mask = mask & valid[:, None, None, :] | (at[:, None] == idx[None, :])
+            q = q if rows is None else q[:, :, rows]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, L, D))), None
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, y.shape[2], D))), None
 
     def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
         """The causal attention probabilities (B, H, L, L) of unpadded ``x``."""
@@ -103,9 +108,10 @@ class CausalPrimalAttention(nn.Module):
         phi_q, phi_k, _, _ = self.scores(x, None)
         return phi_q @ phi_k.transpose(-1, -2)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None):
         B, L, D = x.shape
         _, _, e, r = self.scores(x, valid)
-        y = self.head_out(torch.cat([e, r], dim=-1).to(x.dtype))  # (B, H, L, d_k)
-        y = self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, L, D)))
+        er = torch.cat([e, r], dim=-1) if rows is None else torch.cat([e[:, :, rows], r[:, :, rows]], dim=-1)
+        y = self.head_out(er.to(x.dtype))  # (B, H, len(rows), d_k)
+        y = self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, y.shape[2], D)))
         return y, ksvd_objective(e, r, self.Lambda, self.W_e, self.W_r, valid)

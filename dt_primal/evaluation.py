@@ -40,7 +40,7 @@ def rollout(model: DecisionTransformer, task: Task, targets: list[float], episod
         lo = max(0, t + 1 - context)
         with autocast:
             pred, _ = model(states[live, lo:t + 1], actions[live, lo:t + 1], rtg[live, lo:t + 1],
-                            timesteps[lo:t + 1].expand(len(live), -1))
+                            timesteps[lo:t + 1].expand(len(live), -1), last_only=True)
         actions[live, t] = pred[:, -1].float()
         step_actions = np.zeros((n, act_dim), dtype=np.float32)
         step_actions[alive] = actions[live, t].cpu().numpy()

@@ -25,9 +25,10 @@ class Block(nn.Module):
                      else SoftmaxAttention(d, cfg.n_head, cfg.dropout))
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(cfg.dropout))
 
-    def forward(self, x, valid):
-        a, J = self.attn(self.ln1(x), valid)
-        x = x + a
+    def forward(self, x, valid, rows: slice | None = None):
+        """Outputs at the positions ``rows`` only (None: all); attention still reads every token."""
+        a, J = self.attn(self.ln1(x), valid, rows)
+        x = (x if rows is None else x[:, rows]) + a
         return x + self.mlp(self.ln2(x)), J
 
 
@@ -59,10 +60,14 @@ class DecisionTransformer(nn.Module):
         if isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
 
-    def forward(self, states, actions, returns_to_go, timesteps, valid=None):
+    def forward(self, states, actions, returns_to_go, timesteps, valid=None, last_only: bool = False):
         """states (B, K, o), actions (B, K, a), returns_to_go (B, K, 1), timesteps (B, K) long,
-        valid (B, K) bool or None. Returns predicted actions (B, K, a) and the list of per-layer
-        KSVD objectives J (each (B,)) of the primal blocks."""
+        valid (B, K) bool or None. Returns predicted actions (B, K, a) — (B, 1, a) for the newest
+        step only with ``last_only`` — and the list of per-layer KSVD objectives J (each (B,)) of
+        the primal blocks.
+
+        Only s_t tokens predict, so the last block computes its output at those tokens alone
+        (at the newest one with ``last_only``): exact, and 1/3 (or 1/3K) of its MLP's work."""
         B, K, _ = states.shape
         t = self.embed_timestep(timesteps.clamp(max=self.max_ep_len - 1))
         tokens = torch.stack([self.embed_return(returns_to_go) + t, self.embed_state(states) + t,
@@ -70,12 +75,12 @@ class DecisionTransformer(nn.Module):
         x = self.drop(self.embed_ln(tokens))
         token_valid = None if valid is None else valid.repeat_interleave(3, dim=1)
         Js = []
-        for block in self.blocks:
-            x, J = block(x, token_valid)
+        state_rows = slice(3 * K - 2, 3 * K - 1) if last_only else slice(1, None, 3)
+        for i, block in enumerate(self.blocks):
+            x, J = block(x, token_valid, state_rows if i == len(self.blocks) - 1 else None)
             if J is not None:
                 Js.append(J)
-        h = self.ln_f(x).view(B, K, 3, -1)[:, :, 1]  # hidden state of each s_t token
-        return torch.tanh(self.predict_action(h)), Js
+        return torch.tanh(self.predict_action(self.ln_f(x))), Js  # x: hidden states of the s_t tokens
 
 
 def dt_loss(model: DecisionTransformer, batch: dict, eta: float):

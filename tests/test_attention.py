@@ -40,6 +40,30 @@ def test_padding_never_changes_real_outputs(attn, side):
         torch.testing.assert_close(Jp, J, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("attn", attentions(), ids=["softmax", "primal"])
+@pytest.mark.parametrize("rows", [slice(1, None, 3), slice(10, 11)], ids=["state-tokens", "newest"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_rows_give_exactly_those_outputs_of_the_full_pass(attn, rows, padded):
+    x = torch.randn(3, 12, D)
+    valid = torch.arange(12)[None] < torch.tensor([[12], [7], [2]]) if padded else None
+    y, J = attn(x, valid)
+    y_rows, J_rows = attn(x, valid, rows)
+    torch.testing.assert_close(y_rows, y[:, rows], atol=1e-6, rtol=1e-5)
+    if J is not None:  # the KSVD objective still covers every token
+        torch.testing.assert_close(J_rows, J)
+
+
+def test_model_newest_step_only_matches_the_full_forward():
+    torch.manual_seed(0)
+    cfg = Config(model="primal", d_model=32, n_head=2, n_layer=2, s=4, dropout=0.0, max_ep_len=50, context=5)
+    net = DecisionTransformer(cfg, state_dim=3, act_dim=2).eval()
+    args = torch.randn(4, 5, 3), torch.randn(4, 5, 2), torch.randn(4, 5, 1), torch.arange(5).expand(4, -1)
+    full, _ = net(*args)
+    last, _ = net(*args, last_only=True)
+    assert full.shape == (4, 5, 2) and last.shape == (4, 1, 2)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-5)
+
+
 def test_running_mean_counts_valid_tokens_only():
     z = torch.tensor([[[[9.0], [1.0], [3.0], [5.0]]]])  # (B=1, H=1, L=4, d=1)
     valid = torch.tensor([[False, True, True, True]])
