@@ -75,19 +75,24 @@ def evaluate_actor(actor: GaussianActor, task: Task, episodes: int, seed: int) -
     return np.array([e["rewards"].sum() for e in eps])
 
 
-def replay_episodes(buffer, upto: int) -> dict[str, np.ndarray]:
-    """The first ``upto`` transitions of an SB3 replay buffer as flat arrays plus episode lengths
-    (the trailing unfinished episode ends truncated)."""
-    obs, nxt = buffer.observations[:upto, 0], buffer.next_observations[:upto, 0]
-    done, timeout = buffer.dones[:upto, 0].astype(bool), buffer.timeouts[:upto, 0].astype(bool)
-    ends = np.flatnonzero(done)
-    if len(ends) == 0 or ends[-1] != upto - 1:
-        ends = np.append(ends, upto - 1)
-        timeout = timeout.copy(); timeout[-1] = True
+def replay_episodes(buffer) -> dict[str, np.ndarray]:
+    """Every transition stored in an SB3 replay buffer, as flat arrays plus episode lengths.
+
+    An episode ends where the learner flagged it done, or where the next stored observation is not
+    this transition's next observation: the learner was resumed mid-episode, so the episode was
+    cut. Cut episodes and the trailing unfinished one end truncated. (SB3 stores a step's
+    transition after its callbacks run, so at a checkpoint the buffer holds one transition fewer
+    than the step count: only ``buffer.pos`` counts.)"""
+    n = buffer.buffer_size if buffer.full else buffer.pos
+    obs, nxt = buffer.observations[:n, 0], buffer.next_observations[:n, 0]
+    done, timeout = buffer.dones[:n, 0].astype(bool), buffer.timeouts[:n, 0].astype(bool)
+    cut = np.append(np.any(nxt[:-1] != obs[1:], axis=1), True) & ~done
+    ends = np.flatnonzero(done | cut)
+    truncated = (timeout | cut)
     lengths = np.diff(np.concatenate([[-1], ends]))
     return dict(observations=obs.astype(np.float32), final_observations=nxt[ends].astype(np.float32),
-                actions=buffer.actions[:upto, 0].astype(np.float32), rewards=buffer.rewards[:upto, 0].astype(np.float32),
-                terminations=done & ~timeout, truncations=timeout, lengths=lengths)
+                actions=buffer.actions[:n, 0].astype(np.float32), rewards=buffer.rewards[:n, 0].astype(np.float32),
+                terminations=done & ~truncated, truncations=truncated, lengths=lengths)
 
 
 def restore_replay(buffer, z) -> int:
@@ -156,7 +161,7 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
                     "eval_return_mean": float(returns.mean()), "eval_normalized": score}
             if progress["medium_step"] is None and score >= MEDIUM_SCORE:
                 torch.save({**actor.export(), "meta": meta}, out / "medium.pt")
-                np.savez_compressed(out / "medium_replay.npz", **replay_episodes(self.model.replay_buffer, step))
+                np.savez_compressed(out / "medium_replay.npz", **replay_episodes(self.model.replay_buffer))
                 (out / "history.npz").unlink(missing_ok=True)
                 progress["medium_step"] = step
             elif progress["medium_step"] is not None and score > progress["expert_score"]:
@@ -167,7 +172,7 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
             # what a fresh clone needs to continue: the learner and, until medium level, every transition
             self.model.save(out / "learner.tmp.zip"); os.replace(out / "learner.tmp.zip", out / "learner.zip")
             if progress["medium_step"] is None:
-                np.savez_compressed(out / "history.tmp.npz", **replay_episodes(self.model.replay_buffer, step))
+                np.savez_compressed(out / "history.tmp.npz", **replay_episodes(self.model.replay_buffer))
                 os.replace(out / "history.tmp.npz", out / "history.npz")
             progress_path.write_text(json.dumps(progress, indent=1))
             print(f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}", flush=True)

@@ -115,12 +115,41 @@ def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
     policy_dir, work = tmp_path / "policies", tmp_path / "work"
     train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
     first = dict(np.load(policy_dir / "hopper" / "history.npz"))
-    assert len(first["rewards"]) == 600 and first["lengths"].sum() == 600
+    # SB3 stores a step's transition after the checkpoint callback: 599 are stored at step 600
+    assert len(first["rewards"]) == 599 and first["lengths"].sum() == 599
+    assert np.abs(first["observations"]).sum(1).min() > 0  # no unwritten (all-zero) buffer rows
     shutil.rmtree(work)  # a fresh clone has no local checkpoint
     train_behaviour(HOPPER, work, total_steps=900, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
     after = np.load(policy_dir / "hopper" / "history.npz")
-    assert len(after["rewards"]) == 900
+    assert len(after["rewards"]) == 898  # step 600's transition was never stored: the learner stopped there
     for k in ("observations", "actions", "rewards"):
-        np.testing.assert_array_equal(after[k][:600], first[k])
+        np.testing.assert_array_equal(after[k][:599], first[k])
     learner = json.loads((policy_dir / "hopper" / "learner.json").read_text())
     assert [e["step"] for e in learner["evals"]] == [300, 600, 900] and learner["cpu_seconds"] > 0
+
+
+def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
+    """A learner resumed mid-episode starts a new episode in the same replay buffer without any
+    done flag in between: the export must not merge the two."""
+    import gymnasium as gym
+    from stable_baselines3.common.buffers import ReplayBuffer
+    from datasets.behaviour import replay_episodes, restore_replay
+    env = gym.make("Hopper-v5", terminate_when_unhealthy=False)
+    buf = ReplayBuffer(50, env.observation_space, env.action_space, device="cpu")
+    true_next = []
+    for seed, n, flag_last in ((0, 7, False), (1, 5, True)):  # a cut episode, then one ending by time limit
+        obs, _ = env.reset(seed=seed)
+        for i in range(n):
+            a = env.action_space.sample()
+            nxt, r, _, _, _ = env.step(a)
+            last = flag_last and i == n - 1
+            buf.add(obs[None], nxt[None], a[None], np.array([r]), np.array([last]), [{"TimeLimit.truncated": last}])
+            true_next.append(nxt); obs = nxt
+    z = replay_episodes(buf)
+    assert z["lengths"].tolist() == [7, 5]
+    assert z["truncations"].tolist() == [False] * 6 + [True] + [False] * 4 + [True] and not z["terminations"].any()
+    np.testing.assert_allclose(z["final_observations"], np.stack([true_next[6], true_next[11]]), rtol=1e-6)
+    fresh = ReplayBuffer(50, env.observation_space, env.action_space, device="cpu")
+    assert restore_replay(fresh, z) == 12
+    np.testing.assert_allclose(fresh.next_observations[:12, 0], np.stack(true_next), rtol=1e-6)
+    assert replay_episodes(fresh)["lengths"].tolist() == [7, 5]
