@@ -145,9 +145,13 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
              f"step, under the same OMP_WAIT_POLICY and thread count.", "", common.md_table(header, rows), ""]
     if peers:
         lines.append("Ratios: dt-primal's updates/s divided by the faster peer's at the same size and precision "
-                     "(`--model dt` / `--model primal`). All of them spend an update in the same matrix products "
-                     "(see \"Profile\": sampling is 0.1% of dt-primal's step), so on this CPU they run within a few "
-                     "percent of each other.")
+                     "(`--model dt` / `--model primal`). An update is matrix products for all of them (see \"Profile\": "
+                     "sampling is 0.1% of dt-primal's step). dt-primal does fewer: only s_t tokens predict, so its "
+                     "last block computes attention output and MLP at those tokens alone (exact; the peers run it "
+                     "on all 3K tokens), which removes about a fifth of a 3-layer model's block FLOPs. That is its "
+                     "whole lead at equal precision; the peers' and dt-primal's other work is the same. Under bf16 "
+                     "autocast (dt-primal's default on CPUs with AMX/avx512_bf16; the peers run fp32 by default) "
+                     "every implementation gains 1.3-1.6× here.")
     if not peers:
         lines.append("Peers not timed: " + ("--no-peers given." if args.no_peers else
                      f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "
