@@ -9,10 +9,13 @@ steps. ``steps`` scales every level down (tests use tiny builds).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import re
 import shutil
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ from envs import TASKS, Task
 SUITE_NAMESPACE = "dt-primal"
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 FULL_STEPS = 1_000_000
+ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same dataset on any machine; the parts run in parallel
 RECIPES = {
     "random": "{steps} steps of uniformly random actions.",
     "medium": "{steps} steps of the stochastic {algo} policy (stable-baselines3) exported the first time its "
@@ -58,11 +62,33 @@ def policy_file(task: Task, name: str) -> Path:
     return path
 
 
-def _policy_episodes(task: Task, name: str, steps: int, seed: int) -> tuple[list[dict], dict]:
-    actor, meta = GaussianActor.load(policy_file(task, name))
-    gen = torch.Generator().manual_seed(seed)
-    eps = collect(task, lambda o: actor.act(o, gen), num_steps=steps, seed=seed, num_envs=64, progress=True)
-    return eps, meta
+def _rollout_part(task_name: str, level: str, steps: int, seed: int, progress: bool) -> list[dict]:
+    """``steps`` transitions of uniform random actions or of the level's policy, 32 envs batched."""
+    torch.set_num_threads(1)
+    task = TASKS[task_name]
+    if level == "random":
+        rng = np.random.default_rng(seed)
+        act_dim = task.make().action_space.shape[0]
+        act = lambda o: rng.uniform(-1, 1, (len(o), act_dim)).astype(np.float32)
+    else:
+        actor, _ = GaussianActor.load(policy_file(task, f"{level}.pt"))
+        gen = torch.Generator().manual_seed(seed)
+        act = lambda o: actor.act(o, gen)
+    return collect(task, act, num_steps=steps, seed=seed, num_envs=32, progress=progress)
+
+
+def _rollouts(task: Task, level: str, steps: int, seed: int, processes: int | None = None) -> list[dict]:
+    """``steps`` transitions in ``ROLLOUT_PARTS`` parts with seeds seed·P + k, each in its own process
+    (default: when there are 50k steps or more; starting one costs seconds). Same data either way."""
+    sizes = [steps // ROLLOUT_PARTS + (k < steps % ROLLOUT_PARTS) for k in range(ROLLOUT_PARTS)]
+    jobs = [(task.name, level, n, seed * ROLLOUT_PARTS + k, k == 0) for k, n in enumerate(sizes) if n > 0]
+    processes = min(len(jobs), os.cpu_count() or 1) if processes is None and steps >= 50_000 else processes or 1
+    if processes == 1:
+        parts = [_rollout_part(*job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(_rollout_part, *zip(*jobs)))
+    return [ep for part in parts for ep in part]
 
 
 def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
@@ -115,16 +141,15 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str
     t0 = time.time()
     algo = f"{ALGOS[task.name]} (stable-baselines3)"
     fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, subsample="")
+    rollout_seeds = f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
     if level == "random":
-        rng = np.random.default_rng(seed)
-        act_dim = task.make().action_space.shape[0]
-        episodes = collect(task, lambda o: rng.uniform(-1, 1, (len(o), act_dim)).astype(np.float32),
-                           num_steps=steps, seed=seed, num_envs=64, progress=True)
-        algorithm, seeds = "uniform random actions", f"rollout seed {seed}"
+        episodes = _rollouts(task, level, steps, seed)
+        algorithm, seeds = "uniform random actions", rollout_seeds
     elif level in ("medium", "expert"):
-        episodes, meta = _policy_episodes(task, f"{level}.pt", steps, seed)
+        meta = GaussianActor.load(policy_file(task, f"{level}.pt"))[1]
+        episodes = _rollouts(task, level, steps, seed)
         algorithm = f"{algo}, policy exported at learner step {meta['step']}"
-        seeds = f"learner seed {meta['train_seed']}, rollout seed {seed}"
+        seeds = f"learner seed {meta['train_seed']}, {rollout_seeds}"
     elif level == "medium-replay":
         episodes, total = _replay_episodes(task, steps)
         meta = GaussianActor.load(policy_file(task, "medium.pt"))[1]
@@ -136,15 +161,19 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str
         for part in ("medium", "expert"):
             part_id = build_if_missing(suite_id(task.name, part), steps=steps, seed=seed)
             episodes += _minari_episodes(part_id)
-        algorithm, seeds = f"{algo}: medium-v0 + expert-v0", f"rollout seed {seed} for both parts"
+        algorithm, seeds = f"{algo}: medium-v0 + expert-v0", f"{rollout_seeds} for both parts"
     else:
         raise UserError(f"Unknown level {level!r}: choose one of {', '.join(LEVELS)}.")
     description = f"D4RL-style {task.name} {level} dataset on {task.gym_id}. " + RECIPES[level].format(**fmt) + \
         f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} --steps {steps} --seed {seed}`."
+    collected = time.time()
     _write(dataset_id, task, episodes, algorithm, description)
     seconds = time.time() - t0
-    (dataset_dir(dataset_id) / "build.json").write_text(json.dumps({"seconds": seconds, "steps": steps, "seed": seed}))
-    print(f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps in {seconds:.0f} s")
+    (dataset_dir(dataset_id) / "build.json").write_text(json.dumps(
+        {"seconds": seconds, "write_seconds": seconds - (collected - t0), "steps": steps, "seed": seed,
+         "load_average": os.getloadavg()[0]}))
+    print(f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps in {seconds:.0f} s "
+          f"({seconds - (collected - t0):.0f} s of it writing the Minari files)")
     return dataset_id
 
 

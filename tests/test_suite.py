@@ -153,3 +153,12 @@ def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
     assert restore_replay(fresh, z) == 12
     np.testing.assert_allclose(fresh.next_observations[:12, 0], np.stack(true_next), rtol=1e-6)
     assert replay_episodes(fresh)["lengths"].tolist() == [7, 5]
+
+
+def test_rollout_parts_give_the_same_data_in_worker_processes():
+    serial = suite._rollouts(HOPPER, "random", 400, seed=3, processes=1)
+    parallel = suite._rollouts(HOPPER, "random", 400, seed=3, processes=2)
+    assert sum(len(e["actions"]) for e in serial) == 400 and len(serial) == len(parallel)
+    for a, b in zip(serial, parallel):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
