@@ -6,9 +6,22 @@ Reference scores are D4RL's (random and expert policy returns), used for the nor
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
+import mujoco
+
+
+def _mujoco_warning(message: str) -> None:
+    """MuJoCo prints its warnings on stderr each time an env is made. Gymnasium's HalfCheetah model
+    uses the deprecated 'settotalmass' attribute, which would repeat that line for every episode
+    of an evaluation; it is harmless and dropped. Any other MuJoCo warning becomes a Python warning."""
+    if "settotalmass" not in message:
+        warnings.warn(f"MuJoCo: {message.strip()}", RuntimeWarning, stacklevel=2)
+
+
+mujoco.set_mju_user_warning(_mujoco_warning)
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,9 @@ def test_rollout_parts_give_the_same_data_in_worker_processes():
     for a, b in zip(serial, parallel):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_halfcheetah_is_made_without_the_settotalmass_warning_line(capfd):
+    TASKS["halfcheetah"].make().close()  # evaluation makes one env per episode: the line would repeat
+    captured = capfd.readouterr()
+    assert "settotalmass" not in captured.err + captured.out
