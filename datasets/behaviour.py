@@ -138,7 +138,7 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
     elif committed:
         model = algo.load(out / "learner.zip", env=env, device="cpu", buffer_size=total_steps)
         transitions = out / ("history.npz" if (out / "history.npz").exists() else "medium_replay.npz")
-        n = restore_replay(model.replay_buffer, np.load(transitions))
+        n = restore_replay(model.replay_buffer, dict(np.load(transitions)))
         print(f"resumed {task.name} at step {model.num_timesteps} from the committed learner ({n} transitions of {transitions.name})")
     else:
         model = algo("MlpPolicy", env, learning_starts=10_000, buffer_size=total_steps, seed=seed, device="cpu", verbose=0)

@@ -95,7 +95,7 @@ def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
     """The learner's transitions until medium level, as episodes; when ``steps`` is below their
     total, whole episodes evenly spread over the learner's history, so it still runs from the
     first episodes to medium level."""
-    z = np.load(policy_file(task, "medium_replay.npz"))
+    z = dict(np.load(policy_file(task, "medium_replay.npz")))  # decompress each array once, not per episode
     ends = np.cumsum(z["lengths"])
     starts = ends - z["lengths"]
     eps = [dict(observations=np.concatenate([z["observations"][s:e], z["final_observations"][i:i + 1]]),
