@@ -66,13 +66,14 @@ def main() -> None:
         ckpt = load_checkpoint(path)
         model, cfg = model_from_checkpoint(ckpt)
         model.eval()
+        ksvd = f", s {cfg.resolved_s()}, η {cfg.eta:g}" if cfg.model != "dt" else ""
         curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):
             kind = "primal K" if hasattr(block.attn, "Lambda") else "softmax"
             ax.plot(np.arange(1, len(curve) + 1), curve, label=f"layer {i + 1} ({kind})")
-            rows.append(f"| {path} | {cfg.model} | {i + 1} | {kind} | {curve[0]:.3f} | {curve[4]:.3f} | {curve[9]:.3f} | "
+            rows.append(f"| {path} | {cfg.model}{ksvd} | {i + 1} | {kind} | {curve[0]:.3f} | {curve[4]:.3f} | {curve[9]:.3f} | "
                         f"{int(np.searchsorted(curve, 0.9)) + 1} | {int(np.searchsorted(curve, 0.99)) + 1} |")
-        ax.set_title(f"{cfg.model}: {path.parent.name}", fontsize=9)
+        ax.set_title(f"{cfg.model}{ksvd}: {path.parent.name}", fontsize=9)
         ax.set_xlabel("number of singular values"); ax.set_ylabel("cumulative explained variance")
         ax.set_xscale("log"); ax.legend(fontsize=8); ax.grid(alpha=0.3)
     fig.tight_layout()
