@@ -22,7 +22,7 @@ DEFAULT_S = 64
 @dataclass
 class Config:
     # data
-    dataset: str = "dt-primal/halfcheetah/random-v0"
+    dataset: str = "dt-primal/halfcheetah/medium-replay-v0"
     env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, ...)
     download: bool = False  # let Minari download a hosted dataset that is not present locally
     # model (SPEC §3)
