@@ -5,11 +5,13 @@ hosted Minari MuJoCo datasets were made.
 A run resumes from its last checkpoint (model + replay buffer). At every evaluation the actor is
 exported; the first export whose score reaches ``MEDIUM_SCORE`` becomes the *medium* policy and
 the replay buffer up to that moment becomes the *medium-replay* transitions; the best later
-export is the *expert*. Exports are small and committed under ``datasets/policies/<env>/``.
+export is kept as ``best.pt`` and becomes the *expert* (``expert.pt``) when the run finishes, so
+that no unfinished learner's policy is ever built into an expert dataset. Exports are small and committed under ``datasets/policies/<env>/``.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import time
 from pathlib import Path
@@ -165,7 +167,7 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
                 (out / "history.npz").unlink(missing_ok=True)
                 progress["medium_step"] = step
             elif progress["medium_step"] is not None and score > progress["expert_score"]:
-                torch.save({**actor.export(), "meta": meta}, out / "expert.pt")
+                torch.save({**actor.export(), "meta": meta}, out / "best.pt")
                 progress["expert_step"], progress["expert_score"] = step, score
             self.model.save(work_dir / "model.tmp.zip"); os.replace(work_dir / "model.tmp.zip", work_dir / "model.zip")
             self.model.save_replay_buffer(work_dir / "replay.tmp.pkl"); os.replace(work_dir / "replay.tmp.pkl", work_dir / "replay.pkl")
@@ -179,3 +181,5 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 1_000_000, ev
             return True
 
     model.learn(total_steps - model.num_timesteps, callback=Checkpoint(), reset_num_timesteps=False)
+    if (out / "best.pt").exists():  # finished: the best policy after medium level is the expert
+        shutil.copyfile(out / "best.pt", out / "expert.pt")

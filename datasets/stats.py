@@ -33,7 +33,10 @@ def policy_row(task: Task, episodes: int) -> str | None:
     for level in ("medium", "expert"):
         path = folder / f"{level}.pt"
         if not path.exists():
-            cells.append("not reached yet")
+            best = folder / "best.pt"
+            cells.append(f"not yet (the learner has not finished; best so far: step {learner['expert_step']}, "
+                         f"{learner['expert_score']:.1f} over 10 episodes)" if level == "expert" and best.exists()
+                         else "not reached yet")
             continue
         actor, meta = GaussianActor.load(path)
         r = evaluate_actor(actor, task, episodes, seed=12345)

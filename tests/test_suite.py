@@ -168,3 +168,18 @@ def test_halfcheetah_is_made_without_the_settotalmass_warning_line(capfd):
     TASKS["halfcheetah"].make().close()  # evaluation makes one env per episode: the line would repeat
     captured = capfd.readouterr()
     assert "settotalmass" not in captured.err + captured.out
+
+
+def test_expert_policy_appears_only_when_the_learner_finishes(tmp_path, monkeypatch):
+    """Until the learner's run ends, its best policy is only ``best.pt``: an expert dataset is never
+    built from a half-trained learner."""
+    import datasets.behaviour as behaviour
+    monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)  # medium at the first evaluation
+    folder = tmp_path / "policies" / "hopper"
+    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=300, eval_every=300, eval_episodes=1,
+                              policy_dir=tmp_path / "policies")
+    assert (folder / "medium.pt").exists() and not (folder / "best.pt").exists() and not (folder / "expert.pt").exists()
+    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=600, eval_every=300, eval_episodes=1,
+                              policy_dir=tmp_path / "policies")
+    assert (folder / "expert.pt").read_bytes() == (folder / "best.pt").read_bytes()
+    assert json.loads((folder / "learner.json").read_text())["expert_step"] == 600
