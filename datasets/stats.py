@@ -18,7 +18,10 @@ def dataset_row(dataset_id: str, task: Task) -> str:
     returns = np.array([ep.rewards.sum() for ep in ds.iterate_episodes()])
     norm = task.normalize(returns)
     build = dataset_dir(dataset_id) / "build.json"
-    seconds = f"{json.loads(build.read_text())['seconds']:.0f}" if build.exists() else "?"
+    info = json.loads(build.read_text()) if build.exists() else {}
+    seconds = f"{info['seconds']:.0f}" if info else "?"
+    if "load_average" in info:  # the machine's other work slows a build down
+        seconds += f" (load {info['load_average']:.1f})"
     return (f"| {dataset_id} | {ds.total_episodes} | {ds.total_steps} | {returns.mean():.1f} ± {returns.std():.1f} | "
             f"{returns.min():.1f} | {returns.max():.1f} | {norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f}) | {seconds} |")
 
@@ -55,7 +58,7 @@ def stats(out: Path, episodes: int = 100) -> str:
         f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v0` built on this machine (`python -m datasets build`); "
         "normalised scores use the D4RL reference returns. Regenerate this page with `python -m datasets stats`.", "",
         "## Built datasets", "",
-        "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s |",
+        "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s (1-min load average) |",
         "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",
         f"## Behaviour policies (measured: {episodes} episodes of the stochastic policy that makes the data)", "",
         "| env | algorithm | learner step (last eval, normalised) | learner CPU hours | medium | expert |",
