@@ -6,13 +6,14 @@ A run resumes from its last checkpoint (model + replay buffer). At every evaluat
 exported; the first export whose score reaches ``MEDIUM_SCORE`` becomes the *medium* policy and
 the replay buffer up to that moment becomes the *medium-replay* transitions; the best later
 export is kept as ``best.pt`` and becomes the *expert* (``expert.pt``) when the run finishes, so
-that no unfinished learner's policy is ever built into an expert dataset. Exports are small and committed under ``datasets/policies/<env>/``.
+that no unfinished learner's policy is ever built into an expert dataset. Exports are small and
+committed under ``datasets/policies/<env>/``.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def replay_episodes(buffer) -> dict[str, np.ndarray]:
     done, timeout = buffer.dones[:n, 0].astype(bool), buffer.timeouts[:n, 0].astype(bool)
     cut = np.append(np.any(nxt[:-1] != obs[1:], axis=1), True) & ~done
     ends = np.flatnonzero(done | cut)
-    truncated = (timeout | cut)
+    truncated = timeout | cut
     lengths = np.diff(np.concatenate([[-1], ends]))
     return dict(observations=obs.astype(np.float32), final_observations=nxt[ends].astype(np.float32),
                 actions=buffer.actions[:n, 0].astype(np.float32), rewards=buffer.rewards[:n, 0].astype(np.float32),
