@@ -82,7 +82,8 @@ def _rollouts(task: Task, level: str, steps: int, seed: int, processes: int | No
     (default: when there are 50k steps or more; starting one costs seconds). Same data either way."""
     sizes = [steps // ROLLOUT_PARTS + (k < steps % ROLLOUT_PARTS) for k in range(ROLLOUT_PARTS)]
     jobs = [(task.name, level, n, seed * ROLLOUT_PARTS + k, k == 0) for k, n in enumerate(sizes) if n > 0]
-    processes = min(len(jobs), os.cpu_count() or 1) if processes is None and steps >= 50_000 else processes or 1
+    if processes is None:
+        processes = min(len(jobs), os.cpu_count() or 1) if steps >= 50_000 else 1
     if processes == 1:
         parts = [_rollout_part(*job) for job in jobs]
     else:
