@@ -183,3 +183,16 @@ def test_expert_policy_appears_only_when_the_learner_finishes(tmp_path, monkeypa
                               policy_dir=tmp_path / "policies")
     assert (folder / "expert.pt").read_bytes() == (folder / "best.pt").read_bytes()
     assert json.loads((folder / "learner.json").read_text())["expert_step"] == 600
+
+
+def test_a_best_policy_measured_at_expert_level_becomes_the_expert_and_stops_the_learner(tmp_path, monkeypatch):
+    import datasets.behaviour as behaviour
+    monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)
+    monkeypatch.setattr(behaviour, "EXPERT_SCORE", -1e9)
+    folder = tmp_path / "policies" / "hopper"
+    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
+                              policy_dir=tmp_path / "policies")
+    progress = json.loads((folder / "learner.json").read_text())
+    assert [e["step"] for e in progress["evals"]] == [300, 600]  # stopped at the first promotion
+    assert progress["expert_checked"] == 600 and progress["expert_measured"][2] == behaviour.EXPERT_EPISODES
+    assert (folder / "expert.pt").read_bytes() == (folder / "best.pt").read_bytes()
