@@ -141,17 +141,15 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
 
 
 def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = False, compile_model: bool = False):
-    """The body of the loop in dt_primal/training.py for ``cfg`` on ``data`` (Trajectories), as a
-    function: sampler.sample, dt_loss under optional bf16 autocast, zero_grad, backward, gradient
-    clipping, AdamW step, scheduler step, and the loop's running loss sums. ``phase(name)`` (a
-    context manager, e.g. torch.profiler.record_function) labels the parts; ``fused_adamw`` and
-    ``compile_model`` are variants the library does not use on CPU, for experiments.
-    Returns (step, model)."""
+    """The loop body of dt_primal/training.py for ``cfg`` on ``data`` (Trajectories), as a function:
+    ``sampler.sample`` then ``training.optimisation_step``. ``phase(name)`` (a context manager, e.g.
+    torch.profiler.record_function) labels the parts; ``fused_adamw`` and ``compile_model`` are
+    variants the library does not use on CPU, for experiments. Returns (step, model)."""
     import contextlib
 
     from dt_primal.data import WindowSampler
-    from dt_primal.model import DecisionTransformer, dt_loss
-    from dt_primal.training import make_optimizer
+    from dt_primal.model import DecisionTransformer
+    from dt_primal.training import make_optimizer, optimisation_step
 
     phase = phase or (lambda name: contextlib.nullcontext())
     torch.manual_seed(seed)
@@ -168,19 +166,7 @@ def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = Fa
     def step():
         with phase("sample"):
             batch = sampler.sample(cfg.batch_size, gen)
-        with phase("forward + loss"), autocast:
-            loss, action_loss, Js = dt_loss(forward, batch, cfg.eta)
-        with phase("backward"):
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-        with phase("clip_grad_norm_"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        with phase("AdamW + scheduler"):
-            opt.step()
-            sched.step()
-        with phase("loss bookkeeping"), torch.no_grad():
-            j2 = torch.stack([(J.detach() ** 2).mean() for J in Js]).mean() if Js else torch.zeros((), device=device)
-            sums.add_(torch.stack([loss.detach().float(), action_loss.detach().float(), j2.float()]))
+        optimisation_step(model, forward, batch, opt, sched, cfg, autocast, sums, phase=phase)
 
     return step, model
 

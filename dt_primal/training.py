@@ -3,13 +3,13 @@ TensorBoard, atomic checkpoints with exact ``--resume``, periodic and final batc
 and data-parallel training over several processes or GPUs (``torchrun``, PyTorch DDP)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import signal
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@contextmanager
+@contextlib.contextmanager
 def distributed(device: str):
     """Join the process group when started by torchrun with several processes (NCCL on CUDA, gloo
     on CPU). Yields ``(rank, world_size)``, ``(0, 1)`` when not distributed."""
@@ -211,6 +211,29 @@ def _rank_loss(model, batch: dict, eta: float, rank: int, world: int):
     return loss + (weight - 1) * action_loss, weight * action_loss, Js
 
 
+def optimisation_step(model, forward, batch: dict, opt, sched, cfg: Config, autocast, sums: torch.Tensor,
+                      rank: int = 0, world: int = 1, phase=None) -> None:
+    """One update: ``dt_loss`` (SPEC §3 loss, Eq. 9's KSVD term weighted by ``eta``) of this process's
+    share of ``batch`` under ``autocast``, backward, gradient clipping, AdamW and schedule steps; adds
+    (loss, action loss, mean J²) to ``sums`` on the device, without a host synchronisation.
+    ``forward`` is ``model`` or its DDP/compiled wrapper; ``phase(name)``, a context manager such
+    as ``torch.profiler.record_function``, labels the parts for profiling."""
+    phase = phase or (lambda name: contextlib.nullcontext())
+    with phase("forward + loss"), autocast:
+        loss, action_loss, Js = _rank_loss(forward, batch, cfg.eta, rank, world)
+    with phase("backward"):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("clip_grad_norm_"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    with phase("AdamW + scheduler"):
+        opt.step()
+        sched.step()
+    with phase("loss bookkeeping"), torch.no_grad():
+        j2 = torch.stack([(J.detach() ** 2).mean() for J in Js]).mean() if Js else torch.zeros((), device=sums.device)
+        sums += torch.stack([loss.detach().float(), action_loss.detach().float(), j2.float()])
+
+
 def _all_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
 
@@ -321,17 +344,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False) -> dict | None:
                disable=rank != 0)
     with _StopSignal(device) as stop:
         while step < cfg.steps:
-            with autocast:
-                loss, action_loss, Js = _rank_loss(ddp, sampler.sample(cfg.batch_size, gen), cfg.eta, rank, world)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
+            optimisation_step(model, ddp, sampler.sample(cfg.batch_size, gen), opt, sched, cfg, autocast, sums, rank, world)
             step += 1; n_log += 1
-            with torch.no_grad():
-                j2 = torch.stack([(J.detach() ** 2).mean() for J in Js]).mean() if Js else torch.zeros((), device=device)
-                sums += torch.stack([loss.detach().float(), action_loss.detach().float(), j2.float()])
             bar.update(1)
             stopping = stop.requested()
             eval_now = step % cfg.eval_every == 0 and step < cfg.steps
