@@ -144,13 +144,14 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=1, help="runs at once")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per run (default: the cores divided by --jobs)")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     grid = [(d, m, s) for d in args.datasets for m in args.models for s in args.seeds]
     if not args.aggregate_only:
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
         t0, failed = time.time(), []
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = [pool.submit(run_one, d, m, s, args.out, extra, threads) for d, m, s in grid]
