@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets.behaviour import POLICY_DIR, GaussianActor, evaluate_actor
+from datasets.behaviour import EXPERT_EPISODES, EXPERT_SCORE, POLICY_DIR, GaussianActor, evaluate_actor
 from datasets.suite import LEVELS, SUITE_NAMESPACE, dataset_dir, is_built, suite_id
 from envs import TASKS, Task
 
@@ -37,8 +37,9 @@ def policy_row(task: Task, episodes: int) -> str | None:
         path = folder / f"{level}.pt"
         if not path.exists():
             best = folder / "best.pt"
-            cells.append(f"not yet (the learner has not finished; best so far: step {learner['expert_step']}, "
-                         f"{learner['expert_score']:.1f} over 10 episodes)" if level == "expert" and best.exists()
+            cells.append(f"not yet (best so far: step {learner['expert_step']}, {learner['expert_score']:.1f} over 10 "
+                         f"episodes; it becomes the expert once it measures ≥ {EXPERT_SCORE:g} over "
+                         f"{EXPERT_EPISODES} episodes, or when the 1M-step run ends)" if level == "expert" and best.exists()
                          else "not reached yet")
             continue
         actor, meta = GaussianActor.load(path)

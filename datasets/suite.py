@@ -2,8 +2,9 @@
 machine from committed behaviour policies (SPEC §7).
 
 random = uniform actions; medium = the policy first reaching about a third of expert score;
-medium-replay = every transition its learner collected until then; expert = the best policy of
-the finished learner; medium-expert = medium + expert. Episodes end on termination or at 1000
+medium-replay = every transition its learner collected until then; expert = the learner's best
+policy once it measures at least 75 normalised over 100 episodes (or the best of its finished 1M-step
+run); medium-expert = medium + expert. Episodes end on termination or at 1000
 steps. ``steps`` scales every level down (tests use tiny builds).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datasets.behaviour import ALGOS, MEDIUM_SCORE, POLICY_DIR, GaussianActor
+from datasets.behaviour import ALGOS, EXPERT_EPISODES, EXPERT_SCORE, MEDIUM_SCORE, POLICY_DIR, GaussianActor
 from datasets.rollout import collect
 from dt_primal.errors import UserError
 from envs import TASKS, Task
@@ -32,11 +33,13 @@ FULL_STEPS = 1_000_000
 ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same dataset on any machine; the parts run in parallel
 RECIPES = {
     "random": "{steps} steps of uniformly random actions.",
-    "medium": "{steps} steps of the stochastic {algo} policy (stable-baselines3) exported the first time its "
+    "medium": "{steps} steps of the stochastic {algo} policy exported the first time its "
               "learner reached a normalised score of {medium}, about a third of an expert's return.",
     "medium-replay": "Every transition the {algo} learner collected (its replay buffer, from its first random "
                      "episodes) until it first reached medium level{subsample}.",
-    "expert": "{steps} steps of the stochastic {algo} policy with the best evaluation of the finished learner.",
+    "expert": "{steps} steps of the stochastic {algo} policy with the learner's best evaluation, promoted to expert "
+              "when it measured at least {expert} normalised over {expert_episodes} episodes (or when the 1M-step "
+              "run ended).",
     "medium-expert": "The episodes of medium-v0 followed by those of expert-v0 (built with the same steps and seed).",
 }
 
@@ -141,7 +144,8 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str
         raise UserError(f"--steps must be at least 1 (got {steps}).")
     t0 = time.time()
     algo = f"{ALGOS[task.name]} (stable-baselines3)"
-    fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, subsample="")
+    fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, expert=EXPERT_SCORE, expert_episodes=EXPERT_EPISODES,
+               subsample="")
     rollout_seeds = f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
     if level == "random":
         episodes = _rollouts(task, level, steps, seed)
