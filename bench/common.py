@@ -140,16 +140,16 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
 # ----------------------------------------------------------------------- training step
 
 
-def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = False, compile_model: bool = False):
+def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = False):
     """The loop body of dt_primal/training.py for ``cfg`` on ``data`` (Trajectories), as a function:
     ``sampler.sample`` then ``training.optimisation_step``. ``phase(name)`` (a context manager, e.g.
-    torch.profiler.record_function) labels the parts; ``fused_adamw`` and ``compile_model`` are
-    variants the library does not use on CPU, for experiments. Returns (step, model)."""
+    torch.profiler.record_function) labels the parts; ``fused_adamw`` is a variant the library uses
+    on CUDA only, for experiments. Returns (step, model)."""
     import contextlib
 
     from dt_primal.data import WindowSampler
     from dt_primal.model import DecisionTransformer
-    from dt_primal.training import make_optimizer, optimisation_step
+    from dt_primal.training import compiled, make_optimizer, optimisation_step
 
     phase = phase or (lambda name: contextlib.nullcontext())
     torch.manual_seed(seed)
@@ -160,7 +160,7 @@ def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = Fa
     model = DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device).train()
     opt, sched = make_optimizer(model, cfg, fused=fused_adamw)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-    forward = torch.compile(model) if compile_model else model
+    forward = compiled(model, device) if cfg.compile else model
     sums = torch.zeros(3, device=device)
 
     def step():

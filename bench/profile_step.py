@@ -8,7 +8,7 @@
    (record_function labels) and the top operators by self CPU time.
 2. The same step timed in a fresh process per variant (OpenMP reads its settings at start-up):
    OMP_WAIT_POLICY PASSIVE (what the benchmarks use) or OpenMP's default, 1 or 2 threads,
-   fused AdamW, torch.compile of the model, bf16 autocast.
+   fused AdamW, --compile (torch.compile of the model), bf16 autocast.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ VARIANTS = {
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
     "fused-adamw": ({}, {"fused_adamw": True}, {}, "AdamW(fused=True) (training.py uses it on CUDA only)"),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
-    "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"/tmp/dt-primal-bench/inductor-{os.getpid()}"}, {"compile_model": True}, {},
+    "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"/tmp/dt-primal-bench/inductor-{os.getpid()}"}, {}, {"compile": True},
                 "torch.compile(model), default mode, empty compile cache (first steps not timed)"),
 }
 

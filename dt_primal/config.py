@@ -43,6 +43,7 @@ class Config:
     warmup_steps: int = 10_000
     grad_clip: float = 0.25
     precision: str = "fp32"  # fp32 | bf16 (autocast)
+    compile: bool = False  # torch.compile the training forward/backward; on CUDA with CUDA graphs (reduce-overhead)
     # returns and evaluation (SPEC §5)
     reward_scale: float = 1000.0
     targets: list[float] | None = None  # None: the task's two targets

@@ -211,6 +211,13 @@ def _rank_loss(model, batch: dict, eta: float, rank: int, world: int):
     return loss + (weight - 1) * action_loss, weight * action_loss, Js
 
 
+def compiled(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``torch.compile`` for training: on CUDA in ``reduce-overhead`` mode (CUDA graphs, which remove
+    the per-kernel launch cost that bounds a model this small); on CPU in the default mode, which
+    does not pay there (docs/benchmarks.md, "Profile")."""
+    return torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else None)
+
+
 def optimisation_step(model, forward, batch: dict, opt, sched, cfg: Config, autocast, sums: torch.Tensor,
                       rank: int = 0, world: int = 1, phase=None) -> None:
     """One update: ``dt_loss`` (SPEC §3 loss, Eq. 9's KSVD term weighted by ``eta``) of this process's
@@ -263,7 +270,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False) -> dict | None:
         check_same_dataset(ckpt, data, last)
         saved = Config(**ckpt["config"])
         keep = ("steps", "eval_every", "eval_episodes", "eval_episodes_during", "checkpoint_every", "log_every",
-                "device", "out", "targets")
+                "device", "out", "targets", "compile")
         cfg = dataclasses.replace(saved, **{k: getattr(cfg, k) for k in keep})
         state_mean, state_std = ckpt["state_mean"], ckpt["state_std"]
     else:
@@ -291,6 +298,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False) -> dict | None:
         print(f"resumed from {last} at step {step}")
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else model
+    forward = compiled(ddp, device) if cfg.compile else ddp
 
     def checkpoint():
         nonlocal saved_step
@@ -344,7 +352,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False) -> dict | None:
                disable=rank != 0)
     with _StopSignal(device) as stop:
         while step < cfg.steps:
-            optimisation_step(model, ddp, sampler.sample(cfg.batch_size, gen), opt, sched, cfg, autocast, sums, rank, world)
+            optimisation_step(model, forward, sampler.sample(cfg.batch_size, gen), opt, sched, cfg, autocast, sums, rank, world)
             step += 1; n_log += 1
             bar.update(1)
             stopping = stop.requested()
