@@ -1,5 +1,6 @@
 """``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs, several at once,
-skipping finished runs and resuming interrupted ones, then one aggregated table (Markdown, CSV), a
+skipping finished runs and resuming interrupted ones (several sweeps may share one folder: a run
+that one of them is training is locked), then one aggregated table (Markdown, CSV), a
 bar chart and learning curves. Scores are those of the **last** checkpoint of each run.
 
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fcntl
 import json
 import os
 import subprocess
@@ -27,18 +29,29 @@ def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
     return out / slug / model / f"seed_{seed}"
 
 
+BUSY = -1  # run_one's status for a run that another sweep is training
+
+
 def run_one(dataset: str, model: str, seed: int, out: Path, extra: list[str], threads: int) -> tuple[Path, int]:
-    """Train one run unless it finished; resume it if it started. Returns (run dir, exit status)."""
+    """Train one run unless it finished; resume it if it started; leave it to another sweep that
+    holds its lock (several sweeps may share one folder). Returns (run dir, exit status or BUSY)."""
     rd = run_dir(out, dataset, model, seed)
     if (rd / "eval.json").exists():
         return rd, 0
     rd.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "train.py"), "--dataset", dataset, "--model", model, "--seed", str(seed),
-           "--out", str(rd), *extra, *(["--resume"] if (rd / "last.pt").exists() else [])]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with open(rd / "train.log", "a") as log:
-        log.write(f"$ {' '.join(cmd)}\n"); log.flush()
-        return rd, subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    with open(rd / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
+        except BlockingIOError:
+            return rd, BUSY
+        if (rd / "eval.json").exists():  # finished by another sweep meanwhile
+            return rd, 0
+        cmd = [sys.executable, str(ROOT / "train.py"), "--dataset", dataset, "--model", model, "--seed", str(seed),
+               "--out", str(rd), *extra, *(["--resume"] if (rd / "last.pt").exists() else [])]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        with open(rd / "train.log", "a") as log:
+            log.write(f"$ {' '.join(cmd)}\n"); log.flush()
+            return rd, subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
 
 
 def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> list[dict]:
@@ -157,9 +170,9 @@ def main() -> None:
             futures = [pool.submit(run_one, d, m, s, args.out, extra, threads) for d, m, s in grid]
             for i, f in enumerate(futures, 1):
                 rd, rc = f.result()
-                print(f"[{i}/{len(grid)}] {rd} {'done' if rc == 0 else f'FAILED (exit {rc}, see train.log)'} "
-                      f"({(time.time() - t0) / 60:.1f} min)", flush=True)
-                if rc:
+                status = {0: "done", BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED (exit {rc}, see train.log)")
+                print(f"[{i}/{len(grid)}] {rd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
+                if rc not in (0, BUSY):
                     failed.append(rd)
         if failed:
             print(f"{len(failed)} runs failed; fix and run the same command again (finished runs are skipped).")

@@ -1,5 +1,6 @@
 """The sweep runner and the spectrum analysis, on tiny runs."""
 import csv
+import fcntl
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.model import DecisionTransformer
 from dt_primal.spectrum import layer_spectra
+from dt_primal.sweep import run_dir
 from test_train import ROOT, hopper_file
 
 TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--steps", "6",
@@ -23,9 +25,16 @@ def sweep(tmp_path, data):
 
 def test_sweep_runs_the_grid_once_and_aggregates(tmp_path):
     data = hopper_file(tmp_path)
-    res = sweep(tmp_path, data)
-    assert res.returncode == 0, res.stdout + res.stderr
     out = tmp_path / "sweep"
+    held = run_dir(out, str(data), "dt", 0)
+    held.mkdir(parents=True)
+    with open(held / ".lock", "w") as lock:  # as another sweep training that run would hold it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        res = sweep(tmp_path, data)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "left to the sweep that is training it" in res.stdout and not (held / "train.log").exists()
+    assert len(list(out.glob("*/*/seed_*/train.log"))) == 3
+    assert sweep(tmp_path, data).returncode == 0  # the lock is free now: only that run trains
     logs = sorted(out.glob("*/*/seed_*/train.log"))
     assert len(logs) == 4
     md = (out / "results.md").read_text()
