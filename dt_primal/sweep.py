@@ -79,11 +79,14 @@ def write_tables(rows: list[dict], models: list[str], out: Path) -> str:
     for r in rows:
         cells = [f"{t['mean']:.1f} ± {t['std']:.1f} ({t['target']:g})" for t in r["targets"]]
         lines.append(f"| {r['dataset']} | {r['model']} | {r['n_seeds']} | {r['step']} | " + " | ".join(cells) + " |")
+    # the average row compares like with like: only datasets where every model has a result
+    common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
+              if all(any(r["dataset"] == d and r["model"] == m for r in rows) for m in models)]
     for m in models:
-        mine = [r for r in rows if r["model"] == m]
+        mine = [r for r in rows if r["model"] == m and r["dataset"] in common]
         if mine:
             avg = [np.mean([r["targets"][i]["mean"] for r in mine]) for i in range(len(mine[0]["targets"]))]
-            lines.append(f"| **average ({len(mine)} datasets)** | {m} | | | " + " | ".join(f"**{a:.1f}**" for a in avg) + " |")
+            lines.append(f"| **average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})** | {m} | | | " + " | ".join(f"**{a:.1f}**" for a in avg) + " |")
     md = "\n".join(lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best), mean ± std "
                              "(ddof 0) across seeds of the per-seed mean over the final evaluation episodes.\n")
     (out / "results.md").write_text(md)
