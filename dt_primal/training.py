@@ -220,7 +220,7 @@ def compiled(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 def optimisation_step(model, forward, batch: dict, opt, sched, cfg: Config, autocast, sums: torch.Tensor,
                       rank: int = 0, world: int = 1, phase=None) -> None:
-    """One update: ``dt_loss`` (SPEC §3 loss, Eq. 9's KSVD term weighted by ``eta``) of this process's
+    """One update: ``dt_loss`` (eq. 10: action MSE + η · mean J²) of this process's
     share of ``batch`` under ``autocast``, backward, gradient clipping, AdamW and schedule steps; adds
     (loss, action loss, mean J²) to ``sums`` on the device, without a host synchronisation.
     ``forward`` is ``model`` or its DDP/compiled wrapper; ``phase(name)``, a context manager such
