@@ -29,10 +29,10 @@ def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
     return out / slug / model / f"seed_{seed}"
 
 
-BUSY = -1  # run_one's status for a run that another sweep is training
+BUSY = None  # run_one's status for a run that another sweep is training (-N would be a signal's exit status)
 
 
-def run_one(dataset: str, model: str, seed: int, out: Path, extra: list[str], threads: int) -> tuple[Path, int]:
+def run_one(dataset: str, model: str, seed: int, out: Path, extra: list[str], threads: int) -> tuple[Path, int | None]:
     """Train one run unless it finished; resume it if it started; leave it to another sweep that
     holds its lock (several sweeps may share one folder). Returns (run dir, exit status or BUSY)."""
     rd = run_dir(out, dataset, model, seed)
