@@ -170,9 +170,9 @@ def test_halfcheetah_is_made_without_the_settotalmass_warning_line(capfd):
     assert "settotalmass" not in captured.err + captured.out
 
 
-def test_expert_policy_appears_only_when_the_learner_finishes(tmp_path, monkeypatch):
-    """Until the learner's run ends, its best policy is only ``best.pt``: an expert dataset is never
-    built from a half-trained learner."""
+def test_a_learner_below_expert_level_exports_its_expert_only_when_it_finishes(tmp_path, monkeypatch):
+    """Below ``EXPERT_SCORE`` the best policy is only ``best.pt`` until the learner's run ends: an
+    expert dataset is never built from a half-trained learner."""
     import datasets.behaviour as behaviour
     monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)  # medium at the first evaluation
     folder = tmp_path / "policies" / "hopper"
