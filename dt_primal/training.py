@@ -159,17 +159,21 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 class _StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop checkpoints at the end of the step and stops."""
+    """SIGINT/SIGTERM set a flag; the loop checkpoints at the end of the step and stops.
+
+    The handler writes only ``received``; ``signum`` is what all processes agreed on. A signal that lands while the
+    all-reduce is in flight is then kept for the next step instead of being overwritten by the reduced value.
+    """
 
     def __init__(self, device: torch.device):
-        self.signum, self.device = 0, device
+        self.received, self.signum, self.device = 0, 0, device
 
     def __enter__(self):
         self.old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def _handle(self, signum, frame):
-        self.signum = signum
+        self.received = signum
 
     def __exit__(self, *exc):
         for s, h in self.old.items():
@@ -177,6 +181,7 @@ class _StopSignal:
 
     def requested(self) -> bool:
         """Whether this process, or under torchrun any process, got a signal: all stop at the same step."""
+        self.signum = self.received
         if dist.is_initialized():
             flag = torch.tensor([self.signum], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
