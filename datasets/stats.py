@@ -45,7 +45,11 @@ def policy_row(task: Task, episodes: int) -> str | None:
         actor, meta = GaussianActor.load(path)
         r = evaluate_actor(actor, task, episodes, seed=12345)
         s = task.normalize(r)
-        cells.append(f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**")
+        cell = f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**"
+        if level == "expert" and "expert_measured" in learner:  # the measurement that promoted it (other seeds)
+            m, sd, n = learner["expert_measured"]
+            cell += f" (promoted on {m:.1f} ± {sd:.1f} over {n} other episodes)"
+        cells.append(cell)
     last = learner["evals"][-1] if learner["evals"] else {"step": 0, "normalized": float("nan")}
     return (f"| {task.name} | {learner['algo']} | {last['step']} ({last['normalized']:.1f}) | "
             f"{learner['cpu_seconds'] / 3600:.2f} | {cells[0]} | {cells[1]} |")

@@ -196,3 +196,21 @@ def test_a_best_policy_measured_at_expert_level_becomes_the_expert_and_stops_the
     assert [e["step"] for e in progress["evals"]] == [300, 600]  # stopped at the first promotion
     assert progress["expert_checked"] == 600 and progress["expert_measured"][2] == behaviour.EXPERT_EPISODES
     assert (folder / "expert.pt").read_bytes() == (folder / "best.pt").read_bytes()
+
+
+def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies, tmp_path, monkeypatch):
+    import minari
+    import datasets.stats as stats
+    learner = {"algo": "SAC", "cpu_seconds": 7200.0, "evals": [{"step": 2000, "normalized": 80.0}],
+               "expert_step": 2000, "expert_score": 80.0, "expert_measured": [77.7, 1.5, 100]}
+    (policies / "learner.json").write_text(json.dumps(learner))
+    monkeypatch.setattr(stats, "POLICY_DIR", policies.parent)
+    monkeypatch.setattr(stats, "TASKS", {"hopper": HOPPER})
+    suite.build(HOPPER, "random", steps=STEPS, seed=0)
+    page = stats.stats(tmp_path / "datasets.md", episodes=2)
+    assert (tmp_path / "datasets.md").read_text() == page
+    ds = minari.load_dataset("dt-primal/hopper/random-v0")
+    assert f"| dt-primal/hopper/random-v0 | {ds.total_episodes} | {STEPS} |" in page
+    row = next(line for line in page.splitlines() if line.startswith("| hopper | SAC |"))
+    assert "| 2000 (80.0) | 2.00 |" in row and "step 1000: return" in row and "step 2000: return" in row
+    assert "promoted on 77.7 ± 1.5 over 100 other episodes" in row
