@@ -123,32 +123,38 @@ def plot_bars(rows: list[dict], models: list[str], out: Path) -> None:
     plt.close(fig)
 
 
-def plot_curves(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> None:
-    """Normalised score (high target) against steps: mean and min–max band over seeds."""
+def plot_curves(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> dict:
+    """Normalised score (high target) against steps: mean and min–max band over the finished seeds.
+    Returns how many seeds each drawn (dataset, model) curve averages."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.5), squeeze=False)
+    drawn = {}
     for ax, d in zip(axes[0], datasets):
         for m in models:
             curves = []
             for s in seeds:
                 rd = run_dir(out, d, m, s)
+                if not (rd / "eval.json").exists():  # unfinished: not in the table either
+                    continue
                 pts = [json.loads(l) for l in (rd / "evals.jsonl").read_text().splitlines()] if (rd / "evals.jsonl").exists() else []
-                if (rd / "eval.json").exists():
-                    pts.append(json.loads((rd / "eval.json").read_text()))
+                pts.append(json.loads((rd / "eval.json").read_text()))
                 curves.append({p["step"]: p["reports" if "reports" in p else "targets"][0]["normalized_mean"] for p in pts})
-            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
+            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if not steps:
                 continue
             y = np.array([[c[s] for s in steps] for c in curves])
             ax.plot(steps, y.mean(0), label=f"{m} ({len(curves)} seeds)")
             ax.fill_between(steps, y.min(0), y.max(0), alpha=0.2)
+            drawn[d, m] = len(curves)
         ax.set_title(d, fontsize=9); ax.set_xlabel("training step"); ax.set_ylabel("normalised score")
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=120)
     plt.close(fig)
+    return drawn
 
 
 def main() -> None:
@@ -184,7 +190,7 @@ def main() -> None:
         sys.exit("no finished run to aggregate yet")
     print(write_tables(rows, args.models, args.out))
     plot_bars(rows, args.models, args.out)
-    plot_curves(args.out, args.datasets, args.models, args.seeds)
+    plot_curves(args.out, list(dict.fromkeys(r["dataset"] for r in rows)), args.models, args.seeds)
     print(f"wrote {args.out}/results.md, results.csv, results.png, curves.png")
 
 

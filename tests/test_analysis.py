@@ -61,3 +61,21 @@ def test_spectrum_curves_are_cumulative_fractions():
         assert c.shape == (3 * K,) and np.all(np.diff(c) >= -1e-12) and abs(c[-1] - 1) < 1e-9
     phi = net.blocks[1].attn.attention_matrix(torch.randn(1, 3 * K, 32))
     assert phi.shape == (1, 2, 3 * K, 3 * K) and phi.abs().max() <= 1 + 1e-6  # cosine similarities
+
+
+def test_learning_curves_average_only_the_finished_runs(tmp_path):
+    import json
+    import warnings
+    from dt_primal.sweep import plot_curves
+    point = lambda step, score: {"step": step, "targets": [{"normalized_mean": score}]}
+    for seed, finished in ((0, True), (1, True), (2, False)):
+        rd = run_dir(tmp_path, "d/x/y-v0", "dt", seed)
+        rd.mkdir(parents=True)
+        (rd / "evals.jsonl").write_text(json.dumps(point(5, 10.0 + seed)) + "\n")
+        if finished:
+            (rd / "eval.json").write_text(json.dumps(point(10, 20.0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. matplotlib's "no artists with labels" for an empty panel
+        drawn = plot_curves(tmp_path, ["d/x/y-v0"], ["dt", "primal"], [0, 1, 2])
+    assert drawn == {("d/x/y-v0", "dt"): 2}  # the unfinished seed 2 and the model without runs are left out
+    assert (tmp_path / "curves.png").stat().st_size > 0
