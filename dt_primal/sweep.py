@@ -55,21 +55,22 @@ def run_one(dataset: str, model: str, seed: int, out: Path, extra: list[str], th
 
 
 def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> list[dict]:
-    """One row per (dataset, model): per target the normalised score mean ± std (ddof 0) over the
-    seeds that finished, with the seeds' final scores."""
+    """One row per (dataset, model): the seeds that finished and, per target, their normalised score
+    mean ± std (ddof 0), with the seeds' final scores."""
     rows = []
     for d in datasets:
         for m in models:
-            evals = [json.loads(p.read_text()) for s in seeds if (p := run_dir(out, d, m, s) / "eval.json").exists()]
-            if not evals:
+            finished = [s for s in seeds if (run_dir(out, d, m, s) / "eval.json").exists()]
+            if not finished:
                 continue
+            evals = [json.loads((run_dir(out, d, m, s) / "eval.json").read_text()) for s in finished]
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
                 scores = np.array([e["targets"][i]["normalized_mean"] for e in evals])
                 per_target.append({"target": t, "mean": float(scores.mean()), "std": float(scores.std()),
                                    "seeds": scores.tolist()})
-            rows.append({"dataset": d, "model": m, "n_seeds": len(evals), "step": evals[0]["step"],
+            rows.append({"dataset": d, "model": m, "finished_seeds": finished, "n_seeds": len(evals), "step": evals[0]["step"],
                          "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target})
     return rows
 
@@ -123,25 +124,24 @@ def plot_bars(rows: list[dict], models: list[str], out: Path) -> None:
     plt.close(fig)
 
 
-def plot_curves(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> dict:
-    """Normalised score (high target) against steps: mean and min–max band over the finished seeds.
-    Returns how many seeds each drawn (dataset, model) curve averages."""
+def plot_curves(out: Path, rows: list[dict]) -> dict:
+    """Normalised score (high target) against steps for each of ``collect``'s rows: mean and min–max
+    band over its finished seeds. Returns how many seeds each drawn (dataset, model) curve averages."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.5), squeeze=False)
     drawn = {}
     for ax, d in zip(axes[0], datasets):
-        for m in models:
-            curves = []
-            for s in seeds:
+        for row in (r for r in rows if r["dataset"] == d):
+            m, curves = row["model"], []
+            for s in row["finished_seeds"]:
                 rd = run_dir(out, d, m, s)
-                if not (rd / "eval.json").exists():  # unfinished: not in the table either
-                    continue
                 pts = [json.loads(l) for l in (rd / "evals.jsonl").read_text().splitlines()] if (rd / "evals.jsonl").exists() else []
                 pts.append(json.loads((rd / "eval.json").read_text()))
                 curves.append({p["step"]: p["reports" if "reports" in p else "targets"][0]["normalized_mean"] for p in pts})
-            steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            steps = sorted(set.intersection(*(set(c) for c in curves)))  # a row has at least one finished seed
             if not steps:
                 continue
             y = np.array([[c[s] for s in steps] for c in curves])
@@ -190,7 +190,7 @@ def main() -> None:
         sys.exit("no finished run to aggregate yet")
     print(write_tables(rows, args.models, args.out))
     plot_bars(rows, args.models, args.out)
-    plot_curves(args.out, list(dict.fromkeys(r["dataset"] for r in rows)), args.models, args.seeds)
+    plot_curves(args.out, rows)
     print(f"wrote {args.out}/results.md, results.csv, results.png, curves.png")
 
 

@@ -66,8 +66,8 @@ def test_spectrum_curves_are_cumulative_fractions():
 def test_learning_curves_average_only_the_finished_runs(tmp_path):
     import json
     import warnings
-    from dt_primal.sweep import plot_curves
-    point = lambda step, score: {"step": step, "targets": [{"normalized_mean": score}]}
+    from dt_primal.sweep import collect, plot_curves
+    point = lambda step, score: {"step": step, "targets": [{"target": 3600, "episodes": 2, "normalized_mean": score}]}
     for seed, finished in ((0, True), (1, True), (2, False)):
         rd = run_dir(tmp_path, "d/x/y-v0", "dt", seed)
         rd.mkdir(parents=True)
@@ -76,6 +76,6 @@ def test_learning_curves_average_only_the_finished_runs(tmp_path):
             (rd / "eval.json").write_text(json.dumps(point(10, 20.0)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. matplotlib's "no artists with labels" for an empty panel
-        drawn = plot_curves(tmp_path, ["d/x/y-v0"], ["dt", "primal"], [0, 1, 2])
+        drawn = plot_curves(tmp_path, collect(tmp_path, ["d/x/y-v0"], ["dt", "primal"], [0, 1, 2]))
     assert drawn == {("d/x/y-v0", "dt"): 2}  # the unfinished seed 2 and the model without runs are left out
     assert (tmp_path / "curves.png").stat().st_size > 0
