@@ -1,10 +1,11 @@
 """Causal self-attention: one interface, two implementations.
 
 Both take ``x`` (B, L, d_model), ``valid`` (B, L) bool (True for real tokens, or None when
-there is no padding) and ``rows``, a slice of the positions whose output is wanted (None: all),
-and return ``(y, J)``: the output (B, len(rows), d_model) and the per-sequence KSVD objective J
-(B,) over all tokens — None for softmax attention. No output at a real token depends on padding
-or on a later token.
+there is no padding), ``rows``, a slice of the positions whose output is wanted (None: all), and
+``ksvd``, whether the KSVD objective is wanted, and return ``(y, J)``: the output
+(B, len(rows), d_model) and the per-sequence KSVD objective J (B,) over all tokens — None for
+softmax attention and when ``ksvd`` is False (inference, where the primal layer then works at
+``rows`` alone). No output at a real token depends on padding or on a later token.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class SoftmaxAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None):
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None,
+                ksvd: bool = True):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
@@ -49,13 +51,13 @@ class SoftmaxAttention(nn.Module):
 
 
 def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-    """Running mean over the valid tokens up to each position, z: (B, H, L, d) (SPEC §1.2)."""
+    """Running mean over the valid tokens up to each position, z: (B, L, d), in fp32 (SPEC §1.2)."""
     z = z.float()
     if valid is None:
-        n = torch.arange(1, z.shape[2] + 1, device=z.device, dtype=z.dtype)[:, None]
-        return z.cumsum(2) / n
-    w = valid[:, None, :, None].to(z.dtype)
-    return (z * w).cumsum(2) / w.cumsum(2).clamp_min(1.0)
+        n = torch.arange(1, z.shape[1] + 1, device=z.device, dtype=z.dtype)[:, None]
+        return z.cumsum(1) / n
+    w = valid[:, :, None].to(z.dtype)
+    return (z * w).cumsum(1) / w.cumsum(1).clamp_min(1.0)
 
 
 def ksvd_objective(e: torch.Tensor, r: torch.Tensor, lam: torch.Tensor, W_e: torch.Tensor, W_r: torch.Tensor,
@@ -92,12 +94,16 @@ class CausalPrimalAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.resid_drop = nn.Dropout(dropout)
 
-    def scores(self, x: torch.Tensor, valid: torch.Tensor | None):
-        """Features φ(q̄), φ(k̄) (B, H, L, d_k) and scores e, r (B, H, L, s)."""
-        B, L, D = x.shape
-        q, k = self.qk(x).view(B, L, 2, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
-        phi_q = F.normalize(causal_mean(q, valid), dim=-1)
-        phi_k = F.normalize(causal_mean(k, valid), dim=-1)
+    def scores(self, x: torch.Tensor, valid: torch.Tensor | None, rows: slice | None = None):
+        """Features φ(q̄), φ(k̄) (B, H, L', d_k) and scores e, r (B, H, L', s) at the positions
+        ``rows`` (None: all L). The running means q̄, k̄ are projections of the running mean of x:
+        equal by linearity (the mean's weights sum to one), and only ``rows`` are projected."""
+        x_mean = causal_mean(x, valid)
+        if rows is not None:
+            x_mean = x_mean[:, rows]
+        B, L, D = x_mean.shape
+        q, k = self.qk(x_mean.to(x.dtype)).view(B, L, 2, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        phi_q, phi_k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
         e = torch.einsum("bhld,hds->bhls", phi_q, self.W_e.float())
         r = torch.einsum("bhld,hds->bhls", phi_k, self.W_r.float())
         return phi_q, phi_k, e, r
@@ -108,10 +114,12 @@ class CausalPrimalAttention(nn.Module):
         phi_q, phi_k, _, _ = self.scores(x, None)
         return phi_q @ phi_k.transpose(-1, -2)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None):
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None,
+                ksvd: bool = True):
         B, L, D = x.shape
-        _, _, e, r = self.scores(x, valid)
-        er = torch.cat([e, r], dim=-1) if rows is None else torch.cat([e[:, :, rows], r[:, :, rows]], dim=-1)
-        y = self.head_out(er.to(x.dtype))  # (B, H, len(rows), d_k)
-        y = self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, y.shape[2], D)))
-        return y, ksvd_objective(e, r, self.Lambda, self.W_e, self.W_r, valid)
+        _, _, e, r = self.scores(x, valid, None if ksvd else rows)
+        J = ksvd_objective(e, r, self.Lambda, self.W_e, self.W_r, valid) if ksvd else None
+        if ksvd and rows is not None:
+            e, r = e[:, :, rows], r[:, :, rows]
+        y = self.head_out(torch.cat([e, r], dim=-1).to(x.dtype))  # (B, H, len(rows), d_k)
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, y.shape[2], D))), J

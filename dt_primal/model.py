@@ -25,9 +25,10 @@ class Block(nn.Module):
                      else SoftmaxAttention(d, cfg.n_head, cfg.dropout))
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(cfg.dropout))
 
-    def forward(self, x, valid, rows: slice | None = None):
-        """Outputs at the positions ``rows`` only (None: all); attention still reads every token."""
-        a, J = self.attn(self.ln1(x), valid, rows)
+    def forward(self, x, valid, rows: slice | None = None, ksvd: bool = True):
+        """Outputs at the positions ``rows`` only (None: all); attention still reads every token.
+        ``ksvd``: whether a primal attention computes its KSVD objective J."""
+        a, J = self.attn(self.ln1(x), valid, rows, ksvd)
         x = (x if rows is None else x[:, rows]) + a
         return x + self.mlp(self.ln2(x)), J
 
@@ -62,9 +63,9 @@ class DecisionTransformer(nn.Module):
 
     def forward(self, states, actions, returns_to_go, timesteps, valid=None, last_only: bool = False):
         """states (B, K, o), actions (B, K, a), returns_to_go (B, K, 1), timesteps (B, K) long,
-        valid (B, K) bool or None. Returns predicted actions (B, K, a) — (B, 1, a) for the newest
-        step only with ``last_only`` — and the list of per-layer KSVD objectives J (each (B,)) of
-        the primal blocks.
+        valid (B, K) bool or None. Returns predicted actions (B, K, a) and the list of per-layer
+        KSVD objectives J (each (B,)) of the primal blocks. ``last_only`` is the inference path:
+        the action of the newest step only, (B, 1, a), and no KSVD objectives (an empty list).
 
         Only s_t tokens predict, so the last block computes its output at those tokens alone
         (at the newest one with ``last_only``): exact, and 1/3 (or 1/3K) of its MLP's work."""
@@ -77,7 +78,7 @@ class DecisionTransformer(nn.Module):
         Js = []
         state_rows = slice(3 * K - 2, 3 * K - 1) if last_only else slice(1, None, 3)
         for i, block in enumerate(self.blocks):
-            x, J = block(x, token_valid, state_rows if i == len(self.blocks) - 1 else None)
+            x, J = block(x, token_valid, state_rows if i == len(self.blocks) - 1 else None, ksvd=not last_only)
             if J is not None:
                 Js.append(J)
         return torch.tanh(self.predict_action(self.ln_f(x))), Js  # x: hidden states of the s_t tokens

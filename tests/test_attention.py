@@ -43,14 +43,29 @@ def test_padding_never_changes_real_outputs(attn, side):
 @pytest.mark.parametrize("attn", attentions(), ids=["softmax", "primal"])
 @pytest.mark.parametrize("rows", [slice(1, None, 3), slice(10, 11)], ids=["state-tokens", "newest"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_rows_give_exactly_those_outputs_of_the_full_pass(attn, rows, padded):
+@pytest.mark.parametrize("ksvd", [True, False])
+def test_rows_give_exactly_those_outputs_of_the_full_pass(attn, rows, padded, ksvd):
     x = torch.randn(3, 12, D)
     valid = torch.arange(12)[None] < torch.tensor([[12], [7], [2]]) if padded else None
     y, J = attn(x, valid)
-    y_rows, J_rows = attn(x, valid, rows)
+    y_rows, J_rows = attn(x, valid, rows, ksvd)
     torch.testing.assert_close(y_rows, y[:, rows], atol=1e-6, rtol=1e-5)
-    if J is not None:  # the KSVD objective still covers every token
+    if not ksvd:
+        assert J_rows is None
+    elif J is not None:  # the KSVD objective still covers every token
         torch.testing.assert_close(J_rows, J)
+
+
+def test_primal_scores_are_the_running_means_of_the_projected_queries_and_keys():
+    """e_t = φ(q̄_t)ᵀW_e with q̄_t the mean of q_j = x_j W_q + b over j ≤ t (eq. 9, SPEC §1.2); r alike."""
+    attn = attentions()[1]
+    x = torch.randn(2, 7, D)
+    _, _, e, r = attn.scores(x, None)
+    q, k = attn.qk(x).view(2, 7, 2, H, D // H).permute(2, 0, 3, 1, 4)  # (B, H, L, d_k) each
+    n = torch.arange(1, 8.0)[:, None]
+    for z, W, got in ((q, attn.W_e, e), (k, attn.W_r, r)):
+        phi = torch.nn.functional.normalize(z.cumsum(2) / n, dim=-1)
+        torch.testing.assert_close(got, torch.einsum("bhld,hds->bhls", phi, W), atol=1e-5, rtol=1e-5)
 
 
 def test_model_newest_step_only_matches_the_full_forward():
@@ -58,14 +73,15 @@ def test_model_newest_step_only_matches_the_full_forward():
     cfg = Config(model="primal", d_model=32, n_head=2, n_layer=2, s=4, dropout=0.0, max_ep_len=50, context=5)
     net = DecisionTransformer(cfg, state_dim=3, act_dim=2).eval()
     args = torch.randn(4, 5, 3), torch.randn(4, 5, 2), torch.randn(4, 5, 1), torch.arange(5).expand(4, -1)
-    full, _ = net(*args)
-    last, _ = net(*args, last_only=True)
+    full, Js = net(*args)
+    last, no_Js = net(*args, last_only=True)
     assert full.shape == (4, 5, 2) and last.shape == (4, 1, 2)
+    assert len(Js) == 1 and no_Js == []
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-5)
 
 
 def test_running_mean_counts_valid_tokens_only():
-    z = torch.tensor([[[[9.0], [1.0], [3.0], [5.0]]]])  # (B=1, H=1, L=4, d=1)
+    z = torch.tensor([[[9.0], [1.0], [3.0], [5.0]]])  # (B=1, L=4, d=1)
     valid = torch.tensor([[False, True, True, True]])
     torch.testing.assert_close(causal_mean(z, valid).flatten(), torch.tensor([0.0, 1.0, 2.0, 3.0]))
     torch.testing.assert_close(causal_mean(z, None).flatten(), torch.tensor([9.0, 5.0, 13 / 3, 4.5]))
