@@ -106,7 +106,7 @@ def plot_bars(rows: list[dict], models: list[str], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(datasets)) * 2, 4), sharey=True)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(datasets)), 8), sharey=True)  # one panel per target
     width = 0.8 / len(models)
     for ti, ax in enumerate(axes):
         for mi, m in enumerate(models):
@@ -131,9 +131,13 @@ def plot_curves(out: Path, rows: list[dict]) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.5), squeeze=False)
+    cols = min(3, len(datasets))
+    n_rows = -(-len(datasets) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(4.5 * cols, 3.5 * n_rows), squeeze=False)
+    for ax in axes.flat[len(datasets):]:
+        ax.set_visible(False)
     drawn = {}
-    for ax, d in zip(axes[0], datasets):
+    for ax, d in zip(axes.flat, datasets):
         for row in (r for r in rows if r["dataset"] == d):
             m, curves = row["model"], []
             for s in row["finished_seeds"]:
