@@ -161,10 +161,11 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         f"{args.episodes} episodes of at most {args.max_steps} steps, conditioned on return {args.target:g}, in {env_note}. "
         f"**Batched**: `dt_primal.evaluation.rollout`, all episodes at once (one `SyncVectorEnv`, one forward pass per "
         f"step for all live episodes), timed whole{'' if args.repeats == 1 else f', median of {args.repeats}'}. "
-        f"The batched forward computes its last block at the newest state token only (`last_only`, exact). "
+        f"The batched forward is the model's inference path (`last_only`, exact): the last block at the newest "
+        f"state token only, and no KSVD objective, so the primal layer projects only the running mean at that token. "
         f"**Sequential**: the classic DT loop in `bench/eval_speed.py` (one env, one episode after another, one "
         f"forward pass per step over the last K steps, batch 1), once with the full forward the published DTs run "
-        f"and once with the same newest-step-only forward, each timed on {args.seq_episodes} episodes (median of "
+        f"(every state token's action, and here the KSVD objective too) and once with the same inference path, each timed on {args.seq_episodes} episodes (median of "
         f"{args.seq_repeats}); its time per env-step × the batched run's env-steps is the extrapolated time for the "
         f"same evaluation. Same model, same precision, `torch.no_grad`, "
         f"{(info or common.machine())['torch_threads']} threads. In "
@@ -172,13 +173,17 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         common.md_table(["model", "precision", "episodes × mean length", "batched (measured)",
                          "sequential, full forward (measured → extrapolated)", "speed-up over it, wall (CPU)",
                          "sequential, newest-step forward", "speed-up over it, wall (CPU)"], rows), "",
-        "Why the factor is small on a CPU: both methods do the same arithmetic, a forward pass over the last K = 20 "
-        "steps (60 tokens) for every env-step of every episode, and here that arithmetic is the cost. A batch-1 "
-        "forward over 60 tokens already feeds 60-row matrix products to the CPU, which run at a good fraction of the "
-        "speed a 100-episode batch gets; batching removes only the per-call overhead (Python, dispatch, small "
-        "tensors, one env at a time), which weighs more for the smaller model. The sliding window rules out "
-        "caching keys/values across steps. On a GPU, where a batch-1 forward is latency-bound, batching is where "
-        "the large factors come from."])
+        "Why the factor is small at SPEC §4 size in fp32: both methods do the same arithmetic, a forward pass over "
+        "the last K = 20 steps (60 tokens) for every env-step of every episode, and there that arithmetic is the "
+        "cost. A batch-1 forward over 60 tokens already feeds 60-row matrix products to the CPU, which run at a "
+        "good fraction of the speed a 100-episode batch gets; batching removes the per-call overhead (Python, "
+        "dispatch, small tensors, one env at a time), which weighs more for the smaller model and in bf16, where "
+        "the batched matrix products run on the CPU's bf16 units and the batch-1 ones gain little. The sliding "
+        "window rules out caching keys/values across steps (the tokens' hidden states change when the oldest step "
+        "leaves the window). Tried and dropped: `torch.compile` of the batched forward (1.2× less CPU time after "
+        "compiling for minutes, recompiling as the window and the live batch change); the math path instead of "
+        "SDPA's flash kernel (slower at 60 tokens). On a GPU, where a batch-1 forward is latency-bound, batching "
+        "is where the large factors come from."])
     common.write_section("eval_speed", "Evaluation speed: batched vs one episode at a time", body, info=info,
                          doc=common.QUICK_DOC if args.quick else common.DOC)
     print(body)
