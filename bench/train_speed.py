@@ -151,7 +151,7 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
                      "on all 3K tokens), which removes about a fifth of a 3-layer model's block FLOPs. That is its "
                      "whole lead at equal precision; the peers' and dt-primal's other work is the same. Under bf16 "
                      "autocast (dt-primal's default on CPUs with AMX/avx512_bf16; the peers run fp32 by default) "
-                     "every implementation gains 1.3-1.6× here.")
+                     "every implementation gains 1.2-1.7× here.")
     if not peers:
         lines.append("Peers not timed: " + ("--no-peers given." if args.no_peers else
                      f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "
