@@ -116,7 +116,7 @@ class CausalPrimalAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None,
                 ksvd: bool = True):
-        B, L, D = x.shape
+        B, _, D = x.shape
         _, _, e, r = self.scores(x, valid, None if ksvd else rows)
         J = ksvd_objective(e, r, self.Lambda, self.W_e, self.W_r, valid) if ksvd else None
         if ksvd and rows is not None:
