@@ -13,23 +13,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dt_primal.dropout import Dropout, drop
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / √d_k) over the keys that ``mask`` allows: (B, H, L_q, L_k)."""
+    return (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+
 
 class SoftmaxAttention(nn.Module):
-    """Canonical causal multi-head attention through ``scaled_dot_product_attention``."""
+    """Canonical causal multi-head attention through ``scaled_dot_product_attention``. In training
+    on a CPU, SDPA's dropout would run its unfused math path with PyTorch's slow CPU dropout
+    masks; there the same math is written out with :func:`dt_primal.dropout.drop`."""
 
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
-        self.resid_drop = nn.Dropout(dropout)
+        self.resid_drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None,
                 ksvd: bool = True):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
-        if valid is None and rows is None:
+        sdpa = p == 0.0 or x.is_cuda
+        if valid is None and rows is None and sdpa:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # causal and key-padding mask; every token sees itself so no row is empty
             idx = torch.arange(L, device=x.device)
@@ -38,16 +48,15 @@ class SoftmaxAttention(nn.Module):
             if valid is not None:
                 mask = mask & valid[:, None, None, :] | (at[:, None] == idx[None, :])
             q = q if rows is None else q[:, :, rows]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            y = (F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p) if sdpa
+                 else drop(attention_probs(q, k, mask), p) @ v)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(B, y.shape[2], D))), None
 
     def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
         """The causal attention probabilities (B, H, L, L) of unpadded ``x``."""
         B, L, D = x.shape
         q, k, _ = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
-        logits = q @ k.transpose(-1, -2) / (D // self.n_head) ** 0.5
-        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-        return logits.masked_fill(~causal, float("-inf")).softmax(-1)
+        return attention_probs(q, k, torch.ones(L, L, dtype=torch.bool, device=x.device).tril())
 
 
 def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -92,7 +101,7 @@ class CausalPrimalAttention(nn.Module):
         self.Lambda = nn.Parameter(torch.rand(n_head, s))  # used by the KSVD loss only
         self.head_out = nn.Linear(2 * s, d_k)  # shared by all heads
         self.proj = nn.Linear(d_model, d_model)
-        self.resid_drop = nn.Dropout(dropout)
+        self.resid_drop = Dropout(dropout)
 
     def scores(self, x: torch.Tensor, valid: torch.Tensor | None, rows: slice | None = None):
         """Features φ(q̄), φ(k̄) (B, H, L', d_k) and scores e, r (B, H, L', s) at the positions

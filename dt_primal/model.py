@@ -12,6 +12,7 @@ from torch import nn
 
 from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
 from dt_primal.config import Config
+from dt_primal.dropout import Dropout
 
 
 class Block(nn.Module):
@@ -23,7 +24,7 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = (CausalPrimalAttention(d, cfg.n_head, cfg.resolved_s(), cfg.dropout) if primal
                      else SoftmaxAttention(d, cfg.n_head, cfg.dropout))
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(cfg.dropout))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), Dropout(cfg.dropout))
 
     def forward(self, x, valid, rows: slice | None = None, ksvd: bool = True):
         """Outputs at the positions ``rows`` only (None: all); attention still reads every token.
@@ -48,7 +49,7 @@ class DecisionTransformer(nn.Module):
         self.embed_action = nn.Linear(act_dim, d)
         self.embed_timestep = nn.Embedding(cfg.max_ep_len, d)
         self.embed_ln = nn.LayerNorm(d)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, primal) for primal in primal_layers(cfg))
         self.ln_f = nn.LayerNorm(d)
         self.predict_action = nn.Linear(d, act_dim)
