@@ -4,8 +4,8 @@
   python bench/profile_step.py --quick    # smoke check, < 1 min
 
 1. torch.profiler over a few steps of the library's training step (bench/common.py:make_train_step,
-   Primal.+DT, d_model 256, 4 heads, 3 layers, K 20, batch 64, fp32): time per part of the step
-   (record_function labels) and the top operators by self CPU time.
+   Primal.+DT, d_model 256, 4 heads, 3 layers, K 20, batch 64), in fp32 and in bf16 autocast: time
+   per part of the step (record_function labels) and the top operators by self CPU time.
 2. The same step timed in a fresh process per variant (OpenMP reads its settings at start-up):
    OMP_WAIT_POLICY PASSIVE (what the benchmarks use) or OpenMP's default, 1 or 2 threads,
    fused AdamW, --compile (torch.compile of the model), bf16 autocast.
@@ -29,7 +29,7 @@ from dt_primal.config import make_config
 VARIANTS = {
     "baseline": ({}, {}, {}, "as training.py runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
     "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
-                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (what `python train.py` gets today)"),
+                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (dt_primal sets PASSIVE on import unless the environment names a policy)"),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
     "fused-adamw": ({}, {"fused_adamw": True}, {}, "AdamW(fused=True) (training.py uses it on CUDA only)"),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
@@ -46,9 +46,9 @@ def spec_config(**changes):
     return make_config("paper", model="primal", s=64, device="cpu", **changes)
 
 
-def profile(steps: int) -> tuple[str, str]:
+def profile(steps: int, precision: str) -> tuple[str, str, str]:
     from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
-    step, _ = common.make_train_step(spec_config(), load_data(), phase=record_function)
+    step, _ = common.make_train_step(spec_config(precision=precision), load_data(), phase=record_function)
     for _ in range(3):
         step()
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -67,10 +67,11 @@ def profile(steps: int) -> tuple[str, str]:
                 f"{e.count // steps}"] for e in ops[:15]]
     share = lambda keys: 100 * sum(e.self_cpu_time_total for e in events if e.key in keys) / self_total
     sample = next((100 * e.cpu_time_total / total for e in phases if e.key == "sample"), 0.0)
-    summary = (f"Data sampling takes {sample:.1f}% of the step: not visible. Matrix products (`aten::mm`, `aten::addmm`, "
-               f"`aten::bmm`) take {share({'aten::mm', 'aten::addmm', 'aten::bmm'}):.0f}% of the self CPU time, so the "
-               f"step is bound by the CPU's arithmetic, not by Python, data or the optimizer; next come the dropout "
-               f"masks (`aten::bernoulli_`, {share({'aten::bernoulli_'}):.0f}%) and element-wise kernels.")
+    summary = (f"{precision}: data sampling takes {sample:.1f}% of the step: not visible. Matrix products (`aten::mm`, "
+               f"`aten::addmm`, `aten::bmm`) take {share({'aten::mm', 'aten::addmm', 'aten::bmm'}):.0f}% of the self "
+               f"CPU time; copies (`aten::copy_`: the head-major layout attention needs{', and dtype casts under autocast' if precision == 'bf16' else ''}) "
+               f"{share({'aten::copy_'}):.0f}%; the dropout masks (`aten::random_`, `aten::bernoulli_`) "
+               f"{share({'aten::random_', 'aten::bernoulli_'}):.0f}%; the rest is element-wise kernels and the optimizer.")
     return (common.md_table(["part of the step", "ms per step (profiled)", "share"], phase_rows),
             common.md_table(["operator", "self CPU ms per step", "share of self CPU", "calls per step"], op_rows), summary)
 
@@ -101,8 +102,12 @@ def main() -> None:
         return
     if args.quick:
         args.steps, args.warmup, args.profile_steps, args.variants = 2, 1, 1, ["baseline", "omp-default"]
-    phase_table, op_table, summary = profile(args.profile_steps)
-    print(phase_table, "\n\n", op_table, flush=True)
+    profiles = []
+    for precision in ("fp32", "bf16"):
+        phase_table, op_table, summary = profile(args.profile_steps, precision)
+        profiles += [f"**{precision}**" + (" (autocast)" if precision == "bf16" else ""), "", phase_table, "",
+                     op_table, "", summary, ""]
+        print(phase_table, "\n\n", op_table, flush=True)
     rows = []
     for name in args.variants:
         env_changes, _, _, description = VARIANTS[name]
@@ -124,11 +129,11 @@ def main() -> None:
         for r in rows:
             r.append(f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else "")
     body = "\n".join([
-        f"Primal.+DT at SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), fp32, the library's "
+        f"Primal.+DT at SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
         f"training step (`bench/common.py:make_train_step`, the loop body of `dt_primal/training.py`), on "
         f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
-        f"{args.profile_steps} steps after 3 warm-up steps; the profiler's own overhead inflates the numbers a little.", "",
-        phase_table, "", op_table, "", summary, "",
+        f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own overhead "
+        f"inflates the numbers a little.", "", *profiles,
         f"Variants, each in a fresh process: median of {args.steps} steps after {args.warmup} untimed steps (compile: "
         f"{max(10, args.warmup)}; their total time, in the warm-up column, includes compilation).", "",
         common.md_table(["variant", "what", "ms per step (wall)", "CPU ms per step", "updates/s (wall)",

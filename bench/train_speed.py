@@ -145,13 +145,19 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
              f"step, under the same OMP_WAIT_POLICY and thread count.", "", common.md_table(header, rows), ""]
     if peers:
         lines.append("Ratios: dt-primal's updates/s divided by the faster peer's at the same size and precision "
-                     "(`--model dt` / `--model primal`). An update is matrix products for all of them (see \"Profile\": "
-                     "sampling is 0.1% of dt-primal's step). dt-primal does fewer: only s_t tokens predict, so its "
-                     "last block computes attention output and MLP at those tokens alone (exact; the peers run it "
-                     "on all 3K tokens), which removes about a fifth of a 3-layer model's block FLOPs. That is its "
-                     "whole lead at equal precision; the peers' and dt-primal's other work is the same. Under bf16 "
-                     "autocast (dt-primal's default on CPUs with AMX/avx512_bf16; the peers run fp32 by default) "
-                     "every implementation gains 1.2-1.7× here.")
+                     "(`--model dt` / `--model primal`). All three do the same kind of work, mostly matrix products "
+                     "(see \"Profile\"; sampling is 0.1% of dt-primal's step). dt-primal's lead has two sources. "
+                     "(1) Fewer FLOPs: only s_t tokens predict, so its last block computes attention output and MLP "
+                     "at those tokens alone (exact; the peers run it on all 3K tokens), about a fifth of a 3-layer "
+                     "model's block FLOPs. (2) Cheaper dropout masks (`dt_primal/dropout.py`): PyTorch's CPU dropout "
+                     "draws one Bernoulli sample per element, serially, which took a quarter of a bf16 step's CPU "
+                     "time; dt-primal draws four 16-bit uniforms per 64-bit random number and writes out the "
+                     "attention math in training so that attention dropout uses them too. The peers pay the full "
+                     "Bernoulli cost, which weighs most in bf16, where the matrix products run on the CPU's bf16 "
+                     "units. Under bf16 autocast (dt-primal's default on CPUs with AMX/avx512_bf16; the peers run "
+                     "fp32 by default) every implementation gains 1.3-1.8× here. In fp32 the matrix products bound "
+                     "the step (the CPU's fp32 arithmetic runs them near its peak), so the lead stays at the FLOPs "
+                     "saved plus the dropout.")
     if not peers:
         lines.append("Peers not timed: " + ("--no-peers given." if args.no_peers else
                      f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "

@@ -38,7 +38,7 @@ class SoftmaxAttention(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
-        sdpa = p == 0.0 or x.is_cuda
+        sdpa = p == 0.0 or x.device.type != "cpu"
         if valid is None and rows is None and sdpa:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # causal and key-padding mask; every token sees itself so no row is empty

@@ -5,7 +5,7 @@ SPEC §4 size its masks took a quarter of the CPU time of a bf16 training step. 
 64-bit draw gives four 16-bit uniforms, so a mask costs a quarter of the draws, and an element is
 kept when its uniform is at least round(p·2¹⁶)/2¹⁶: dropout at p rounded to a multiple of 2⁻¹⁶,
 with kept elements scaled by the inverse of the exact keep probability, so E[output] = input.
-On CUDA, where ``F.dropout``'s fused Philox kernel is fast, this is ``F.dropout``.
+On other devices (CUDA's fused Philox kernel is fast) this is ``F.dropout``.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from torch import nn
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
-    """A bool mask of ``shape``, each element True with probability 1 − round(p·2¹⁶)/2¹⁶ and
+    """A bool mask of ``shape``, each element True with probability 1 − round(p·2¹⁶)/2¹⁶ (at least 2⁻¹⁶) and
     independent of the others, from torch's default generator; and that probability."""
-    n, threshold = shape.numel(), round(p * 65536)
+    n, threshold = shape.numel(), min(round(p * 65536), 65535)  # at least one value in 2¹⁶ is kept
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-2 ** 63, None)  # all 64 bits
     uniform16 = bits.view(torch.int16)[:n].view(shape)  # each in [−2¹⁵, 2¹⁵), uniformly
     return uniform16 >= threshold - 32768, 1.0 - threshold / 65536
@@ -27,7 +27,7 @@ def drop(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Inverted dropout of ``x`` with rate ``p`` (identity when not training or p == 0)."""
     if not training or p == 0.0:
         return x
-    if x.is_cuda:
+    if x.device.type != "cpu":
         return F.dropout(x, p, True)
     keep, keep_prob = keep_mask(x.shape, p, x.device)
     return x * keep * (1.0 / keep_prob)
