@@ -21,7 +21,9 @@ def main() -> None:
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")
-    p.add_argument("--async-envs", action="store_true", help="step the environments in worker processes")
+    p.add_argument("--async-envs", action="store_true",
+                   help="step the environments in worker processes, one per episode (pays only with many cores "
+                        "and slow environments; docs/benchmarks.md, \"Evaluation speed\")")
     add_config_args(p, only=("device", "targets", "seed", "precision"))
     args = p.parse_args()
     if args.episodes < 1:
