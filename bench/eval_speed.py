@@ -147,6 +147,11 @@ def main() -> None:
             s_step, s_cpu = float(np.median(seq)), float(np.median(seq_cpu))
             row += [f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"]
+        # last, so that its worker processes cannot disturb the other timings
+        t0 = time.perf_counter()  # the batched run with one worker process per episode (`evaluate.py --async-envs`)
+        rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"], asynchronous=True)
+        a_s = time.perf_counter() - t0
+        row.insert(4, f"{a_s:.0f} s: {b_s / a_s:.2f}× the speed of the SyncVectorEnv run")
         rows.append(row)
         print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
     info = None if args.quick else common.save_results(
@@ -167,10 +172,13 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         f"forward pass per step over the last K steps, batch 1), once with the full forward the published DTs run "
         f"(every state token's action, and here the KSVD objective too) and once with the same inference path, each timed on {args.seq_episodes} episodes (median of "
         f"{args.seq_repeats}); its time per env-step × the batched run's env-steps is the extrapolated time for the "
-        f"same evaluation. Same model, same precision, `torch.no_grad`, "
+        f"same evaluation. **Batched, AsyncVectorEnv**: the batched run once more with "
+        f"`asynchronous=True` (`evaluate.py --async-envs`): each episode's environment steps in its own worker "
+        f"process, in parallel with the others; it pays only where environment steps, not the forward pass, bound "
+        f"the loop and there are cores to spread them over. Same model, same precision, `torch.no_grad`, "
         f"{(info or common.machine())['torch_threads']} threads. In "
         f"brackets: CPU time of the process (all threads), which other jobs on a shared machine disturb much less.", "",
-        common.md_table(["model", "precision", "episodes × mean length", "batched (measured)",
+        common.md_table(["model", "precision", "episodes × mean length", "batched (measured)", "batched, AsyncVectorEnv",
                          "sequential, full forward (measured → extrapolated)", "speed-up over it, wall (CPU)",
                          "sequential, newest-step forward", "speed-up over it, wall (CPU)"], rows), "",
         "Why the factor is small at SPEC §4 size in fp32: both methods do the same arithmetic, a forward pass over "

@@ -29,7 +29,8 @@ from dt_primal.config import make_config
 VARIANTS = {
     "baseline": ({}, {}, {}, "as training.py runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
     "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
-                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (dt_primal sets PASSIVE on import unless the environment names a policy)"),
+                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (dt_primal sets PASSIVE on import "
+                    "unless the environment names a policy)"),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
     "fused-adamw": ({}, {"fused_adamw": True}, {}, "AdamW(fused=True) (training.py uses it on CUDA only)"),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
@@ -69,7 +70,8 @@ def profile(steps: int, precision: str) -> tuple[str, str, str]:
     sample = next((100 * e.cpu_time_total / total for e in phases if e.key == "sample"), 0.0)
     summary = (f"{precision}: data sampling takes {sample:.1f}% of the step: not visible. Matrix products (`aten::mm`, "
                f"`aten::addmm`, `aten::bmm`) take {share({'aten::mm', 'aten::addmm', 'aten::bmm'}):.0f}% of the self "
-               f"CPU time; copies (`aten::copy_`: the head-major layout attention needs{', and dtype casts under autocast' if precision == 'bf16' else ''}) "
+               f"CPU time; copies (`aten::copy_`: the head-major layout attention needs"
+               f"{', and dtype casts under autocast' if precision == 'bf16' else ''}) "
                f"{share({'aten::copy_'}):.0f}%; the dropout masks (`aten::random_`, `aten::bernoulli_`) "
                f"{share({'aten::random_', 'aten::bernoulli_'}):.0f}%; the rest is element-wise kernels and the optimizer.")
     return (common.md_table(["part of the step", "ms per step (profiled)", "share"], phase_rows),

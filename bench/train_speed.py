@@ -155,9 +155,9 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
                      "attention math in training so that attention dropout uses them too. The peers pay the full "
                      "Bernoulli cost, which weighs most in bf16, where the matrix products run on the CPU's bf16 "
                      "units. Under bf16 autocast (dt-primal's default on CPUs with AMX/avx512_bf16; the peers run "
-                     "fp32 by default) every implementation gains 1.3-1.8× here. In fp32 the matrix products bound "
-                     "the step (the CPU's fp32 arithmetic runs them near its peak), so the lead stays at the FLOPs "
-                     "saved plus the dropout.")
+                     "fp32 by default) every implementation gains 1.3-1.8× here. In fp32 the matrix products, the "
+                     "same ones the peers run, bound the step (55% of its CPU time in \"Profile\"), so the lead "
+                     "stays at the FLOPs saved plus the dropout.")
     if not peers:
         lines.append("Peers not timed: " + ("--no-peers given." if args.no_peers else
                      f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "

@@ -15,8 +15,8 @@ from torch import nn
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
-    """A bool mask of ``shape``, each element True with probability 1 − round(p·2¹⁶)/2¹⁶ (at least 2⁻¹⁶) and
-    independent of the others, from torch's default generator; and that probability."""
+    """A bool mask of ``shape``, each element True with probability 1 − round(p·2¹⁶)/2¹⁶ (at least
+    2⁻¹⁶) and independent of the others, from torch's default generator; and that probability."""
     n, threshold = shape.numel(), min(round(p * 65536), 65535)  # at least one value in 2¹⁶ is kept
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-2 ** 63, None)  # all 64 bits
     uniform16 = bits.view(torch.int16)[:n].view(shape)  # each in [−2¹⁵, 2¹⁵), uniformly
