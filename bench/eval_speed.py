@@ -147,7 +147,8 @@ def main() -> None:
             s_step, s_cpu = float(np.median(seq)), float(np.median(seq_cpu))
             row += [f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"]
-        # last, so that its worker processes cannot disturb the other timings
+        # after this model's other timings: its 100 worker processes raise the load for a while (the next model's
+        # timings still follow it; docs/benchmarks.md gives the load average)
         t0 = time.perf_counter()  # the batched run with one worker process per episode (`evaluate.py --async-envs`)
         rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"], asynchronous=True)
         a_s = time.perf_counter() - t0
