@@ -60,17 +60,18 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int])
     rows = []
     for d in datasets:
         for m in models:
-            finished = [s for s in seeds if (run_dir(out, d, m, s) / "eval.json").exists()]
+            paths = {s: run_dir(out, d, m, s) / "eval.json" for s in seeds}
+            finished = [s for s, path in paths.items() if path.exists()]
             if not finished:
                 continue
-            evals = [json.loads((run_dir(out, d, m, s) / "eval.json").read_text()) for s in finished]
+            evals = [json.loads(paths[s].read_text()) for s in finished]
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
                 scores = np.array([e["targets"][i]["normalized_mean"] for e in evals])
                 per_target.append({"target": t, "mean": float(scores.mean()), "std": float(scores.std()),
                                    "seeds": scores.tolist()})
-            rows.append({"dataset": d, "model": m, "finished_seeds": finished, "n_seeds": len(evals), "step": evals[0]["step"],
+            rows.append({"dataset": d, "model": m, "finished_seeds": finished, "step": evals[0]["step"],
                          "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target})
     return rows
 
@@ -79,7 +80,7 @@ def write_tables(rows: list[dict], models: list[str], out: Path) -> str:
     lines = ["| dataset | model | seeds | steps | high target | low target |", "|---|---|---|---|---|---|"]
     for r in rows:
         cells = [f"{t['mean']:.1f} ± {t['std']:.1f} ({t['target']:g})" for t in r["targets"]]
-        lines.append(f"| {r['dataset']} | {r['model']} | {r['n_seeds']} | {r['step']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['dataset']} | {r['model']} | {len(r['finished_seeds'])} | {r['step']} | " + " | ".join(cells) + " |")
     # the average row compares like with like: only datasets where every model has a result
     common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
               if all(any(r["dataset"] == d and r["model"] == m for r in rows) for m in models)]
@@ -96,7 +97,7 @@ def write_tables(rows: list[dict], models: list[str], out: Path) -> str:
         w.writerow(["dataset", "model", "target", "normalized_mean", "normalized_std", "n_seeds", "steps", "episodes", "seed_scores"])
         for r in rows:
             for t in r["targets"]:
-                w.writerow([r["dataset"], r["model"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}", r["n_seeds"],
+                w.writerow([r["dataset"], r["model"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}", len(r["finished_seeds"]),
                             r["step"], r["episodes"], " ".join(f"{s:.3f}" for s in t["seeds"])])
     return md
 
