@@ -120,7 +120,7 @@ def main() -> None:
     if args.quick:
         args.episodes, args.seq_episodes, args.max_steps, args.seq_repeats = 10, 2, 50, 1
     full_length = args.full_length or not args.checkpoint
-    rows, notes = [], []
+    rows, async_runs = [], []
     for run in models_to_run(args):
         kwargs = {"max_episode_steps": args.max_steps} | ({"terminate_when_unhealthy": False} if full_length else {})
         task = common.task_with(run["base"], **kwargs)
@@ -147,14 +147,17 @@ def main() -> None:
             s_step, s_cpu = float(np.median(seq)), float(np.median(seq_cpu))
             row += [f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"]
-        # after this model's other timings: its 100 worker processes raise the load for a while (the next model's
-        # timings still follow it; docs/benchmarks.md gives the load average)
-        t0 = time.perf_counter()  # the batched run with one worker process per episode (`evaluate.py --async-envs`)
-        rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"], asynchronous=True)
+        rows.append(row)
+        async_runs.append((model, task, common_args, run["precision"], b_s))
+        print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
+    # The batched run with one worker process per episode (`evaluate.py --async-envs`), after every other timing:
+    # its worker processes keep the load raised for a while after they exit.
+    for row, (model, task, common_args, precision, b_s) in zip(rows, async_runs):
+        t0 = time.perf_counter()
+        rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=precision, asynchronous=True)
         a_s = time.perf_counter() - t0
         row.insert(4, f"{a_s:.0f} s: {b_s / a_s:.2f}× the speed of the SyncVectorEnv run")
-        rows.append(row)
-        print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
+        print(row[0], "| AsyncVectorEnv:", row[4], f"(load {common.load_avg():.2f})", flush=True)
     info = None if args.quick else common.save_results(
         "eval_speed", {"rows": rows, "args": vars(args), "full_length": full_length})["info"]
     write(rows, args, full_length, info)
