@@ -45,6 +45,7 @@ Every command takes `--quick` (a smoke check under a minute, written to
 | Evaluation speed | `python bench/eval_speed.py [--checkpoint DIR/last.pt]` |
 | Training speed against the peers | `python bench/train_speed.py` (peers: bench/peers.py in /work/peers-venv) |
 | Whole run | `python bench/whole_run.py [--steps N]` |
+| Seeds at once | `python bench/seeds_at_once.py [--device cuda]` |
 | Profile of one training step | `python bench/profile_step.py` |
 
 The machine these numbers come from is shared with other jobs (its load average is given in each
@@ -169,6 +170,17 @@ def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = Fa
         optimisation_step(model, forward, batch, opt, sched, cfg, autocast, sums, phase=phase)
 
     return step, model
+
+
+def training_rate(out: Path) -> float:
+    """A train.py run's training steps/s: the mean of its perf/steps_per_s TensorBoard scalars,
+    weighted by the steps of each logging window."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("perf/steps_per_s")
+    steps = np.diff([0] + [e.step for e in events])
+    return float(steps.sum() / sum(n / e.value for n, e in zip(steps, events)))
 
 
 def task_with(task, **make_kwargs):

@@ -40,16 +40,6 @@ from envs import TASKS
 WORK = Path("/tmp/dt-primal-bench/whole_run")
 
 
-def training_rate(out: Path) -> float:
-    """Mean of train.py's own perf/steps_per_s scalars, weighted by the steps of each window."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(out), size_guidance={"scalars": 0})
-    acc.Reload()
-    events = acc.Scalars("perf/steps_per_s")
-    steps = np.diff([0] + [e.step for e in events])
-    return float(steps.sum() / sum(n / e.value for n, e in zip(steps, events)))
-
-
 class StepClock(DecisionTransformer):
     """A DecisionTransformer that notes when each forward pass starts and over how many steps."""
 
@@ -106,7 +96,7 @@ def main() -> None:
     result = json.loads((out / "eval.json").read_text())
     eval_s = result["eval_seconds"]
     lengths = [n for r in result["targets"] for n in r["lengths"]]
-    rate = training_rate(out)
+    rate = common.training_rate(out)
     train_s = args.steps / rate
     startup_s = wall - train_s - eval_s  # imports, dataset, env check, model, checkpoint, TensorBoard
     print(f"measured: {wall:.1f} s wall = ~{startup_s:.1f} s startup + {train_s:.1f} s training ({rate:.2f} steps/s) "
