@@ -78,6 +78,15 @@ def warm_up(model: DecisionTransformer, batch: int, context: int, precision: str
                   torch.zeros(b, context, 1), torch.arange(context).expand(b, -1))
 
 
+def forward_clock(model: DecisionTransformer):
+    """Hooks that add the wall seconds of each forward pass of ``model`` to ``seconds[0]``.
+    Returns (seconds, the hook handles to remove)."""
+    seconds, start = [0.0], [0.0]
+    pre = model.register_forward_pre_hook(lambda *_: start.__setitem__(0, time.perf_counter()))
+    post = model.register_forward_hook(lambda *_: seconds.__setitem__(0, seconds[0] + time.perf_counter() - start[0]))
+    return seconds, (pre, post)
+
+
 def models_to_run(args) -> list[dict]:
     """(label, model, precision, normalisation, task) for each model size to compare."""
     if args.checkpoint:
@@ -127,16 +136,21 @@ def main() -> None:
         cfg, model = run["cfg"], run["model"]
         common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
         warm_up(model, args.episodes, cfg.context, run["precision"])
-        batched, batched_cpu = [], []
+        batched, batched_cpu, forward_share = [], [], []
         for _ in range(args.repeats):
+            forward_s, hooks = forward_clock(model)
             t0, c0 = time.perf_counter(), time.process_time()
             reports = rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"])
             batched.append(time.perf_counter() - t0); batched_cpu.append(time.process_time() - c0)
+            forward_share.append(forward_s[0] / batched[-1])
+            for h in hooks:
+                h.remove()
         lengths = reports[0]["lengths"]
         batched_steps = int(sum(lengths))
         b_s, b_cpu = float(np.median(batched)), float(np.median(batched_cpu))
         row = [run["label"], run["precision"], f"{args.episodes} × {np.mean(lengths):.0f}",
-               f"{b_s:.0f} s (CPU {b_cpu:.0f} s): {batched_steps / b_s:,.0f} steps/s"]
+               f"{b_s:.0f} s (CPU {b_cpu:.0f} s): {batched_steps / b_s:,.0f} steps/s; forward passes "
+               f"{np.median(forward_share):.0%} of it"]
         for last_only in (False, True):  # the peers' full forward, then the library's newest-step-only forward
             seq, seq_cpu = [], []
             for _ in range(args.seq_repeats):
@@ -169,7 +183,9 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
     body = "\n".join([
         f"{args.episodes} episodes of at most {args.max_steps} steps, conditioned on return {args.target:g}, in {env_note}. "
         f"**Batched**: `dt_primal.evaluation.rollout`, all episodes at once (one `SyncVectorEnv`, one forward pass per "
-        f"step for all live episodes), timed whole{'' if args.repeats == 1 else f', median of {args.repeats}'}. "
+        f"step for all live episodes), timed whole{'' if args.repeats == 1 else f', median of {args.repeats}'}, "
+        f"with the share of its wall time spent in the model's forward passes (the rest: the environment steps "
+        f"and the bookkeeping around them). "
         f"The batched forward is the model's inference path (`last_only`, exact): the last block at the newest "
         f"state token only, and no KSVD objective, so the primal layer projects only the running mean at that token. "
         f"**Sequential**: the classic DT loop in `bench/eval_speed.py` (one env, one episode after another, one "
