@@ -13,8 +13,10 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -170,6 +172,26 @@ def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = Fa
         optimisation_step(model, forward, batch, opt, sched, cfg, autocast, sums, phase=phase)
 
     return step, model
+
+
+def short_run_args(steps: int, eval_episodes: int, precision: str, device: str = "cpu") -> list[str]:
+    """train.py options of a short measured run on Hopper data: ``steps`` training steps, no
+    intermediate evaluation, one checkpoint, then the final evaluation."""
+    return ["--env", "hopper", "--device", device, "--precision", precision, "--steps", str(steps),
+            "--eval-every", str(steps), "--checkpoint-every", str(steps),
+            "--log-every", str(max(1, min(100, steps // 3))), "--eval-episodes", str(eval_episodes)]
+
+
+def run_timed(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd`` from the repository root: (wall seconds, CPU seconds of it and its children).
+    Exits with the end of its output if it fails."""
+    print(" ".join(cmd), flush=True)
+    cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd[1:3])} failed (exit {proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+    return wall, (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
 
 
 def training_rate(out: Path) -> float:

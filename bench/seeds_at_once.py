@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import common
-import numpy as np
 
 from dt_primal.sweep import run_dir
 
@@ -35,19 +31,10 @@ def sweep(n: int, hdf5: Path, args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "dt_primal.sweep", "--datasets", str(hdf5), "--models", "primal",
            "--seeds", *map(str, range(n)), "--jobs", str(n), "--out", str(out), "--",
-           "--env", "hopper", "--device", args.device, "--precision", args.precision, "--steps", str(args.steps),
-           "--eval-every", str(args.steps), "--checkpoint-every", str(args.steps),
-           "--log-every", str(max(1, min(100, args.steps // 3))), "--eval-episodes", str(args.eval_episodes)]
-    print(" ".join(cmd), flush=True)
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"the sweep failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+           *common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device)]
+    wall, cpu = common.run_timed(cmd)
     runs = [run_dir(out, str(hdf5), "primal", s) for s in range(n)]
-    return {"n": n, "wall": wall, "cpu": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
+    return {"n": n, "wall": wall, "cpu": cpu,
             "rates": [common.training_rate(rd) for rd in runs],
             "eval_s": [json.loads((rd / "eval.json").read_text())["eval_seconds"] for rd in runs],
             "command": " ".join(cmd)}

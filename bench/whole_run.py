@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,19 +78,9 @@ def main() -> None:
     if out.exists():
         import shutil
         shutil.rmtree(out)
-    cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--env", "hopper", "--model", "primal", "--device", "cpu",
-           "--precision", args.precision, "--steps", str(args.steps), "--eval-every", str(args.steps),
-           "--checkpoint-every", str(args.steps), "--log-every", str(max(1, min(100, args.steps // 3))),
-           "--eval-episodes", str(args.eval_episodes), "--out", str(out)]
-    print(" ".join(cmd), flush=True)
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child_cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    if proc.returncode != 0:
-        sys.exit(f"train.py failed:\n{proc.stderr[-2000:]}")
+    cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--model", "primal", "--out", str(out),
+           *common.short_run_args(args.steps, args.eval_episodes, args.precision)]
+    wall, child_cpu = common.run_timed(cmd)
     result = json.loads((out / "eval.json").read_text())
     eval_s = result["eval_seconds"]
     lengths = [n for r in result["targets"] for n in r["lengths"]]
