@@ -46,7 +46,7 @@ Every command takes `--quick` (a smoke check under a minute, written to
 | Attention scaling | `python bench/attention_scaling.py` (+ docs/attention_scaling.png) |
 | Evaluation speed | `python bench/eval_speed.py [--checkpoint DIR/last.pt]` |
 | Training speed against the peers | `python bench/train_speed.py` (peers: bench/peers.py in /work/peers-venv) |
-| Whole run | `python bench/whole_run.py [--steps N]` |
+| Whole run | `python bench/whole_run.py [--steps N] [--device cuda]` |
 | Seeds at once | `python bench/seeds_at_once.py [--device cuda]` |
 | Profile of one training step | `python bench/profile_step.py` |
 

@@ -3,10 +3,10 @@ episodes) at SPEC §4 settings on one Hopper dataset, measured on a short run an
 the 100 000 steps of SPEC §4.
 
   python bench/whole_run.py                 # 300 training steps + full final evaluation, extrapolated
-  python bench/whole_run.py --steps 1000
+  python bench/whole_run.py --steps 1000 --device cuda
   python bench/whole_run.py --quick         # smoke check, < 1 min
 
-Measured: one `python train.py` subprocess (Primal.+DT, SPEC §4 defaults, --device cpu) on a
+Measured: one `python train.py` subprocess (Primal.+DT, SPEC §4 defaults, --device cpu or cuda) on a
 D4RL-style hdf5 of Hopper-shaped random data, with no intermediate evaluation; its wall time, its
 final evaluation time (eval.json's eval_seconds) and its training rate (TensorBoard's
 perf/steps_per_s, written by training.py itself). Training on random data gives a policy that falls
@@ -46,18 +46,18 @@ class StepClock(DecisionTransformer):
         return super().forward(states, *rest, **kwargs)
 
 
-def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: str) -> float:
+def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: str, device: str) -> float:
     """Seconds per batched evaluation step (forward pass + env step + bookkeeping) with
     ``episodes`` live episodes and a full window of K steps: the median interval between
     consecutive forward passes of ``rollout`` over ``probe`` steps after the first K, untrained model."""
     cfg = make_config("paper", model="primal", s=64, precision=precision)
     torch.manual_seed(0)
-    model = StepClock(cfg, 11, 3)
+    model = StepClock(cfg, 11, 3).to(device)
     model.calls = []
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
     targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]
     rollout(model, task, targets, episodes // len(targets), np.zeros(11), np.ones(11), cfg.reward_scale, context,
-            "cpu", precision=precision)
+            device, precision=precision)
     full = [t1 - t0 for (t0, w), (t1, _) in zip(model.calls, model.calls[1:]) if w == context]
     return float(np.median(full))
 
@@ -69,6 +69,7 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")
     p.add_argument("--probe-steps", type=int, default=30, help="steady-state evaluation steps timed per probe")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--quick", action="store_true", help="smoke check: 20 steps, 5 episodes per target, short probes")
     args = p.parse_args()
     if args.quick:
@@ -79,7 +80,7 @@ def main() -> None:
         import shutil
         shutil.rmtree(out)
     cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--model", "primal", "--out", str(out),
-           *common.short_run_args(args.steps, args.eval_episodes, args.precision)]
+           *common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device)]
     wall, child_cpu = common.run_timed(cmd)
     result = json.loads((out / "eval.json").read_text())
     eval_s = result["eval_seconds"]
@@ -91,8 +92,8 @@ def main() -> None:
           f"+ {eval_s:.1f} s final evaluation (episodes of {np.mean(lengths):.0f} steps on average)", flush=True)
 
     cfg = make_config("paper")
-    per_step_final = eval_seconds_per_step(2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision)
-    per_step_mid = eval_seconds_per_step(2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision)
+    per_step_final = eval_seconds_per_step(2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision, args.device)
+    per_step_mid = eval_seconds_per_step(2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision, args.device)
     T = cfg.max_ep_len
     final_full, mid_full = per_step_final * T, per_step_mid * T
     n_mid = (args.total_steps - 1) // cfg.eval_every
@@ -113,10 +114,10 @@ def main() -> None:
     ]
     body = "\n".join([
         f"`python train.py` (Primal.+DT, SPEC §4: d_model 256, 4 heads, 3 layers, K 20, batch 64, {args.precision}, "
-        f"--device cpu) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for {args.steps} steps with "
+        f"--device {args.device}) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for {args.steps} steps with "
         f"no intermediate evaluation and the full final evaluation, then extrapolated to {args.total_steps:,} steps. "
-        f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; the "
-        f"machine is shared with other jobs, so the wall time depends on how much of its 2 cores this run got). "
+        f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; on a "
+        f"machine shared with other jobs the wall time depends on how much of its cores this run got). "
         f"Exact command:", "",
         "```", " ".join(cmd), "```", "",
         "A policy trained on random data falls within a few dozen steps, so its evaluation is short; a good Hopper "
