@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -76,9 +77,7 @@ def main() -> None:
         args.steps, args.eval_episodes, args.probe_steps = 6, 5, 3
     hdf5 = common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
     out = WORK / ("quick" if args.quick else f"steps{args.steps}")
-    if out.exists():
-        import shutil
-        shutil.rmtree(out)
+    shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--model", "primal", "--out", str(out),
            *common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device)]
     wall, child_cpu = common.run_timed(cmd)
