@@ -5,8 +5,6 @@ Import this module before torch: it sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the
 already sets it), as bench/peers.py does, so dt-primal and the peers are timed under the same
 OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
 several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
-It also applies ``dt_primal.allocator.retain_freed_memory``, as train.py and evaluate.py do at
-start-up (and bench/peers.py for the peers).
 """
 from __future__ import annotations
 
@@ -32,10 +30,6 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from dt_primal.allocator import retain_freed_memory  # noqa: E402
-
-MALLOC = "glibc malloc retains freed memory" if retain_freed_memory() else "default malloc"
-
 DOC = ROOT / "docs" / "benchmarks.md"
 QUICK_DOC = Path("/tmp/dt-primal-benchmarks-quick.md")  # --quick smoke runs never overwrite DOC
 DOC_HEADER = """# Benchmarks
@@ -43,8 +37,7 @@ DOC_HEADER = """# Benchmarks
 Each section below is written by one command in `bench/` and replaced in place when that command
 runs again; it names the machine, the versions, the date and the exact command. Timings are
 medians of repeated runs unless a section says otherwise. All timings use
-`OMP_WAIT_POLICY=PASSIVE` and glibc malloc keeping freed memory for reuse (both set by
-`bench/common.py`, as `bench/peers.py` does for the peers).
+`OMP_WAIT_POLICY=PASSIVE` (set by `bench/common.py`, as `bench/peers.py` does for the peers).
 Every command takes `--quick` (a smoke check under a minute, written to
 /tmp/dt-primal-benchmarks-quick.md instead of this file).
 
@@ -81,7 +74,7 @@ def machine() -> dict:
     import gymnasium
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "gymnasium": gymnasium.__version__, "python": platform.python_version(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"), "malloc": MALLOC,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
@@ -267,7 +260,7 @@ def write_section(key: str, title: str, body: str, info: dict | None = None, doc
     head = (f"## {title}\n\n"
             f"*{m['date']}* · {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
             f"torch {m['torch']}, gymnasium {m['gymnasium']}, Python {m['python']} · "
-            f"OMP_WAIT_POLICY={m['omp_wait_policy']} · {m.get('malloc', 'malloc settings not recorded')} · 1-min load average at the end: {m['load']:.2f}\n\n"
+            f"OMP_WAIT_POLICY={m['omp_wait_policy']} · 1-min load average at the end: {m['load']:.2f}\n\n"
             f"```\n{m['command']}\n```\n\n")
     section = f"<!-- BEGIN {key} -->\n{head}{body.strip()}\n<!-- END {key} -->"
     doc.parent.mkdir(parents=True, exist_ok=True)

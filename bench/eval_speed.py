@@ -210,14 +210,8 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         "window rules out caching keys/values across steps (the tokens' hidden states change when the oldest step "
         "leaves the window). Tried and dropped: `torch.compile` of the batched forward (1.2× less CPU time after "
         "compiling for minutes, recompiling as the window and the live batch change); the math path instead of "
-        "SDPA's flash kernel (slower at 60 tokens); fp32 instead of bf16 for the attention inside autocast (no "
-        "faster); one autocast region around the whole rollout, which casts the weights once (no faster). Adopted: "
-        "glibc malloc keeping freed memory for reuse (`dt_primal.allocator`, applied at start-up by train.py, "
-        "evaluate.py and these benchmarks). A batched forward's temporaries are several MiB each, and by default "
-        "glibc hands such blocks back to the OS and page-faults fresh ones in on the next step: in an ad-hoc "
-        "A/B the quick-size batched forward took 28 ms instead of 41 ms, and the batched runs above took 47 s "
-        "instead of 52 s (quick size) and 134 s instead of 157 s (SPEC size) against the run before the change. "
-        "On a GPU, where a batch-1 forward is latency-bound, batching is where the large factors come from."])
+        "SDPA's flash kernel (slower at 60 tokens). On a GPU, where a batch-1 forward is latency-bound, batching "
+        "is where the large factors come from."])
     common.write_section("eval_speed", "Evaluation speed: batched vs one episode at a time", body, info=info,
                          doc=common.QUICK_DOC if args.quick else common.DOC)
     print(body)

@@ -35,8 +35,7 @@ Timing
   environment value wins): on a shared 2-core machine OpenMP's default spin-waiting
   makes 2 threads 4-12x slower than 1 thread whenever another busy process holds a
   core. The thread count, ``OMP_WAIT_POLICY`` and the 1-min load average before and
-  after go into ``notes``. glibc malloc keeps freed memory for reuse
-  (``dt_primal.allocator.retain_freed_memory``), as in dt-primal's own processes.
+  after go into ``notes``.
   ``--precision bf16`` runs the forward pass and loss under
   ``torch.autocast("cpu", dtype=torch.bfloat16)`` with fp32 master weights (for d3rlpy
   this wraps its ``compute_loss``, since it has no mixed-precision option of its own);
@@ -66,11 +65,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch's O
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dt_primal.allocator import retain_freed_memory  # noqa: E402  (ctypes only: fine in the peers' venv)
-
-retain_freed_memory()
 
 MAX_EP_LEN = 1000
 RTG_SCALE = 1000.0  # DT's return scale for the MuJoCo tasks (d3rlpy: reward * 0.001)

@@ -1,20 +1,17 @@
-"""What ``train.py`` and ``evaluate.py`` share: process set-up, the error exit and report writing."""
+"""What ``train.py`` and ``evaluate.py`` share: the error exit and report writing."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-from dt_primal.allocator import retain_freed_memory
 from dt_primal.errors import UserError
 from dt_primal.evaluation import aggregate, markdown
 
 
 def run_main(main) -> None:
-    """Run ``main()`` after :func:`retain_freed_memory`; a UserError becomes a one-paragraph
-    message and exit status 2, a Ctrl-C that training did not catch (during the final evaluation,
-    say) a line and status 130."""
-    retain_freed_memory()
+    """Run ``main()``; a UserError becomes a one-paragraph message and exit status 2, a Ctrl-C
+    that training did not catch (during the final evaluation, say) a line and status 130."""
     try:
         main()
     except UserError as exc:

@@ -1,13 +1,11 @@
 import dataclasses
 import json
 import math
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from conftest import make_episodes
@@ -89,28 +87,3 @@ def test_compiled_training_gives_the_weights_of_eager_training(tmp_path):
     assert b["config"]["compile"] and not a["config"]["compile"]
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
-
-
-CHURN = """
-import resource, sys, torch
-from dt_primal.cli import run_main
-
-def churn():  # what a forward pass does: big temporaries, written, then freed
-    for _ in range(10):
-        torch.ones(12 << 20)  # 48 MiB: above the most glibc's own threshold grows to (32 MiB)
-
-def main():
-    churn()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    churn()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-
-main() if sys.argv[1] == "plain" else run_main(main)
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc tuning is glibc's")
-def test_the_clis_reuse_freed_memory_instead_of_page_faulting_it_back_in():
-    faults = {how: int(run("-c", CHURN, how).stdout) for how in ("plain", "run_main")}
-    assert faults["plain"] > 10_000  # 10 x 48 MiB handed back to the OS and faulted in again
-    assert faults["run_main"] < faults["plain"] / 2  # usually none; a few first reuses can fault
