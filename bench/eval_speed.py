@@ -210,8 +210,11 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         "window rules out caching keys/values across steps (the tokens' hidden states change when the oldest step "
         "leaves the window). Tried and dropped: `torch.compile` of the batched forward (1.2× less CPU time after "
         "compiling for minutes, recompiling as the window and the live batch change); the math path instead of "
-        "SDPA's flash kernel (slower at 60 tokens). On a GPU, where a batch-1 forward is latency-bound, batching "
-        "is where the large factors come from."])
+        "SDPA's flash kernel (slower at 60 tokens); fp32 instead of bf16 for the attention inside autocast, and "
+        "one autocast region around the whole rollout so that the weights are cast once (neither faster in "
+        "interleaved A/Bs); glibc malloc settings that keep freed memory for reuse (the rollout already "
+        "page-faults nothing per step in steady state; one run with them looked 10% faster, the next did not). "
+        "On a GPU, where a batch-1 forward is latency-bound, batching is where the large factors come from."])
     common.write_section("eval_speed", "Evaluation speed: batched vs one episode at a time", body, info=info,
                          doc=common.QUICK_DOC if args.quick else common.DOC)
     print(body)
