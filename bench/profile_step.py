@@ -9,6 +9,8 @@
 2. The same step timed in a fresh process per variant (OpenMP reads its settings at start-up):
    OMP_WAIT_POLICY PASSIVE (what the benchmarks use) or OpenMP's default, 1 or 2 threads,
    fused AdamW, --compile (torch.compile of the model), bf16 autocast.
+3. The floor the matrix products set: the step's matmul FLOPs over the rate this CPU's GEMM
+   reaches, against the step's time.
 """
 from __future__ import annotations
 
@@ -78,6 +80,20 @@ def profile(steps: int, precision: str) -> tuple[str, str, str]:
             common.md_table(["operator", "self CPU ms per step", "share of self CPU", "calls per step"], op_rows), summary)
 
 
+def matmul_floor(precision: str) -> tuple[float, float]:
+    """GFLOP of one training step's matrix products (``torch.utils.flop_counter``) and the GFLOP/s
+    this CPU's GEMM reaches in ``precision`` on the step's commonest product, 3840×256 @ 256×1024."""
+    from torch.utils.flop_counter import FlopCounterMode
+    step, _ = common.make_train_step(spec_config(precision=precision), load_data())
+    step()
+    with FlopCounterMode(display=False) as counter:
+        step()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(3840, 256, dtype=dtype), torch.randn(256, 1024, dtype=dtype)
+    seconds, _, _ = common.timed(lambda: a @ b, 50, warmup=5)
+    return counter.get_total_flops() / 1e9, 2 * 3840 * 256 * 1024 / seconds / 1e9
+
+
 def run_variant(name: str, warmup: int, steps: int) -> dict:
     _, options, changes, _ = VARIANTS[name]
     step, _ = common.make_train_step(spec_config(**changes), load_data(), **options)
@@ -130,6 +146,13 @@ def main() -> None:
     if base:
         for r in rows:
             r.append(f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else "")
+    floors = []
+    for precision, variant in (("fp32", "baseline"), ("bf16", "bf16")):
+        gflop, rate = matmul_floor(precision)
+        floor_ms = gflop / rate * 1e3
+        step_ms = next((float(r[2]) for r in rows if r[0] == variant and r[2].isdigit()), None)
+        floors.append([precision, f"{gflop:.1f}", f"{rate:.0f}", f"{floor_ms:.0f}",
+                       f"{step_ms:.0f}" if step_ms else "not timed", f"{100 * floor_ms / step_ms:.0f}%" if step_ms else ""])
     body = "\n".join([
         f"Primal.+DT at SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
         f"training step (`bench/common.py:make_train_step`, the loop body of `dt_primal/training.py`), on "
@@ -142,7 +165,14 @@ def main() -> None:
                          "warm-up s", "load avg after"] + (["speed vs baseline: CPU (wall)"] if base else []), rows), "",
         "On a machine shared with other jobs the wall time mostly measures how much of the 2 cores this process got; "
         "CPU time per step (all threads) measures the work and is the fairer comparison between variants (with both "
-        "cores free, the 2-thread wall time would approach CPU / 2)."])
+        "cores free, the 2-thread wall time would approach CPU / 2).", "",
+        "What bounds the step: its matrix products alone, run at the rate this CPU's GEMM reaches on the step's "
+        "commonest shape, would take the floor below (the step's own products have smaller and thinner shapes, "
+        "so they run slower than that). The rest of the step is element-wise kernels, copies, dropout masks and "
+        "the optimizer (the operator tables above). The peers run at least the same products, plus the last "
+        "block at the return and action tokens.", "",
+        common.md_table(["precision", "matrix products, GFLOP per step", "GEMM rate, GFLOP/s",
+                         "floor: the products alone, ms", "step, ms (variant median, wall)", "floor ÷ step"], floors)])
     common.write_section("profile", "Profile: one training step at SPEC §4 size", body,
                          doc=common.QUICK_DOC if args.quick else common.DOC)
     print(body)
