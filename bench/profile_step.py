@@ -82,7 +82,7 @@ def profile(steps: int, precision: str) -> tuple[str, str, str]:
 
 def matmul_floor(precision: str) -> tuple[float, float]:
     """GFLOP of one training step's matrix products (``torch.utils.flop_counter``) and the GFLOP/s
-    this CPU's GEMM reaches in ``precision`` on the step's commonest product, 3840×256 @ 256×1024."""
+    this CPU's GEMM reaches in ``precision`` on the MLP's first product, 3840×256 @ 256×1024."""
     from torch.utils.flop_counter import FlopCounterMode
     step, _ = common.make_train_step(spec_config(precision=precision), load_data())
     step()
@@ -166,9 +166,9 @@ def main() -> None:
         "On a machine shared with other jobs the wall time mostly measures how much of the 2 cores this process got; "
         "CPU time per step (all threads) measures the work and is the fairer comparison between variants (with both "
         "cores free, the 2-thread wall time would approach CPU / 2).", "",
-        "What bounds the step: its matrix products alone, run at the rate this CPU's GEMM reaches on the step's "
-        "commonest shape, would take the floor below (the step's own products have smaller and thinner shapes, "
-        "so they run slower than that). The rest of the step is element-wise kernels, copies, dropout masks and "
+        "What bounds the step: its matrix products alone, run at the rate this CPU's GEMM reaches on one of the "
+        "step's largest products (3840×256 @ 256×1024, the MLP's first layer), would take the floor below; many "
+        "of the step's products are smaller or thinner and run slower than that. The rest of the step is element-wise kernels, copies, dropout masks and "
         "the optimizer (the operator tables above). The peers run at least the same products, plus the last "
         "block at the return and action tokens.", "",
         common.md_table(["precision", "matrix products, GFLOP per step", "GEMM rate, GFLOP/s",
