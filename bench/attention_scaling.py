@@ -214,7 +214,6 @@ def main() -> None:
             results.append(r)
             print(f"{kind:14s} L={L:6d}  {r['seconds'] * 1e3:9.1f} ms (CPU {r['cpu_seconds'] * 1e3:9.1f})  peak {r['peak_bytes'] / 2**20:8.1f} MiB  "
                   f"rss +{r['rss_growth_bytes'] / 2**20:7.0f} MiB  (load {common.load_avg():.2f})", flush=True)
-    doc = common.QUICK_DOC if args.quick else common.DOC
     if not args.quick:
         if not args.replot:
             info = common.run_info()
@@ -223,8 +222,8 @@ def main() -> None:
         common.DOC.parent.mkdir(parents=True, exist_ok=True)
         plot(results, common.DOC.parent / "attention_scaling.png")
     body = report(results, args, skipped)
-    common.write_section("attention_scaling", "Attention scaling: one block, softmax vs primal", body, info=info, doc=doc)
-    print(body)
+    common.write_section("attention_scaling", "Attention scaling: one block, softmax vs primal", body, args.quick,
+                         info=info)
 
 
 if __name__ == "__main__":

@@ -253,9 +253,10 @@ def load_results(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def write_section(key: str, title: str, body: str, info: dict | None = None, doc: Path = DOC) -> str:
-    """Replace (or append) the section ``key`` of docs/benchmarks.md; returns its Markdown.
-    ``info``: run_info() of the measurement when it was taken earlier (default: now)."""
+def write_section(key: str, title: str, body: str, quick: bool, info: dict | None = None) -> None:
+    """Replace (or append) the section ``key`` of docs/benchmarks.md (of QUICK_DOC for a ``quick``
+    smoke run) and print ``body``. ``info``: run_info() of the measurement when it was taken
+    earlier (default: now)."""
     m = info or run_info()
     head = (f"## {title}\n\n"
             f"*{m['date']}* · {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
@@ -263,9 +264,10 @@ def write_section(key: str, title: str, body: str, info: dict | None = None, doc
             f"OMP_WAIT_POLICY={m['omp_wait_policy']} · 1-min load average at the end: {m['load']:.2f}\n\n"
             f"```\n{m['command']}\n```\n\n")
     section = f"<!-- BEGIN {key} -->\n{head}{body.strip()}\n<!-- END {key} -->"
+    doc = QUICK_DOC if quick else DOC
     doc.parent.mkdir(parents=True, exist_ok=True)
     text = doc.read_text() if doc.exists() else DOC_HEADER
     pattern = re.compile(rf"<!-- BEGIN {re.escape(key)} -->.*?<!-- END {re.escape(key)} -->", re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
     doc.write_text(text)
-    return section
+    print(body)

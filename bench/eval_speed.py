@@ -215,9 +215,7 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         "interleaved A/Bs); glibc malloc settings that keep freed memory for reuse (the rollout already "
         "page-faults nothing per step in steady state; one run with them looked 10% faster, the next did not). "
         "On a GPU, where a batch-1 forward is latency-bound, batching is where the large factors come from."])
-    common.write_section("eval_speed", "Evaluation speed: batched vs one episode at a time", body, info=info,
-                         doc=common.QUICK_DOC if args.quick else common.DOC)
-    print(body)
+    common.write_section("eval_speed", "Evaluation speed: batched vs one episode at a time", body, args.quick, info=info)
 
 
 if __name__ == "__main__":

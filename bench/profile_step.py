@@ -173,9 +173,7 @@ def main() -> None:
         "block at the return and action tokens.", "",
         common.md_table(["precision", "matrix products, GFLOP per step", "GEMM rate, GFLOP/s",
                          "floor: the products alone, ms", "step, ms (variant median, wall)", "floor ÷ step"], floors)])
-    common.write_section("profile", "Profile: one training step at SPEC §4 size", body,
-                         doc=common.QUICK_DOC if args.quick else common.DOC)
-    print(body)
+    common.write_section("profile", "Profile: one training step at SPEC §4 size", body, args.quick)
 
 
 if __name__ == "__main__":

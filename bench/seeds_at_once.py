@@ -73,9 +73,7 @@ def main() -> None:
                          "final evaluation s, each run"], rows), "",
         f"**{n} seeds at once take {ratio:.2f}× the wall time of one** (one after another, about {n}×); "
         f"the machine trains {sum(many['rates']) / sum(one['rates']):.2f}× as many steps per second in all."])
-    common.write_section("seeds_at_once", "Seeds at once: N seeds against one", body,
-                         doc=common.QUICK_DOC if args.quick else common.DOC)
-    print(body)
+    common.write_section("seeds_at_once", "Seeds at once: N seeds against one", body, args.quick)
 
 
 if __name__ == "__main__":

@@ -163,9 +163,7 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
                      f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "
                      f"run this again once they exist."))
     body = "\n".join(lines)
-    common.write_section("train_speed", "Training speed: dt-primal vs peers", body, info=info,
-                         doc=common.QUICK_DOC if args.quick else common.DOC)
-    print(body)
+    common.write_section("train_speed", "Training speed: dt-primal vs peers", body, args.quick, info=info)
 
 
 if __name__ == "__main__":

@@ -128,9 +128,7 @@ def main() -> None:
         f"**Whole {args.total_steps:,}-step run, extrapolated: {h(total_full)} with full-length evaluation episodes** "
         f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison SPEC §6: "
         f"about 40 minutes per 100k-step run for the common implementations on a GPU."])
-    common.write_section("whole_run", "Whole run: training + final evaluation", body,
-                         doc=common.QUICK_DOC if args.quick else common.DOC)
-    print(body)
+    common.write_section("whole_run", "Whole run: training + final evaluation", body, args.quick)
 
 
 if __name__ == "__main__":
