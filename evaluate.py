@@ -8,12 +8,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
+from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import add_config_args, overrides
+from dt_primal.ensemble import Ensemble
 from dt_primal.errors import UserError
 from dt_primal.evaluation import rollout
-from dt_primal.training import load_checkpoint, model_from_checkpoint, resolve_device
+from dt_primal.training import resolve_device
 from envs import get_task
+
+# checkpoints that agree on these run as one ensemble (one batched forward pass for all of them)
+SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s", "reward_scale")
 
 
 def main() -> None:
@@ -21,30 +28,41 @@ def main() -> None:
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")
-    p.add_argument("--async-envs", action="store_true",
-                   help="step the environments in worker processes, one per episode (pays only with many cores "
-                        "and slow environments; docs/benchmarks.md, \"Evaluation speed\")")
+    p.add_argument("--env-workers", type=int, default=None,
+                   help="worker processes stepping the environments (default: none on a CPU, one per core beside a "
+                        "GPU; docs/benchmarks.md, \"Evaluation speed\")")
     add_config_args(p, only=("device", "targets", "seed", "precision"))
     args = p.parse_args()
     if args.episodes < 1:
         raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
     given = overrides(args)
     device = resolve_device(given.get("device", "auto"))
-    results, tasks = [], set()
-    for path in args.checkpoints:
-        ckpt = load_checkpoint(path, device)
-        model, cfg = model_from_checkpoint(ckpt, device)
-        task = get_task(ckpt["task"])
-        tasks.add(task.name)
-        targets = given.get("targets") or cfg.targets or list(task.targets)
-        print(f"{path}: {cfg.model} on {ckpt['dataset']} (step {ckpt['step']}), {args.episodes} episodes x {len(targets)} targets")
-        reports = rollout(model, task, targets, args.episodes, ckpt["state_mean"], ckpt["state_std"], cfg.reward_scale,
-                          cfg.context, device, seed=given.get("seed", cfg.seed) + 100_000,
-                          precision=given.get("precision", cfg.precision), asynchronous=args.async_envs, progress=True)
-        results.append({"checkpoint": str(path), "model": cfg.model, "dataset": ckpt["dataset"], "step": ckpt["step"],
-                        "task": task.gym_id, "seed": cfg.seed, "targets": reports})
+    ckpts = [load_checkpoint(path, device) for path in args.checkpoints]
+    tasks = {get_task(c["task"]).name for c in ckpts}
     if len(tasks) > 1:
         raise UserError(f"The checkpoints come from different tasks ({', '.join(sorted(tasks))}); evaluate each task separately.")
+    task = get_task(tasks.pop())
+    groups: dict[tuple, list[int]] = {}
+    for i, ckpt in enumerate(ckpts):
+        cfg = ckpt["config"]
+        targets = tuple(given.get("targets") or cfg["targets"] or task.targets)
+        groups.setdefault((targets, *(cfg[k] for k in SHARED)), []).append(i)
+    results = [None] * len(ckpts)
+    for (targets, *_), members in groups.items():
+        models, cfgs = zip(*(model_from_checkpoint(ckpts[i], device) for i in members))
+        for i, cfg in zip(members, cfgs):
+            print(f"{args.checkpoints[i]}: {cfg.model} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
+                  f"{args.episodes} episodes x {len(targets)} targets")
+        seed = given.get("seed")
+        per_member = rollout(Ensemble(list(models)), task, list(targets), args.episodes,
+                             np.stack([ckpts[i]["state_mean"] for i in members]),
+                             np.stack([ckpts[i]["state_std"] for i in members]), cfgs[0].reward_scale, cfgs[0].context,
+                             device, seeds=[(cfg.seed if seed is None else seed) + 100_000 for cfg in cfgs],
+                             precision=given.get("precision", cfgs[0].precision), env_workers=args.env_workers,
+                             progress=True)
+        for i, cfg, reports in zip(members, cfgs, per_member):
+            results[i] = {"checkpoint": str(args.checkpoints[i]), "model": cfg.model, "dataset": ckpts[i]["dataset"],
+                          "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg.seed, "targets": reports}
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:

@@ -143,35 +143,23 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
 # ----------------------------------------------------------------------- training step
 
 
-def make_train_step(cfg, data, seed: int = 0, phase=None, fused_adamw: bool = False):
-    """The loop body of dt_primal/training.py for ``cfg`` on ``data`` (Trajectories), as a function:
-    ``sampler.sample`` then ``training.optimisation_step``. ``phase(name)`` (a context manager, e.g.
-    torch.profiler.record_function) labels the parts; ``fused_adamw`` is a variant the library uses
-    on CUDA only, for experiments. Returns (step, model)."""
-    import contextlib
-
+def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capture: bool = True):
+    """The library's training step (``dt_primal.step.TrainStep``, what ``train.py`` runs) for ``cfg`` on
+    ``data`` (Trajectories): the seeds ``seeds`` as one ensemble, each initialised and drawing batches
+    as ``train.py`` does. ``phase(name)`` (a context manager, e.g. torch.profiler.record_function)
+    labels the parts of the step; ``capture``: on CUDA, replay it as a CUDA graph. Returns the step."""
     from dt_primal.data import WindowSampler
     from dt_primal.model import DecisionTransformer
-    from dt_primal.training import compiled, make_optimizer, optimisation_step
+    from dt_primal.step import TrainStep
 
-    phase = phase or (lambda name: contextlib.nullcontext())
-    torch.manual_seed(seed)
-    device = torch.device("cpu")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    mean, std = data.state_stats()
-    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, mean, std, device)
-    model = DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device).train()
-    opt, sched = make_optimizer(model, cfg, fused=fused_adamw)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-    forward = compiled(model, device) if cfg.compile else model
-    sums = torch.zeros(3, device=device)
-
-    def step():
-        with phase("sample"):
-            batch = sampler.sample(cfg.batch_size, gen)
-        optimisation_step(model, forward, batch, opt, sched, cfg, autocast, sums, phase=phase)
-
-    return step, model
+    device = torch.device(device)
+    models, gens = [], []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        gens.append(torch.Generator(device=device).manual_seed(seed))
+        models.append(DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device))
+    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
+    return TrainStep(cfg, models, sampler, gens, device, capture=capture, phase=phase)
 
 
 def short_run_args(steps: int, eval_episodes: int, precision: str, device: str = "cpu") -> list[str]:

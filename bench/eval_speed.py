@@ -20,6 +20,7 @@ feeds); its time per env-step is extrapolated to the batched run's total env-ste
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import common  # sets OMP_WAIT_POLICY before torch loads
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from dt_primal.config import make_config
+from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
 from dt_primal.model import DecisionTransformer
 from envs import TASKS, Task
@@ -90,7 +92,7 @@ def forward_clock(model: DecisionTransformer):
 def models_to_run(args) -> list[dict]:
     """(label, model, precision, normalisation, task) for each model size to compare."""
     if args.checkpoint:
-        from dt_primal.training import load_checkpoint, model_from_checkpoint
+        from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
         ckpt = load_checkpoint(args.checkpoint, "cpu")
         model, cfg = model_from_checkpoint(ckpt, "cpu")
         base = TASKS[ckpt["task"]]
@@ -137,10 +139,11 @@ def main() -> None:
         common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
         warm_up(model, args.episodes, cfg.context, run["precision"])
         batched, batched_cpu, forward_share = [], [], []
+        policy = Ensemble([model])
         for _ in range(args.repeats):
-            forward_s, hooks = forward_clock(model)
+            forward_s, hooks = forward_clock(policy.template)
             t0, c0 = time.perf_counter(), time.process_time()
-            reports = rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"])
+            reports = rollout(policy, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"])[0]
             batched.append(time.perf_counter() - t0); batched_cpu.append(time.process_time() - c0)
             forward_share.append(forward_s[0] / batched[-1])
             for h in hooks:
@@ -162,16 +165,17 @@ def main() -> None:
             row += [f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"]
         rows.append(row)
-        async_runs.append((model, task, common_args, run["precision"], b_s))
+        async_runs.append((policy, task, common_args, run["precision"], b_s))
         print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
-    # The batched run with one worker process per episode (`evaluate.py --async-envs`), after every other timing:
-    # its worker processes keep the load raised for a while after they exit.
-    for row, (model, task, common_args, precision, b_s) in zip(rows, async_runs):
+    # The batched run with the environments in one worker process per core (`evaluate.py --env-workers N`), after
+    # every other timing: its worker processes keep the load raised for a while after they exit.
+    workers = os.cpu_count() or 1
+    for row, (policy, task, common_args, precision, b_s) in zip(rows, async_runs):
         t0 = time.perf_counter()
-        rollout(model, task, [args.target], args.episodes, *common_args, "cpu", precision=precision, asynchronous=True)
+        rollout(policy, task, [args.target], args.episodes, *common_args, "cpu", precision=precision, env_workers=workers)
         a_s = time.perf_counter() - t0
-        row.insert(4, f"{a_s:.0f} s: {b_s / a_s:.2f}× the speed of the SyncVectorEnv run")
-        print(row[0], "| AsyncVectorEnv:", row[4], f"(load {common.load_avg():.2f})", flush=True)
+        row.insert(4, f"{a_s:.0f} s: {b_s / a_s:.2f}× the speed of the in-process run")
+        print(row[0], f"| {workers} env workers:", row[4], f"(load {common.load_avg():.2f})", flush=True)
     info = None if args.quick else common.save_results(
         "eval_speed", {"rows": rows, "args": vars(args), "full_length": full_length})["info"]
     write(rows, args, full_length, info)
@@ -182,8 +186,8 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
                 else "Hopper-v5 (episodes end on termination)")
     body = "\n".join([
         f"{args.episodes} episodes of at most {args.max_steps} steps, conditioned on return {args.target:g}, in {env_note}. "
-        f"**Batched**: `dt_primal.evaluation.rollout`, all episodes at once (one `SyncVectorEnv`, one forward pass per "
-        f"step for all live episodes), timed whole{'' if args.repeats == 1 else f', median of {args.repeats}'}, "
+        f"**Batched**: `dt_primal.evaluation.rollout`, all episodes at once (environments stepped in this process, one "
+        f"forward pass per step for all live episodes), timed whole{'' if args.repeats == 1 else f', median of {args.repeats}'}, "
         f"with the share of its wall time spent in the model's forward passes (the rest: the environment steps "
         f"and the bookkeeping around them). "
         f"The batched forward is the model's inference path (`last_only`, exact): the last block at the newest "
@@ -192,13 +196,13 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         f"forward pass per step over the last K steps, batch 1), once with the full forward the published DTs run "
         f"(every state token's action, and here the KSVD objective too) and once with the same inference path, each timed on {args.seq_episodes} episodes (median of "
         f"{args.seq_repeats}); its time per env-step × the batched run's env-steps is the extrapolated time for the "
-        f"same evaluation. **Batched, AsyncVectorEnv**: the batched run once more with "
-        f"`asynchronous=True` (`evaluate.py --async-envs`): each episode's environment steps in its own worker "
-        f"process, in parallel with the others; it pays only where environment steps, not the forward pass, bound "
+        f"same evaluation. **Batched, env workers**: the batched run once more with "
+        f"`env_workers` = the machine's cores (`evaluate.py --env-workers N`): the environments are split into one "
+        f"group per worker process, and the groups step in parallel; it pays only where environment steps, not the forward pass, bound "
         f"the loop and there are cores to spread them over. Same model, same precision, `torch.no_grad`, "
         f"{(info or common.machine())['torch_threads']} threads. In "
         f"brackets: CPU time of the process (all threads), which other jobs on a shared machine disturb much less.", "",
-        common.md_table(["model", "precision", "episodes × mean length", "batched (measured)", "batched, AsyncVectorEnv",
+        common.md_table(["model", "precision", "episodes × mean length", "batched (measured)", "batched, env workers",
                          "sequential, full forward (measured → extrapolated)", "speed-up over it, wall (CPU)",
                          "sequential, newest-step forward", "speed-up over it, wall (CPU)"], rows), "",
         "Why the factor is small at SPEC §4 size in fp32: both methods do the same arithmetic, a forward pass over "

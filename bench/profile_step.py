@@ -34,8 +34,10 @@ VARIANTS = {
                     "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (dt_primal sets PASSIVE on import "
                     "unless the environment names a policy)"),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
-    "fused-adamw": ({}, {"fused_adamw": True}, {}, "AdamW(fused=True) (training.py uses it on CUDA only)"),
+    "torch-dropout": ({}, {"torch_dropout": True}, {},
+                      "PyTorch's dropout masks instead of dt_primal.dropout's cheap CPU masks (the model's CPU-only seam)"),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
+    "bf16-torch-dropout": ({}, {"torch_dropout": True}, {"precision": "bf16"}, "bf16 with PyTorch's dropout masks"),
     "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"/tmp/dt-primal-bench/inductor-{os.getpid()}"}, {}, {"compile": True},
                 "torch.compile(model), default mode, empty compile cache (first steps not timed)"),
 }
@@ -51,7 +53,7 @@ def spec_config(**changes):
 
 def profile(steps: int, precision: str) -> tuple[str, str, str]:
     from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
-    step, _ = common.make_train_step(spec_config(precision=precision), load_data(), phase=record_function)
+    step = common.make_train_step(spec_config(precision=precision), load_data(), phase=record_function)
     for _ in range(3):
         step()
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -84,7 +86,7 @@ def matmul_floor(precision: str) -> tuple[float, float]:
     """GFLOP of one training step's matrix products (``torch.utils.flop_counter``) and the GFLOP/s
     this CPU's GEMM reaches in ``precision`` on the MLP's first product, 3840×256 @ 256×1024."""
     from torch.utils.flop_counter import FlopCounterMode
-    step, _ = common.make_train_step(spec_config(precision=precision), load_data())
+    step = common.make_train_step(spec_config(precision=precision), load_data())
     step()
     with FlopCounterMode(display=False) as counter:
         step()
@@ -96,7 +98,12 @@ def matmul_floor(precision: str) -> tuple[float, float]:
 
 def run_variant(name: str, warmup: int, steps: int) -> dict:
     _, options, changes, _ = VARIANTS[name]
-    step, _ = common.make_train_step(spec_config(**changes), load_data(), **options)
+    options = dict(options)
+    if options.pop("torch_dropout", False):  # close the seam: dropout as on a GPU
+        import dt_primal.attention
+        import dt_primal.dropout
+        dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
+    step = common.make_train_step(spec_config(**changes), load_data(), **options)
     t0 = time.perf_counter()
     for _ in range(warmup):
         step()
@@ -155,7 +162,7 @@ def main() -> None:
                        f"{step_ms:.0f}" if step_ms else "not timed", f"{100 * floor_ms / step_ms:.0f}%" if step_ms else ""])
     body = "\n".join([
         f"Primal.+DT at SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
-        f"training step (`bench/common.py:make_train_step`, the loop body of `dt_primal/training.py`), on "
+        f"training step (`dt_primal.step.TrainStep`, what `train.py` runs, through `bench/common.py:make_train_step`), on "
         f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
         f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own overhead "
         f"inflates the numbers a little.", "", *profiles,

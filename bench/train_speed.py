@@ -6,9 +6,9 @@ Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransfo
   python bench/train_speed.py --quick         # smoke check, < 1 min
 
 One update = sample a batch of 64 windows of K = 20 steps + one optimisation step. For dt-primal it
-is the loop body of dt_primal/training.py (bench/common.py:make_train_step): WindowSampler.sample,
-dt_loss (under bf16 autocast when asked), zero_grad, backward, clip_grad_norm_ 0.25, AdamW,
-LambdaLR warm-up, loss bookkeeping. The data are a D4RL-style hdf5 of Hopper-shaped random data
+is the library's training step (dt_primal.step.TrainStep, through bench/common.py:make_train_step):
+WindowSampler.sample, dt_loss (under bf16 autocast when asked), backward, gradient clipping at 0.25,
+warm-up learning rate, fused AdamW, loss bookkeeping. The data are a D4RL-style hdf5 of Hopper-shaped random data
 (obs 11, act 3, 100k steps), read by datasets.loaders like any dataset, and given to the peers too.
 Both sides: ``--warmup`` untimed updates, then ``--updates`` timed; updates/s = updates / their
 total wall time (bench/peers.py's definition). Also given: updates per CPU-second of the process
@@ -38,7 +38,7 @@ DATA = Path("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
 
 def time_dt_primal(data, model: str, d_model: int, heads: int, precision: str, warmup: int, updates: int) -> dict:
     cfg = make_config("paper", model=model, d_model=d_model, n_head=heads, precision=precision, s=64, device="cpu")
-    step, _ = common.make_train_step(cfg, data)
+    step = common.make_train_step(cfg, data)
     for _ in range(warmup):
         step()
     wall, cpu = time.perf_counter(), time.process_time()

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from dt_primal.config import make_config
+from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
 from dt_primal.model import DecisionTransformer
 from envs import TASKS
@@ -55,11 +56,13 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
     torch.manual_seed(0)
     model = StepClock(cfg, 11, 3).to(device)
     model.calls = []
+    policy = Ensemble([model])
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
     targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]
-    rollout(model, task, targets, episodes // len(targets), np.zeros(11), np.ones(11), cfg.reward_scale, context,
+    rollout(policy, task, targets, episodes // len(targets), np.zeros(11), np.ones(11), cfg.reward_scale, context,
             device, precision=precision)
-    full = [t1 - t0 for (t0, w), (t1, _) in zip(model.calls, model.calls[1:]) if w == context]
+    calls = policy.template.calls  # the forward passes run the ensemble's copy of the model
+    full = [t1 - t0 for (t0, w), (t1, _) in zip(calls, calls[1:]) if w == context]
     return float(np.median(full))
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt_primal.dropout import Dropout, drop
+from dt_primal.dropout import Dropout, cheap_masks, drop
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -22,9 +22,10 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> tor
 
 
 class SoftmaxAttention(nn.Module):
-    """Canonical causal multi-head attention through ``scaled_dot_product_attention``. In training
-    on a CPU, SDPA's dropout would run its unfused math path with PyTorch's slow CPU dropout
-    masks; there the same math is written out with :func:`dt_primal.dropout.drop`."""
+    """Canonical causal multi-head attention through ``scaled_dot_product_attention``. Where dropout
+    draws cheap masks (:func:`dt_primal.dropout.cheap_masks`: in training on a CPU, where SDPA's
+    dropout would run its unfused math path with PyTorch's slow CPU masks), the same math is
+    written out with :func:`dt_primal.dropout.drop`."""
 
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()
@@ -38,7 +39,7 @@ class SoftmaxAttention(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         p = self.dropout if self.training else 0.0
-        sdpa = p == 0.0 or x.device.type != "cpu"
+        sdpa = p == 0.0 or not cheap_masks(x)
         if valid is None and rows is None and sdpa:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # causal and key-padding mask; every token sees itself so no row is empty

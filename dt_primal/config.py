@@ -42,8 +42,9 @@ class Config:
     weight_decay: float = 1e-4
     warmup_steps: int = 10_000
     grad_clip: float = 0.25
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    compile: bool = False  # torch.compile the training forward/backward; on CUDA with CUDA graphs (reduce-overhead)
+    precision: str = "fp32"  # fp32 | tf32 (fp32 with TF32 matrix products on CUDA) | bf16 (autocast)
+    compile: bool = False  # torch.compile the members' loss (forward; its backward follows)
+    cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
     # returns and evaluation (SPEC §5)
     reward_scale: float = 1000.0
     targets: list[float] | None = None  # None: the task's two targets
@@ -82,8 +83,8 @@ class Config:
             problems.append(f"--steps and --warmup-steps cannot be negative (got {self.steps}, {self.warmup_steps})")
         if self.targets is not None and len(self.targets) == 0:
             problems.append("--targets needs at least one return to condition on")
-        if self.precision not in ("fp32", "bf16"):
-            problems.append(f"--precision must be fp32 or bf16 (got {self.precision!r})")
+        if self.precision not in ("fp32", "tf32", "bf16"):
+            problems.append(f"--precision must be fp32, tf32 or bf16 (got {self.precision!r})")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             problems.append(f"--device must be auto, cpu or cuda (got {self.device!r})")
         # one condition that must hold, so that NaN (which fails every comparison) fails it
@@ -113,7 +114,8 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
         # --s has an alias: torchrun's own argument parser refuses --s as an ambiguous abbreviation
         flags = ["--" + f.name.replace("_", "-")] + (["--ksvd-rank"] if f.name == "s" else [])
         if f.type == "bool":
-            parser.add_argument(*flags, action="store_true", default=None)
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"default {'on' if f.default else 'off'}")
         elif f.name == "targets":
             parser.add_argument(*flags, type=float, nargs="+", default=None, help="returns to condition on")
         elif f.name == "model":

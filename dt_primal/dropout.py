@@ -5,7 +5,7 @@ SPEC §4 size its masks took a quarter of the CPU time of a bf16 training step. 
 64-bit draw gives four 16-bit uniforms, so a mask costs a quarter of the draws, and an element is
 kept when its uniform is at least round(p·2¹⁶)/2¹⁶: dropout at p rounded to a multiple of 2⁻¹⁶,
 with kept elements scaled by the inverse of the exact keep probability, so E[output] = input.
-On other devices (CUDA's fused Philox kernel is fast) this is ``F.dropout``.
+On other devices this is ``F.dropout`` (:func:`cheap_masks`).
 """
 from __future__ import annotations
 
@@ -23,11 +23,19 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.
     return uniform16 >= threshold - 32768, 1.0 - threshold / 65536
 
 
+def cheap_masks(x: torch.Tensor) -> bool:
+    """Whether dropout on ``x`` draws the cheap masks of this module (on a CPU, where they make a bf16
+    training step 1.2x faster, docs/benchmarks.md "Profile") instead of PyTorch's own: the model
+    path's one device-specific choice. CUDA's fused Philox kernel is fast, and ``vmap`` and CUDA
+    graphs need PyTorch's dropout."""
+    return x.device.type == "cpu"
+
+
 def drop(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Inverted dropout of ``x`` with rate ``p`` (identity when not training or p == 0)."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu":
+    if not cheap_masks(x):
         return F.dropout(x, p, True)
     keep, keep_prob = keep_mask(x.shape, p, x.device)
     return x * keep * (1.0 / keep_prob)

@@ -1,70 +1,94 @@
-"""Batched evaluation (SPEC §5): every episode of every target runs at once in one vector env,
-with one forward pass per environment step for all live episodes."""
+"""Batched evaluation (SPEC §5): every episode of every target of every ensemble member runs at once,
+with one forward pass of the ensemble per environment step for all live episodes."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from dt_primal.model import DecisionTransformer
-from envs import Task, make_vector_env
+from dt_primal.ensemble import Ensemble
+from envs import Episodes, Task
+
+
+def default_env_workers(device: torch.device | str, num_envs: int) -> int:
+    """Worker processes for the environments: none on a CPU, where the forward passes need the cores
+    (docs/benchmarks.md, "Evaluation speed"); one per core, at least 8 episodes each, beside a GPU."""
+    if torch.device(device).type == "cpu":
+        return 1
+    return max(1, min(os.cpu_count() or 1, num_envs // 8))
 
 
 @torch.no_grad()
-def rollout(model: DecisionTransformer, task: Task, targets: list[float], episodes: int, state_mean: np.ndarray,
+def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, state_mean: np.ndarray,
             state_std: np.ndarray, reward_scale: float, context: int, device: torch.device | str = "cpu",
-            seed: int = 0, precision: str = "fp32", asynchronous: bool = False, progress: bool = False) -> list[dict]:
-    """Run ``episodes`` episodes per target; returns one report dict per target with the keys
-    ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns
-    and lengths). The conditioning return drops by reward / scale after each step."""
-    was_training = model.training
-    model.eval()
-    n = episodes * len(targets)
-    env = make_vector_env(task, n, asynchronous=asynchronous)
-    obs, _ = env.reset(seed=seed)
-    obs_dim, act_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
-    mean, std = (torch.as_tensor(a, dtype=torch.float32, device=device) for a in (state_mean, state_std))
-    T = model.max_ep_len
-    states = torch.zeros(n, T, obs_dim, device=device)
-    actions = torch.zeros(n, T, act_dim, device=device)
-    rtg = torch.zeros(n, T, 1, device=device)
-    rtg[:, 0, 0] = torch.tensor(np.repeat(targets, episodes), dtype=torch.float32, device=device) / reward_scale
+            seeds: list[int] | None = None, precision: str = "fp32", env_workers: int | None = None,
+            progress: bool = False) -> list[list[dict]]:
+    """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
+    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all). Returns per member one report
+    per target with the keys ``target, return_mean, return_std, normalized_mean, normalized_std,
+    episodes`` (+ raw returns and lengths). The conditioning return drops by reward / scale after
+    each step. ``state_mean``/``state_std``: (obs_dim,) or one row per member."""
+    was_training = policy.template.training
+    policy.train(False)
+    M, n = policy.size, episodes * len(targets)
+    seeds = seeds or [0] * M
+    workers = env_workers or default_env_workers(device, M * n)
+    env = Episodes(task, M * n, workers)
+    obs = env.reset([s + j for s in seeds for j in range(n)])
+    obs_dim, act_dim = env.observation_shape[0], env.action_shape[0]
+    mean, std = (torch.as_tensor(np.asarray(a, np.float32), device=device).reshape(-1, 1, obs_dim)
+                 for a in (state_mean, state_std))
+    T = policy.max_ep_len
+    states = torch.zeros(M, n, T, obs_dim, device=device)
+    actions = torch.zeros(M, n, T, act_dim, device=device)
+    rtg = torch.zeros(M, n, T, 1, device=device)
+    rtg[:, :, 0, 0] = torch.tensor(np.repeat(targets, episodes), dtype=torch.float32, device=device) / reward_scale
     timesteps = torch.arange(T, device=device)
-    returns, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
-    alive = np.ones(n, dtype=bool)
+    returns, lengths = np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
+    alive = np.ones((M, n), dtype=bool)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    bar = tqdm(total=T, disable=not progress, desc=f"evaluating {n} episodes", unit="step", mininterval=2)
+    bar = tqdm(total=T, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2)
     for t in range(T):
-        states[:, t] = (torch.as_tensor(obs, dtype=torch.float32, device=device) - mean) / std
-        live = torch.as_tensor(np.flatnonzero(alive), device=device)
+        states[:, :, t] = (torch.as_tensor(obs, dtype=torch.float32, device=device).view(M, n, obs_dim) - mean) / std
         lo = max(0, t + 1 - context)
+        window = (states[:, :, lo:t + 1], actions[:, :, lo:t + 1], rtg[:, :, lo:t + 1])
         with autocast:
-            pred, _ = model(states[live, lo:t + 1], actions[live, lo:t + 1], rtg[live, lo:t + 1],
-                            timesteps[lo:t + 1].expand(len(live), -1), last_only=True)
-        actions[live, t] = pred[:, -1].float()
-        step_actions = np.zeros((n, act_dim), dtype=np.float32)
-        step_actions[alive] = actions[live, t].cpu().numpy()
-        obs, rewards, terms, truncs, _ = env.step(step_actions)
+            if policy.vmap:  # one batched forward over every member's episodes, live or not
+                pred = policy.map(lambda member, s, a, r: member(s, a, r, timesteps[lo:t + 1].expand(n, -1),
+                                                                 last_only=True)[0], *window)
+                actions[:, :, t] = pred[:, :, -1].float()
+            else:  # member by member, on its live episodes only
+                for m in range(M):
+                    live = torch.as_tensor(np.flatnonzero(alive[m]), device=device)
+                    if len(live):
+                        pred, _ = policy.member_call(m)(*(w[m, live] for w in window),
+                                                        timesteps[lo:t + 1].expand(len(live), -1), last_only=True)
+                        actions[m, live, t] = pred[:, -1].float()
+        obs, rewards, terms, truncs = env.step(actions[:, :, t].reshape(M * n, act_dim).cpu().numpy(), alive.reshape(-1))
+        rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
         returns[alive] += rewards[alive]
         lengths[alive] += 1
         if t + 1 < T:
-            rtg[:, t + 1, 0] = rtg[:, t, 0] - torch.as_tensor(rewards, dtype=torch.float32, device=device) / reward_scale
-        alive &= ~(terms | truncs)
+            rtg[:, :, t + 1, 0] = rtg[:, :, t, 0] - torch.as_tensor(rewards, dtype=torch.float32, device=device) / reward_scale
+        alive &= ~ended
         bar.update(1)
         if not alive.any():
             break
     bar.close()
     env.close()
-    model.train(was_training)
-    reports = []
-    for i, target in enumerate(targets):
-        r = returns[i * episodes:(i + 1) * episodes]
-        score = task.normalize(r)
-        reports.append({"target": float(target), "return_mean": float(r.mean()), "return_std": float(r.std()),
-                        "normalized_mean": float(score.mean()), "normalized_std": float(score.std()),
-                        "episodes": int(episodes), "returns": r.tolist(),
-                        "lengths": lengths[i * episodes:(i + 1) * episodes].tolist()})
-    return reports
+    policy.train(was_training)
+    return [[report(task, target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
+             for i, target in enumerate(targets)] for m in range(M)]
+
+
+def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:
+    """One target's episodes: mean ± std of return and normalised score, and the raw values."""
+    score = task.normalize(returns)
+    return {"target": float(target), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+            "normalized_mean": float(score.mean()), "normalized_std": float(score.std()), "episodes": len(returns),
+            "returns": returns.tolist(), "lengths": lengths.tolist()}
 
 
 def aggregate(results: list[dict]) -> dict:

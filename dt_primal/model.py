@@ -85,13 +85,12 @@ class DecisionTransformer(nn.Module):
         return torch.tanh(self.predict_action(self.ln_f(x))), Js  # x: hidden states of the s_t tokens
 
 
-def dt_loss(model: DecisionTransformer, batch: dict, eta: float):
-    """Action MSE over valid timesteps + η · mean_layers mean_b J_b² (eq. 10, SPEC §2).
-    Returns (loss, action_loss, Js)."""
+def dt_loss(model, batch: dict, eta: float):
+    """Action MSE over valid timesteps + η · mean_layers mean_b J_b² (eq. 10, SPEC §2); ``model`` is a
+    DecisionTransformer or any callable with its signature. Returns (loss, action_loss, mean J²),
+    mean J² being 0 without primal layers."""
     pred, Js = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"], batch["valid"])
     w = batch["valid"].unsqueeze(-1).to(pred.dtype)
     action_loss = (((pred.float() - batch["actions"]) ** 2) * w).sum() / (w.sum() * pred.shape[-1])
-    loss = action_loss
-    if Js:
-        loss = loss + eta * torch.stack([(J ** 2).mean() for J in Js]).mean()
-    return loss, action_loss, Js
+    j2 = torch.stack([(J.float() ** 2).mean() for J in Js]).mean() if Js else torch.zeros_like(action_loss)
+    return action_loss + eta * j2, action_loss, j2

@@ -17,7 +17,7 @@ import torch
 from datasets.loaders import load_dataset
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
-from dt_primal.training import load_checkpoint, model_from_checkpoint
+from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 
 
 @torch.no_grad()

@@ -5,12 +5,14 @@ Reference scores are D4RL's (random and expert policy returns), used for the nor
 """
 from __future__ import annotations
 
+import multiprocessing
 import re
 import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
 import mujoco
+import numpy as np
 
 
 def _mujoco_warning(message: str) -> None:
@@ -71,3 +73,80 @@ def make_vector_env(task: Task, num_envs: int, asynchronous: bool = False) -> gy
     fns = [lambda: task.make() for _ in range(num_envs)]
     cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     return cls(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def _step_envs(envs: list[gym.Env], actions: np.ndarray, alive: np.ndarray):
+    """Step the ``alive`` ones of ``envs``; the others report zeros (observations, rewards, ends)."""
+    obs = np.zeros((len(envs), *envs[0].observation_space.shape))
+    rewards, terms, truncs = np.zeros(len(envs)), np.zeros(len(envs), bool), np.zeros(len(envs), bool)
+    for i in np.flatnonzero(alive):
+        obs[i], rewards[i], terms[i], truncs[i], _ = envs[i].step(actions[i])
+    return obs, rewards, terms, truncs
+
+
+def _worker(conn, task: Task, count: int) -> None:
+    envs = [task.make() for _ in range(count)]
+    while True:
+        command, payload = conn.recv()
+        if command == "reset":
+            conn.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, payload)]))
+        elif command == "step":
+            conn.send(_step_envs(envs, *payload))
+        else:
+            for env in envs:
+                env.close()
+            conn.close()
+            return
+
+
+class Episodes:
+    """``num_envs`` environments of a task that each run one episode, split into ``workers`` groups
+    stepped at the same time in worker processes (each group one env after another); ``workers`` <= 1
+    steps them all in this process. Gymnasium's AsyncVectorEnv would start one process per
+    environment, hundreds for an ensemble's evaluation."""
+
+    def __init__(self, task: Task, num_envs: int, workers: int = 1):
+        self.num_envs, self.workers = num_envs, max(1, min(workers, num_envs))
+        bounds = np.linspace(0, num_envs, self.workers + 1).round().astype(int)
+        self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        probe = task.make()
+        self.observation_shape, self.action_shape = probe.observation_space.shape, probe.action_space.shape
+        probe.close()
+        if self.workers == 1:
+            self.envs = [task.make() for _ in range(num_envs)]
+            return
+        ctx = multiprocessing.get_context("fork")
+        self.conns, self.procs = [], []
+        for s in self.slices:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(child, task, s.stop - s.start), daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent); self.procs.append(proc)
+
+    def reset(self, seeds: list[int]) -> np.ndarray:
+        """Start every episode, environment i with seed ``seeds[i]``; their first observations (n, obs)."""
+        if self.workers == 1:
+            return np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
+        for conn, s in zip(self.conns, self.slices):
+            conn.send(("reset", seeds[s]))
+        return np.concatenate([conn.recv() for conn in self.conns])
+
+    def step(self, actions: np.ndarray, alive: np.ndarray):
+        """Step the environments whose episode is ``alive``: observations, rewards, terminated, truncated
+        (zeros for the others)."""
+        if self.workers == 1:
+            return _step_envs(self.envs, actions, alive)
+        for conn, s in zip(self.conns, self.slices):
+            conn.send(("step", (actions[s], alive[s])))
+        parts = [conn.recv() for conn in self.conns]
+        return tuple(np.concatenate(x) for x in zip(*parts))
+
+    def close(self) -> None:
+        if self.workers == 1:
+            for env in self.envs:
+                env.close()
+            return
+        for conn, proc in zip(self.conns, self.procs):
+            conn.send(("close", None))
+            proc.join()

@@ -14,7 +14,7 @@ import torch
 
 from conftest import make_episodes
 from datasets.loaders import load_dataset
-from dt_primal import training
+from dt_primal import checkpoint, step, training
 from dt_primal.cli import run_main
 from dt_primal.config import make_config
 from dt_primal.data import WindowSampler
@@ -222,15 +222,15 @@ def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
              (save("sizes.pt", obs_dim=17), "observations of size 17")]
     for path, phrase in cases:
         with raises(phrase):
-            training.load_checkpoint(path)
+            checkpoint.load_checkpoint(path)
     torch.save({k: v for k, v in ckpt.items() if k != "optimizer"}, tmp_path / "weights.pt")
-    training.load_checkpoint(tmp_path / "weights.pt")  # enough to evaluate, not to resume
+    checkpoint.load_checkpoint(tmp_path / "weights.pt")  # enough to evaluate, not to resume
     with raises("lacks optimizer"):
-        training.load_checkpoint(tmp_path / "weights.pt", resume=True)
+        checkpoint.load_checkpoint(tmp_path / "weights.pt", resume=True)
     for change in (dict(model="dt"), dict(d_model=64)):  # another model kind, other dimensions
-        bad = training.load_checkpoint(save("bad.pt", config={**ckpt["config"], **change}))
+        bad = checkpoint.load_checkpoint(save("bad.pt", config={**ckpt["config"], **change}))
         with raises("do not fit"):
-            training.model_from_checkpoint(bad)
+            checkpoint.model_from_checkpoint(bad)
 
 
 def test_resume_refuses_other_data_and_a_fresh_run_refuses_an_old_folder(tiny, tmp_path):
@@ -267,15 +267,15 @@ def test_ctrl_c_outside_the_training_loop_is_one_line(capsys):
 
 def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    training.save_checkpoint(path, {"step": 1})
+    checkpoint.save_checkpoints([path], [{"step": 1}])
 
     def half_then_crash(obj, f):
         f.write(b"PK\x03\x04 half a checkpoint")
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", half_then_crash)
-    with raises("No space left on device); the previous one there is intact"):
-        training.save_checkpoint(path, {"step": 2})
+    with raises("No space left on device); the previous one is intact"):
+        checkpoint.save_checkpoints([path], [{"step": 2}])
     assert torch.load(path)["step"] == 1 and os.listdir(tmp_path) == ["last.pt"]
 
 
@@ -307,32 +307,31 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tiny, tmp_p
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
 
 
-def _nan_loss_at(step):
+def _nan_loss_at(at):
     calls = 0
 
     def loss(*args):
         nonlocal calls
         calls += 1
-        total, action, Js = dt_loss(*args)
-        return (total * float("nan") if calls == step else total), action, Js
+        total, action, j2 = dt_loss(*args)
+        return (total * float("nan") if calls == at else total), action, j2
     return loss
 
 
-def _inf_gradient_at(step, clip=torch.nn.utils.clip_grad_norm_):
+def _inf_gradient_at(at, clip=step.clip_per_member):
     calls = 0
 
-    def clip_with_inf(params, max_norm):  # that step's loss is finite, its update is not
+    def clip_with_inf(grads, max_norm):  # that step's loss is finite, its update is not
         nonlocal calls
         calls += 1
-        params = list(params)
-        if calls == step:
-            params[0].grad.fill_(float("inf"))
-        return clip(params, max_norm)
+        if calls == at:
+            grads[0].fill_(float("inf"))
+        return clip(grads, max_norm)
     return clip_with_inf
 
 
-@pytest.mark.parametrize("target, poison, at, kept", [("dt_primal.training.dt_loss", _nan_loss_at, 13, 10),
-                                                      ("torch.nn.utils.clip_grad_norm_", _inf_gradient_at, 10, 5)])
+@pytest.mark.parametrize("target, poison, at, kept", [("dt_primal.step.dt_loss", _nan_loss_at, 13, 10),
+                                                      ("dt_primal.step.clip_per_member", _inf_gradient_at, 10, 5)])
 def test_non_finite_loss_or_weights_stop_the_run_and_keep_the_last_good_checkpoint(tiny, tmp_path, monkeypatch,
                                                                                   target, poison, at, kept):
     monkeypatch.setattr(target, poison(at))
@@ -340,5 +339,5 @@ def test_non_finite_loss_or_weights_stop_the_run_and_keep_the_last_good_checkpoi
     with raises(f"(or the weights non-finite) by step {(at + 4) // 5 * 5}; training stopped and "
                 f"{tmp_path / 'last.pt'} keeps the weights of step {kept}"):
         training.train(cfg, tiny[0])
-    ckpt = training.load_checkpoint(tmp_path / "last.pt")
+    ckpt = checkpoint.load_checkpoint(tmp_path / "last.pt")
     assert ckpt["step"] == kept and all(torch.isfinite(v).all() for v in ckpt["model"].values())

@@ -1,0 +1,153 @@
+"""Checkpoint I/O. A checkpoint (``DIR/last.pt``) is one seed's run, self-describing: its weights,
+its config with every architecture field resolved (``s`` included), the task, the normalisation
+statistics and, for ``--resume``, its AdamW moments and random generator states. A member of an
+ensemble writes the same file as a run of that seed alone, so either can evaluate or resume it."""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dt_primal.config import Config
+from dt_primal.data import Trajectories
+from dt_primal.errors import UserError
+from dt_primal.model import DecisionTransformer
+from envs import Task, get_task
+
+CHECKPOINT_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
+TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
+
+
+def _write(path: Path, payload: dict) -> Path:
+    """``payload`` written and flushed to disk at ``path``.tmp; returns that path."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
+    """Write every member's checkpoint so that a crash, a kill or a full disk at any moment loses
+    nothing: all new files are written first, then each replaces its old one by a rename; with several
+    members each old one is kept as ``prev.pt`` until all are renamed (``load_members`` falls back
+    to it)."""
+    tmps = []
+    try:
+        tmps = [_write(path, payload) for path, payload in zip(paths, payloads)]
+        for path in paths if len(paths) > 1 else ():
+            if path.exists():
+                os.link(path, path.with_name("prev.pt.tmp"))
+                os.replace(path.with_name("prev.pt.tmp"), path.with_name("prev.pt"))
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)
+        for path in paths:
+            path.with_name("prev.pt").unlink(missing_ok=True)
+    except OSError as exc:
+        raise UserError(f"Could not write the checkpoint {paths[0] if len(paths) == 1 else paths} ({exc}); the "
+                        f"previous one is intact. Free disk space or fix the folder's permissions, then continue with "
+                        f"--resume.") from exc
+    finally:
+        for path in paths:
+            for leftover in (path.with_name(path.name + ".tmp"), path.with_name("prev.pt.tmp")):
+                leftover.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu", resume: bool = False) -> dict:
+    """A checkpoint written by ``train``, checked for what evaluation (and, with ``resume``, a
+    continued run) needs; every problem is a UserError that says what to do."""
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except FileNotFoundError:
+        raise UserError(f"Checkpoint {path} does not exist; train.py writes DIR/last.pt.") from None
+    except Exception as exc:
+        raise UserError(f"Checkpoint {path} cannot be read ({type(exc).__name__}: {exc}); it is truncated or "
+                        f"corrupted. Use an earlier copy or retrain.") from exc
+    needed = CHECKPOINT_KEYS | (TRAINING_STATE_KEYS if resume else set())
+    missing = sorted(needed - set(ckpt if isinstance(ckpt, dict) else ()))
+    if missing:
+        raise UserError(f"{path} is not a dt-primal checkpoint that can be {'resumed' if resume else 'evaluated'} "
+                        f"(it lacks {', '.join(missing)}); give a DIR/last.pt written by train.py.")
+    if resume and "exp_avg" not in ckpt["optimizer"]:
+        raise UserError(f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
+                        f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
+    try:
+        cfg = Config(**ckpt["config"]).validate()
+        task = get_task(ckpt["task"])
+    except (TypeError, ValueError, UserError) as exc:
+        raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
+                        f"the version that wrote it, or retrain.") from exc
+    if cfg.s is None:  # written before checkpoints stored the resolved rank: as it was trained
+        ckpt["config"]["s"] = cfg.resolved_s()
+    obs_dim, act_dim = env_sizes(task)
+    if (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
+        raise UserError(f"{path} holds a model for observations of size {ckpt['obs_dim']} and actions of size "
+                        f"{ckpt['act_dim']}, but its task {task.gym_id} has {obs_dim} and {act_dim}: the file is "
+                        f"damaged. Use an earlier copy or retrain.")
+    return ckpt
+
+
+def load_members(paths: list[Path], device: torch.device | str) -> list[dict]:
+    """The checkpoints of an ensemble's members for ``--resume``, all at one step: a member whose
+    ``last.pt`` is newer than the others' (the run stopped while renaming) continues from its
+    ``prev.pt``."""
+    ckpts = [load_checkpoint(p, device, resume=True) for p in paths]
+    step = min(c["step"] for c in ckpts)
+    for i, (path, ckpt) in enumerate(zip(paths, ckpts)):
+        prev = path.with_name("prev.pt")
+        if ckpt["step"] != step and prev.exists():
+            ckpts[i] = load_checkpoint(prev, device, resume=True)
+    if len({c["step"] for c in ckpts}) > 1:
+        steps = ", ".join(f"{p.parent.name}: {c['step']}" for p, c in zip(paths, ckpts))
+        raise UserError(f"The seeds' checkpoints are at different steps ({steps}), so they cannot continue as one "
+                        f"ensemble; resume each alone with --seed N --out DIR/seed_N --resume.")
+    return ckpts
+
+
+def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> tuple[DecisionTransformer, Config]:
+    cfg = Config(**ckpt["config"])
+    model = DecisionTransformer(cfg, ckpt["obs_dim"], ckpt["act_dim"]).to(device)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as exc:
+        raise UserError(f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
+                        f"{cfg.n_layer} layers and {cfg.n_head} heads (its config disagrees with its weights: "
+                        f"{str(exc).splitlines()[0]}). The file is incompatible or damaged.") from exc
+    return model, cfg
+
+
+def env_sizes(task: Task) -> tuple[int, int]:
+    """Observation and action sizes of the task's environment."""
+    env = task.make()
+    sizes = env.observation_space.shape[0], env.action_space.shape[0]
+    env.close()
+    return sizes
+
+
+def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:
+    """A run continues on the data it was trained on (same sizes and observation mean)."""
+    same = (ckpt["obs_dim"], ckpt["act_dim"]) == (data.obs_dim, data.act_dim) and \
+        np.allclose(data.observations.mean(0), ckpt["state_mean"], rtol=1e-5, atol=1e-6)
+    if not same:
+        raise UserError(f"{path} was trained on {ckpt['dataset']}, but this run loaded {data.source}, which holds "
+                        f"other data. Resume with --dataset {ckpt['dataset']}, or choose another --out to start a "
+                        f"new run.")
+
+
+def rng_state(gen: torch.Generator) -> dict:
+    """The process's random generators and a member's batch generator ``gen``."""
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": np.random.get_state(), "python": random.getstate(), "sampler": gen.get_state()}
+
+
+def set_rng_state(state: dict, gen: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    gen.set_state(state["sampler"])

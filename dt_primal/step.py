@@ -1,0 +1,143 @@
+"""The training step: one update of every member of an ensemble, as one function of device tensors.
+
+A step draws each member's batch from its own generator, computes each member's loss
+(eq. 10: action MSE + η · mean J²), backpropagates, clips each member's gradient by its own norm,
+sets the warm-up learning rate from the step counter, and takes an AdamW step; each member has
+its own moments (AdamW is element-wise, so stacked weights give every member its own optimizer).
+It reads and writes device tensors only: no host synchronisation and no Python-side state change,
+so on CUDA it is captured once into a CUDA graph and replayed. Everything periodic (logging,
+evaluation, checkpoints, signals) stays outside, in ``dt_primal.training``.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from dt_primal.config import Config
+from dt_primal.data import WindowSampler
+from dt_primal.ensemble import Ensemble
+from dt_primal.model import DecisionTransformer, dt_loss
+
+WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs
+
+
+def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
+    """``clip_grad_norm_`` for every member at once: grads (M, ...) are scaled in place, member m's by
+    min(1, max_norm / (‖g_m‖ + 1e-6)), ‖g_m‖ its global L2 norm over all its parameters."""
+    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]), dim=0)
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+
+
+class TrainStep:
+    """``step()`` trains every member of ``models`` one update; ``generators[i]`` draws member i's batches.
+
+    Under torchrun (``world`` > 1) every process draws the same batches, trains on its share and the
+    gradients are averaged over the processes, weighted so that the update is the one-process update
+    of the whole batch. ``capture``: on CUDA, replay the step as a CUDA graph (after WARMUP_CALLS
+    eager steps); ``compile``: ``torch.compile`` the members' loss. ``phase(name)``, a context manager
+    such as ``torch.profiler.record_function``, labels the parts for profiling.
+    """
+
+    def __init__(self, cfg: Config, models: list[DecisionTransformer], sampler: WindowSampler,
+                 generators: list[torch.Generator], device: torch.device, rank: int = 0, world: int = 1,
+                 capture: bool = True, phase=None):
+        self.cfg, self.sampler, self.generators, self.rank, self.world = cfg, sampler, generators, rank, world
+        self.ensemble = Ensemble(models).train()
+        self.phase = phase or (lambda name: contextlib.nullcontext())
+        self.capture = capture and device.type == "cuda" and world == 1
+        self.step = torch.zeros((), dtype=torch.int64, device=device)  # updates done
+        self.lr = torch.zeros((), device=device)  # set from ``step`` before every update
+        self.opt = torch.optim.AdamW(list(self.ensemble.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,
+                                     fused=True, capturable=self.capture)
+        self.sums = torch.zeros(len(models), 3, device=device)  # per member: loss, action loss, mean J² since reset
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16",
+                                       cache_enabled=False)  # a cache of casts would outlive a captured graph
+        self.losses = torch.compile(self._losses) if cfg.compile else self._losses
+        self.graph, self.calls = None, 0
+
+    def _losses(self, batch: dict):
+        """Per member (M,): the loss this process backpropagates, the action MSE and mean J²."""
+        if self.world > 1:  # this process's share of every member's batch
+            n = batch["valid"].shape[1] // self.world
+            share = {k: v[:, self.rank * n:(self.rank + 1) * n] for k, v in batch.items()}
+            weight = self.world * share["valid"].flatten(1).sum(1) / batch["valid"].flatten(1).sum(1)
+            batch = share
+        loss, action, j2 = self.ensemble.map(lambda member, b: dt_loss(member, b, self.cfg.eta), batch)
+        if self.world > 1:  # the share's action MSE weighted by its part of the batch's valid steps
+            loss, action = loss + (weight - 1) * action, weight * action
+        return loss, action, j2
+
+    def _sample(self) -> dict:
+        batches = [self.sampler.sample(self.cfg.batch_size, g) for g in self.generators]
+        return {k: torch.stack([b[k] for b in batches]) for k in batches[0]}
+
+    def _update(self) -> None:
+        """The step itself: device work only (gradients start unset, as after ``zero_grad``)."""
+        with self.phase("sample"):
+            batch = self._sample()
+        with self.phase("forward + loss"), self.autocast:
+            loss, action, j2 = self.losses(batch)
+        with self.phase("backward"):
+            loss.sum().backward()
+        grads = [p.grad for p in self.ensemble.params.values()]
+        if self.world > 1:
+            with self.phase("all-reduce"):
+                flat = torch.cat([g.flatten() for g in grads])
+                dist.all_reduce(flat)
+                for g, f in zip(grads, flat.div_(self.world).split([g.numel() for g in grads])):
+                    g.copy_(f.view_as(g))
+        with self.phase("clip gradients"):
+            clip_per_member(grads, self.cfg.grad_clip)
+        with self.phase("AdamW"):
+            warmup = (self.step + 1) / max(1, self.cfg.warmup_steps)  # linear warm-up, then constant (SPEC §4)
+            self.lr.copy_(self.cfg.lr * warmup.clamp(max=1.0))
+            self.opt.step()
+            self.step += 1
+        with self.phase("loss bookkeeping"), torch.no_grad():
+            self.sums += torch.stack([loss.detach().float(), action.detach().float(), j2.detach().float()], 1)
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        self.calls += 1
+        if not self.capture:
+            self.opt.zero_grad(set_to_none=True)
+            self._update()
+        elif self.calls <= WARMUP_CALLS:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.opt.zero_grad(set_to_none=True)
+                self._update()
+            torch.cuda.current_stream().wait_stream(side)
+        else:  # capture (which records, not runs), then run this step by replaying
+            self.opt.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            for g in self.generators:
+                self.graph.register_generator_state(g)
+            with torch.cuda.graph(self.graph):
+                self._update()
+            self.graph.replay()
+
+    # ------------------------------------------------------------------ state of one member
+
+    def member_optimizer_state(self, i: int) -> dict:
+        """Member i's AdamW state, by parameter name: {"step", "exp_avg": {...}, "exp_avg_sq": {...}}."""
+        names = list(self.ensemble.params)
+        states = [self.opt.state.get(p, {}) for p in self.ensemble.params.values()]
+        return {"step": int(self.step), **{k: {n: s[k][i].detach().clone() for n, s in zip(names, states) if s}
+                                          for k in ("exp_avg", "exp_avg_sq")}}
+
+    def load_state(self, step: int, members: list[dict]) -> None:
+        """Continue at update ``step`` from each member's ``member_optimizer_state``."""
+        self.step.fill_(step)
+        if step == 0:
+            return
+        for name, p in self.ensemble.params.items():
+            self.opt.state[p] = {"step": torch.tensor(float(step), device=p.device),
+                                 **{k: torch.stack([m[k][name] for m in members]).to(p) for k in ("exp_avg", "exp_avg_sq")}}
