@@ -1,0 +1,177 @@
+"""Seeds trained as one ensemble: each member is the run of its seed alone; resumption is exact and
+an interruption loses nothing; the CUDA code paths (vmap over members, the captured step)."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from datasets.loaders import load_dataset
+from dt_primal import checkpoint, data as data_module
+from dt_primal.config import Config
+from dt_primal.ensemble import Ensemble
+from dt_primal.evaluation import rollout
+from dt_primal.model import DecisionTransformer
+from dt_primal.training import train
+from envs import TASKS
+from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from test_train import ROOT, TINY, hopper_file
+
+CFG = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
+             eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return load_dataset(str(hopper_file(tmp_path_factory.mktemp("ens"))))
+
+
+def weights(path):
+    return torch.load(path, weights_only=False)["model"]
+
+
+def assert_same(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=atol, msg=k)
+
+
+@pytest.mark.parametrize("model", ["primal", "dt"])
+def test_each_member_ends_with_the_weights_of_its_seed_trained_alone(data, tmp_path, model):
+    cfg = dataclasses.replace(CFG, model=model, dropout=0.0)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), data, seeds=[4, 0, 7])
+    for seed in (4, 0, 7):
+        train(dataclasses.replace(cfg, seed=seed, out=str(tmp_path / f"alone{seed}")), data)
+        assert_same(weights(tmp_path / "ens" / f"seed_{seed}" / "last.pt"), weights(tmp_path / f"alone{seed}" / "last.pt"))
+    seeds = [torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=False)["config"]["seed"] for s in (4, 0, 7)]
+    assert seeds == [4, 0, 7]
+
+
+def test_members_draw_the_batches_of_their_seeds_alone(data, tmp_path, monkeypatch):
+    drawn = []
+    sample = data_module.WindowSampler.sample
+
+    def recorded(self, *args, **kwargs):
+        batch = sample(self, *args, **kwargs)
+        drawn.append(batch["states"])
+        return batch
+    monkeypatch.setattr(data_module.WindowSampler, "sample", recorded)
+    cfg = dataclasses.replace(CFG, steps=5)  # dropout 0.1: only the batches must agree
+    train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), data, seeds=[1, 2])
+    ensemble = drawn[:]
+    for i, seed in enumerate((1, 2)):
+        drawn.clear()
+        train(dataclasses.replace(cfg, seed=seed, out=str(tmp_path / f"alone{seed}")), data)
+        assert len(drawn) == 5
+        for a, b in zip(ensemble[i::2], drawn):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_resuming_an_ensemble_gives_the_weights_of_an_uninterrupted_one(data, tmp_path):
+    cfg = dataclasses.replace(CFG, steps=16, checkpoint_every=5)  # with dropout: every generator is restored
+    train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data, seeds=[0, 1])
+    train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=7), data, seeds=[0, 1])
+    train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True, seeds=[0, 1])
+    for s in (0, 1):
+        assert_same(weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
+                    weights(tmp_path / "split" / f"seed_{s}" / "last.pt"), atol=0)
+
+
+def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, tmp_path, monkeypatch):
+    cfg = dataclasses.replace(CFG, steps=16, checkpoint_every=5)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data, seeds=[0, 1])
+    renames = 0
+    replace = checkpoint.os.replace
+
+    def killed_while_renaming_at_step_10(src, dst):  # kill at step 10: seed_0's last.pt is new, seed_1's still the one of step 5
+        nonlocal renames
+        if str(dst).endswith("last.pt"):
+            renames += 1
+            if renames == 4:
+                raise SystemExit("killed")
+        replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", killed_while_renaming_at_step_10)
+    with pytest.raises(SystemExit):
+        train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, seeds=[0, 1])
+    monkeypatch.undo()
+    steps = [torch.load(tmp_path / "run" / f"seed_{s}" / "last.pt", weights_only=False)["step"] for s in (0, 1)]
+    assert steps == [10, 5]
+    train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, resume=True, seeds=[0, 1])
+    for s in (0, 1):
+        assert_same(weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
+                    weights(tmp_path / "run" / f"seed_{s}" / "last.pt"), atol=0)
+        assert not (tmp_path / "run" / f"seed_{s}" / "prev.pt").exists()
+
+
+def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "train.py", "--dataset", data.source, *TINY, "--seeds", "3", "5",
+                          "--steps", "6", "--warmup-steps", "2", "--eval-every", "3", "--eval-episodes-during", "1",
+                          "--eval-episodes", "2", "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    for s in (3, 5):
+        result = json.loads((out / f"seed_{s}" / "eval.json").read_text())
+        assert result["seed"] == s and result["step"] == 6 and result["ensemble"] == [3, 5]
+        assert [json.loads(l)["step"] for l in (out / f"seed_{s}" / "evals.jsonl").read_text().splitlines()] == [3]
+        assert f"seed {s} target 3600" in res.stdout
+    assert (out / "report.md").exists()
+    res = subprocess.run([sys.executable, "evaluate.py", *(str(out / f"seed_{s}" / "last.pt") for s in (3, 5)),
+                          "--episodes", "2", "--out", str(tmp_path / "ev.json")], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "ev.json").read_text())
+    for s, ckpt in zip((3, 5), report["checkpoints"]):  # the same episodes as the run's own final evaluation
+        assert ckpt["seed"] == s
+        assert ckpt["targets"] == json.loads((out / f"seed_{s}" / "eval.json").read_text())["targets"]
+    res = subprocess.run([sys.executable, "train.py", "--out", str(out), "--seeds", "3", "5", "--resume",
+                          "--lr", "0.01", "--steps", "8"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--resume cannot change --lr 0.01 (the run has 0.001)" in res.stderr, res.stderr
+
+
+def test_vmap_over_members_trains_and_acts_as_the_loop(data, tmp_path, monkeypatch):
+    """The CUDA path (one vmap over the members), run on the CPU: same weights and episodes as the loop."""
+    cfg = dataclasses.replace(CFG, dropout=0.0, steps=6)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "loop")), data, seeds=[0, 1])
+    init = Ensemble.__init__
+
+    def with_vmap(self, models):
+        init(self, models)
+        self.vmap = True
+    monkeypatch.setattr(Ensemble, "__init__", with_vmap)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "vmap")), data, seeds=[0, 1])
+    for s in (0, 1):
+        assert_same(weights(tmp_path / "loop" / f"seed_{s}" / "last.pt"), weights(tmp_path / "vmap" / f"seed_{s}" / "last.pt"))
+        a, b = (json.loads((tmp_path / run / f"seed_{s}" / "eval.json").read_text()) for run in ("loop", "vmap"))
+        for ra, rb in zip(a["targets"], b["targets"]):
+            assert ra["lengths"] == rb["lengths"]
+            np.testing.assert_allclose(ra["returns"], rb["returns"], rtol=1e-3)
+
+
+def test_environment_workers_give_the_episodes_of_in_process_stepping():
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(CFG, dropout=0.0)
+    policy = Ensemble([DecisionTransformer(cfg, 11, 3), DecisionTransformer(cfg, 11, 3)])
+    args = (TASKS["hopper"], [3600.0, 1800.0], 3, np.zeros(11), np.ones(11), 1000.0, cfg.context, "cpu")
+    one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
+    assert one == three
+    assert one[0][0]["episodes"] == 3 and one[0] != one[1]  # members differ
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+
+@cuda
+def test_the_captured_step_trains_as_the_eager_step_on_cuda(data, tmp_path):
+    cfg = dataclasses.replace(CFG, dropout=0.0, steps=12, device="cuda")
+    train(dataclasses.replace(cfg, out=str(tmp_path / "graph")), data, seeds=[0, 1, 2])
+    train(dataclasses.replace(cfg, out=str(tmp_path / "eager"), cuda_graph=False), data, seeds=[0, 1, 2])
+    train(dataclasses.replace(cfg, seed=1, out=str(tmp_path / "alone")), data)
+    for s in (0, 1, 2):
+        assert_same(weights(tmp_path / "graph" / f"seed_{s}" / "last.pt"), weights(tmp_path / "eager" / f"seed_{s}" / "last.pt"),
+                    atol=1e-5)
+    assert_same(weights(tmp_path / "graph" / "seed_1" / "last.pt"), weights(tmp_path / "alone" / "last.pt"), atol=1e-5)
