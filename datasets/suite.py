@@ -9,6 +9,7 @@ steps. ``steps`` scales every level down (tests use tiny builds).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
@@ -200,8 +201,16 @@ def is_built(dataset_id: str) -> bool:
 
 
 def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
+    """Build a suite dataset unless it is built; processes asking for the same one at once (the groups
+    of a sweep) wait for the one that builds it."""
     task, level = parse_suite_id(dataset_id)
-    if not is_built(dataset_id):
-        print(f"{dataset_id} is not built yet: building it now (once).")
-        build(task, level, steps=steps, seed=seed)
+    if is_built(dataset_id):
+        return dataset_id
+    folder = dataset_dir(dataset_id)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.build-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however it ends
+        if not is_built(dataset_id):
+            print(f"{dataset_id} is not built yet: building it now (once).")
+            build(task, level, steps=steps, seed=seed)
     return dataset_id

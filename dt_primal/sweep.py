@@ -1,10 +1,13 @@
-"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs, several at once,
-skipping finished runs and resuming interrupted ones (several sweeps may share one folder: a run
-that one of them is training is locked), then one aggregated table (Markdown, CSV), a
-bar chart and learning curves. Scores are those of the **last** checkpoint of each run.
+"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. The seeds of each
+(dataset, model) train in one process as one ensemble (``train.py --seeds``), several groups at
+once (``--jobs``, e.g. sharing one GPU); finished runs are skipped and interrupted ones resumed
+(several sweeps may share one folder: a group that one of them is training is locked). Then one
+aggregated table (Markdown, CSV), a bar chart and learning curves. Scores are those of the **last**
+checkpoint of each run.
 
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
+  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs
 """
 from __future__ import annotations
 
@@ -22,36 +25,49 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
+TABLE4 = [f"dt-primal/{env}/{level}-v0" for env in ("halfcheetah", "hopper", "walker2d")
+          for level in ("medium", "medium-replay", "medium-expert")]
+
+
+def group_dir(out: Path, dataset: str, model: str) -> Path:
+    slug = dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
+    return out / slug / model
 
 
 def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
-    slug = dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
-    return out / slug / model / f"seed_{seed}"
+    return group_dir(out, dataset, model) / f"seed_{seed}"
 
 
-BUSY = None  # run_one's status for a run that another sweep is training (-N would be a signal's exit status)
+BUSY = None  # run_group's status for a group that another sweep is training (-N would be a signal's exit status)
 
 
-def run_one(dataset: str, model: str, seed: int, out: Path, extra: list[str], threads: int) -> tuple[Path, int | None]:
-    """Train one run unless it finished; resume it if it started; leave it to another sweep that
-    holds its lock (several sweeps may share one folder). Returns (run dir, exit status or BUSY)."""
-    rd = run_dir(out, dataset, model, seed)
-    if (rd / "eval.json").exists():
-        return rd, 0
-    rd.mkdir(parents=True, exist_ok=True)
-    with open(rd / ".lock", "w") as lock:
+def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str],
+              threads: int) -> tuple[Path, list[int], int | None]:
+    """Train the seeds of (dataset, model) that have not finished, as ensembles: those that started
+    resume together, the others start together. A group another sweep holds is left to it.
+    Returns (group dir, the seeds trained, exit status or BUSY)."""
+    gd = group_dir(out, dataset, model)
+    gd.mkdir(parents=True, exist_ok=True)
+    with open(gd / ".lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
         except BlockingIOError:
-            return rd, BUSY
-        if (rd / "eval.json").exists():  # finished by another sweep meanwhile
-            return rd, 0
-        cmd = [sys.executable, str(ROOT / "train.py"), "--dataset", dataset, "--model", model, "--seed", str(seed),
-               "--out", str(rd), *extra, *(["--resume"] if (rd / "last.pt").exists() else [])]
+            return gd, [], BUSY
+        todo = [s for s in seeds if not (run_dir(out, dataset, model, s) / "eval.json").exists()]
+        started = [s for s in todo if (run_dir(out, dataset, model, s) / "last.pt").exists()]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        with open(rd / "train.log", "a") as log:
-            log.write(f"$ {' '.join(cmd)}\n"); log.flush()
-            return rd, subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+        for part, resume in ((started, True), ([s for s in todo if s not in started], False)):
+            if not part:
+                continue
+            cmd = [sys.executable, str(ROOT / "train.py"), "--dataset", dataset, "--model", model,
+                   "--seeds", *map(str, part), "--out", str(gd), *extra, *(["--resume"] if resume else [])]
+            with open(gd / "train.log", "a") as log:
+                log.write(f"$ {' '.join(cmd)}\n"); log.flush()
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+            if rc:
+                return gd, todo, rc
+        return gd, todo, 0
 
 
 def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> list[dict]:
@@ -167,29 +183,33 @@ def main() -> None:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(prog="python -m dt_primal.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", nargs="+", required=True)
+    p.add_argument("--datasets", nargs="+", required=True,
+                   help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4")
     p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=1, help="runs at once")
+    p.add_argument("--jobs", type=int, default=1, help="(dataset, model) groups trained at once")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (default: the cores divided by --jobs)")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.datasets = [d for spec in args.datasets for d in (TABLE4 if spec == "table4" else [spec])]
     args.out.mkdir(parents=True, exist_ok=True)
-    grid = [(d, m, s) for d in args.datasets for m in args.models for s in args.seeds]
+    groups = [(d, m) for d in args.datasets for m in args.models]
     if not args.aggregate_only:
         threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
         t0, failed = time.time(), []
         with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(run_one, d, m, s, args.out, extra, threads) for d, m, s in grid]
+            futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, threads) for d, m in groups]
             for i, f in enumerate(futures, 1):
-                rd, rc = f.result()
-                status = {0: "done", BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED (exit {rc}, see train.log)")
-                print(f"[{i}/{len(grid)}] {rd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
+                gd, trained, rc = f.result()
+                seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
+                status = {0: f"done ({seeds})" if trained else "done before",
+                          BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED (exit {rc}, see {gd}/train.log)")
+                print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
                 if rc not in (0, BUSY):
-                    failed.append(rd)
+                    failed.append(gd)
         if failed:
-            print(f"{len(failed)} runs failed; fix and run the same command again (finished runs are skipped).")
+            print(f"{len(failed)} groups failed; fix and run the same command again (finished runs are skipped).")
     rows = collect(args.out, args.datasets, args.models, args.seeds)
     if not rows:
         sys.exit("no finished run to aggregate yet")

@@ -10,7 +10,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.model import DecisionTransformer
 from dt_primal.spectrum import layer_spectra
-from dt_primal.sweep import run_dir
+from dt_primal.sweep import group_dir, run_dir
 from test_train import ROOT, hopper_file
 
 TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--steps", "6",
@@ -23,29 +23,32 @@ def sweep(tmp_path, data):
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
 
 
-def test_sweep_runs_the_grid_once_and_aggregates(tmp_path):
+def test_sweep_trains_each_group_of_seeds_once_as_one_ensemble_and_aggregates(tmp_path):
     data = hopper_file(tmp_path)
     out = tmp_path / "sweep"
-    held = run_dir(out, str(data), "dt", 0)
+    held = group_dir(out, str(data), "dt")
     held.mkdir(parents=True)
-    with open(held / ".lock", "w") as lock:  # as another sweep training that run would hold it
+    with open(held / ".lock", "w") as lock:  # as another sweep training that group would hold it
         fcntl.flock(lock, fcntl.LOCK_EX)
         res = sweep(tmp_path, data)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "left to the sweep that is training it" in res.stdout and not (held / "train.log").exists()
-    assert len(list(out.glob("*/*/seed_*/train.log"))) == 3
-    assert sweep(tmp_path, data).returncode == 0  # the lock is free now: only that run trains
-    logs = sorted(out.glob("*/*/seed_*/train.log"))
-    assert len(logs) == 4
+    logs = [group_dir(out, str(data), m) / "train.log" for m in ("dt", "primal")]
+    assert logs[1].read_text().count("$ ") == 1 and "--seeds 0 1 " in logs[1].read_text()  # one ensemble
+    assert sweep(tmp_path, data).returncode == 0  # the lock is free now: only that group trains
+    assert [log.read_text().count("$ ") for log in logs] == [1, 1]
     md = (out / "results.md").read_text()
     assert "| dt |" in md and "| primal |" in md and "average" in md and "last checkpoint" in md
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert len(rows) == 2 * 2  # models x targets
     assert all(r["n_seeds"] == "2" and np.isfinite(float(r["normalized_mean"])) for r in rows)
     assert (out / "results.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
-    again = sweep(tmp_path, data)  # finished runs are skipped, not retrained
-    assert again.returncode == 0
-    assert all(log.read_text().count("$ ") == 1 for log in logs)
+    (run_dir(out, str(data), "dt", 1) / "eval.json").unlink()  # as if seed 1 had been stopped after its checkpoint
+    again = sweep(tmp_path, data)  # finished runs are skipped, the unfinished one resumes alone
+    assert again.returncode == 0 and "done (seeds 1)" in again.stdout
+    last = [line for line in logs[0].read_text().splitlines() if line.startswith("$ ")][-1]
+    assert "--seeds 1 --out" in last and last.endswith("--resume")
+    assert [log.read_text().count("$ ") for log in logs] == [2, 1]
 
 
 def test_spectrum_curves_are_cumulative_fractions():
