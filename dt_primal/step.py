@@ -11,6 +11,7 @@ evaluation, checkpoints, signals) stays outside, in ``dt_primal.training``.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -111,7 +112,8 @@ class TrainStep:
         elif self.calls <= WARMUP_CALLS:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
                 self.opt.zero_grad(set_to_none=True)
                 self._update()
             torch.cuda.current_stream().wait_stream(side)

@@ -1,5 +1,6 @@
 """Seeds trained as one ensemble: each member is the run of its seed alone; resumption is exact and
 an interruption loses nothing; the CUDA code paths (vmap over members, the captured step)."""
+import copy
 import dataclasses
 import json
 import subprocess
@@ -14,7 +15,8 @@ from dt_primal import checkpoint, data as data_module
 from dt_primal.config import Config
 from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
-from dt_primal.model import DecisionTransformer
+from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.step import TrainStep
 from dt_primal.training import train
 from envs import TASKS
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
@@ -37,6 +39,29 @@ def assert_same(a, b, atol=1e-6):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=atol, msg=k)
+
+
+def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
+    """TrainStep against the update written out with PyTorch's own AdamW, LambdaLR and clip_grad_norm_."""
+    cfg = dataclasses.replace(CFG, dropout=0.0, warmup_steps=4)
+    torch.manual_seed(0)
+    model = DecisionTransformer(cfg, data.obs_dim, data.act_dim)
+    reference = copy.deepcopy(model)
+    sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
+    step = TrainStep(cfg, [model], sampler, [torch.Generator().manual_seed(0)], torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(reference.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
+    for _ in range(7):
+        step()
+        loss, _, _ = dt_loss(reference, sampler.sample(cfg.batch_size, gen), cfg.eta)
+        opt.zero_grad()
+        loss.backward()
+        assert torch.nn.utils.clip_grad_norm_(reference.parameters(), cfg.grad_clip) > cfg.grad_clip  # it clips
+        opt.step()
+        sched.step()
+    assert int(step.step) == 7 and float(step.lr) == pytest.approx(cfg.lr)
+    assert_same(step.ensemble.state_dict(0), reference.state_dict(), atol=1e-6)
 
 
 @pytest.mark.parametrize("model", ["primal", "dt"])

@@ -1,0 +1,108 @@
+"""Training throughput of ensembles: updates/s and member-updates/s of the library's training step
+(``dt_primal.step.TrainStep``, what ``train.py --seeds`` runs) for ensembles of several sizes, run
+eagerly, compiled (``--compile``) or captured as a CUDA graph, at SPEC §4 size and at the DT paper's
+size, in fp32 / tf32 / bf16; and how the members run (``vmap`` over them, the CUDA path, or a loop
+over them, the CPU path).
+
+  python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
+  python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager compiled captured \\
+      --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
+  python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
+
+One update = every member draws its batch of 64 windows (K 20) and takes one AdamW step. Each
+setting: ``--warmup`` untimed updates (they include the capture or the compilation), then
+``--updates`` timed ones, with the device synchronised before and after. Data: Hopper-shaped
+random data (100k steps), as the other training benchmarks.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+import torch
+
+from datasets.loaders import load_dataset
+from dt_primal.config import make_config
+
+SIZES = {"spec": ("SPEC §4 (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
+         "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1))}
+
+
+def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
+                 warmup: int, updates: int) -> dict:
+    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile=mode == "compiled",
+                      **SIZES[size][1])
+    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=mode == "captured")
+    if members_by != "default":
+        step.ensemble.vmap = members_by == "vmap"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    first = time.perf_counter() - t0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(updates):
+        step()
+    sync()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    how = members_by if members_by != "default" else ("vmap" if step.ensemble.vmap else "loop")
+    return {"size": size, "members": members, "mode": mode, "precision": precision, "members_by": how,
+            "ms_per_update": 1e3 * wall / updates, "updates_per_s": updates / wall,
+            "member_updates_per_s": members * updates / wall, "cpu_ms_per_update": 1e3 * cpu / updates,
+            "warmup_s": first}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--members", type=int, nargs="+", default=[1, 3])
+    p.add_argument("--modes", nargs="+", choices=("eager", "compiled", "captured"), default=["eager"])
+    p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
+    p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
+    p.add_argument("--members-by", nargs="+", choices=("default", "vmap", "loop"), default=["default"],
+                   help="how the members run: the device's default (vmap on CUDA, a loop elsewhere), or forced")
+    p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
+    p.add_argument("--warmup", type=int, default=5, help="untimed updates first (at least 5 when capturing)")
+    p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 1 and 2 members, 2 updates")
+    args = p.parse_args()
+    if args.quick:
+        args.members, args.sizes, args.updates, args.warmup, args.precisions = [1, 2], ["dt"], 2, 1, ["fp32"]
+    data = load_dataset(str(common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")), env="hopper")
+    records = []
+    for size in args.sizes:
+        for precision in args.precisions:
+            for mode in args.modes:
+                for members_by in args.members_by:
+                    for m in args.members:
+                        r = time_setting(data, size, m, mode, precision, members_by, args.device,
+                                         max(args.warmup, 5 if mode == "captured" else 1), args.updates)
+                        records.append(r)
+                        print(f"{SIZES[size][0]:32s} {precision} {mode:8s} {r['members_by']:4s} {m:2d} members: "
+                              f"{r['ms_per_update']:.1f} ms, {r['updates_per_s']:.1f} updates/s, "
+                              f"{r['member_updates_per_s']:.1f} member-updates/s (load {common.load_avg():.2f})", flush=True)
+    if not args.quick:
+        common.save_results(f"ensemble_speed_{args.device.replace(':', '')}", {"records": records, "args": vars(args)})
+    rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members_by"], r["members"], f"{r['ms_per_update']:.1f}",
+             f"{r['cpu_ms_per_update']:.0f}", f"{r['updates_per_s']:.1f}", f"**{r['member_updates_per_s']:.1f}**",
+             f"{r['warmup_s']:.1f}"] for r in records]
+    single = {(r["size"], r["precision"], r["mode"], r["members_by"]): r["ms_per_update"] for r in records if r["members"] == 1}
+    notes = [f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}, {r['members_by']}: {r['members']} members take "
+             f"{r['ms_per_update'] / single[key]:.2f}× the time of one per update, i.e. "
+             f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
+             for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"], r["members_by"])) in single]
+    body = "\n".join([
+        f"The library's training step (`dt_primal.step.TrainStep`) on `--device {args.device}`, Primal.+DT "
+        f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} untimed "
+        f"ones (capture and compilation happen there: see the warm-up column). *members by*: `vmap` runs the members "
+        f"as one batched model, `loop` one after another (the library's default on a CPU).", "",
+        common.md_table(["size", "precision", "mode", "members by", "members", "ms per update (wall)",
+                         "CPU ms per update", "updates/s", "member-updates/s", "warm-up s"], rows), "",
+        *[f"- {n}" for n in notes]])
+    key = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", ""))
+    common.write_section(key, f"Ensembles: training throughput ({args.device})", body, args.quick)
+
+
+if __name__ == "__main__":
+    main()
