@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, data as data_module
@@ -185,6 +186,45 @@ def test_environment_workers_give_the_episodes_of_in_process_stepping():
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
     assert one == three
     assert one[0][0]["episodes"] == 3 and one[0] != one[1]  # members differ
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records the operators that would make the host wait for a GPU: reading a value back
+    (``.item()``, ``bool()``, ``int()``) or an output whose shape depends on the data."""
+    SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+               torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.SYNCING:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("vmap", [False, True])
+def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data, vmap):
+    """What a CUDA graph needs of the step, checked on the CPU: its update never reads a value back
+    to the host, and changes no Python-side state (only tensors), so a replay is a real step."""
+    cfg = dataclasses.replace(CFG, dropout=0.0 if vmap else 0.1)
+    torch.manual_seed(0)
+    models = [DecisionTransformer(cfg, data.obs_dim, data.act_dim) for _ in range(2)]
+    sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
+    step = TrainStep(cfg, models, sampler, [torch.Generator().manual_seed(s) for s in (0, 1)], torch.device("cpu"))
+    step.ensemble.vmap = vmap
+    step()  # the optimizer's state exists from here on, as before a capture
+
+    def python_state():
+        return {k: (id(v), v if isinstance(v, (int, float, bool, str, type(None))) else None)
+                for k, v in {**vars(step), **vars(step.ensemble)}.items()}
+    before, steps = python_state(), int(step.step)
+    step.opt.zero_grad(set_to_none=True)
+    with HostSyncs() as syncs:
+        step._update()
+    assert syncs.seen == []
+    assert python_state() == before and int(step.step) == steps + 1
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
