@@ -22,6 +22,9 @@ import time
 import common
 import torch
 
+import dt_primal.attention
+import dt_primal.dropout
+
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
 
@@ -36,6 +39,10 @@ def time_setting(data, size: str, members: int, mode: str, precision: str, membe
     step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=mode == "captured")
     if members_by != "default":
         step.ensemble.vmap = members_by == "vmap"
+    # vmap draws its members' dropout masks with PyTorch's dropout, as on a GPU (the CPU's cheap masks cannot be vmapped)
+    seam = dt_primal.dropout.cheap_masks
+    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = \
+        (lambda x: False) if step.ensemble.vmap else seam
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     t0 = time.perf_counter()
     for _ in range(warmup):
@@ -47,6 +54,7 @@ def time_setting(data, size: str, members: int, mode: str, precision: str, membe
         step()
     sync()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
     how = members_by if members_by != "default" else ("vmap" if step.ensemble.vmap else "loop")
     return {"size": size, "members": members, "mode": mode, "precision": precision, "members_by": how,
             "ms_per_update": 1e3 * wall / updates, "updates_per_s": updates / wall,
