@@ -8,7 +8,8 @@
    per part of the step (record_function labels) and the top operators by self CPU time.
 2. The same step timed in a fresh process per variant (OpenMP reads its settings at start-up):
    OMP_WAIT_POLICY PASSIVE (what the benchmarks use) or OpenMP's default, 1 or 2 threads,
-   fused AdamW, --compile (torch.compile of the model), bf16 autocast.
+   PyTorch's dropout masks instead of the cheap CPU masks, --compile (torch.compile of the members'
+   loss), bf16 autocast.
 3. The floor the matrix products set: the step's matmul FLOPs over the rate this CPU's GEMM
    reaches, against the step's time.
 """
@@ -60,8 +61,8 @@ def profile(steps: int, precision: str) -> tuple[str, str, str]:
         for _ in range(steps):
             step()
     events = prof.key_averages()
-    phases = [e for e in events if e.key in ("sample", "forward + loss", "backward", "clip_grad_norm_",
-                                              "AdamW + scheduler", "loss bookkeeping")]
+    phases = [e for e in events if e.key in ("sample", "forward + loss", "backward", "clip gradients", "AdamW",
+                                              "loss bookkeeping")]  # TrainStep's phase labels
     total = sum(e.cpu_time_total for e in phases)
     phase_rows = [[e.key, f"{e.cpu_time_total / steps / 1e3:.1f}", f"{100 * e.cpu_time_total / total:.1f}%"]
                   for e in sorted(phases, key=lambda e: -e.cpu_time_total)]
