@@ -67,12 +67,11 @@ def get_task(text: str) -> Task:
     return task
 
 
-def make_vector_env(task: Task, num_envs: int, asynchronous: bool = False) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of the task in one vector env; episodes are not auto-reset
-    (``autoreset_mode=DISABLED``-like use: callers run each copy for exactly one episode)."""
-    fns = [lambda: task.make() for _ in range(num_envs)]
-    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
-    return cls(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+def make_vector_env(task: Task, num_envs: int) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of the task in one in-process vector env that resets an episode's env in
+    the step that ends it (for recording datasets; evaluation uses ``Episodes``)."""
+    return gym.vector.SyncVectorEnv([lambda: task.make() for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 def _step_envs(envs: list[gym.Env], actions: np.ndarray, alive: np.ndarray):
