@@ -156,6 +156,10 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     if resume and any(found) and not all(found):
         raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(p) for p, f in zip(lasts, found) if f)}); "
                         f"resume those with --seeds listing them, and train the others in another run.")
+    members = sorted(Path(cfg.out).glob("seed_*/last.pt"))
+    if resume and not seeds and not any(found) and members:
+        listed = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in members), key=int))
+        raise UserError(f"{cfg.out} holds the seeds {listed} of an ensemble; resume them with --seeds {listed}.")
     ckpts = load_members(lasts, device) if resume and all(found) else None
     if resume and ckpts is None:
         print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")

@@ -157,6 +157,9 @@ def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path
     res = subprocess.run([sys.executable, "train.py", "--out", str(out), "--seeds", "3", "5", "--resume",
                           "--lr", "0.01", "--steps", "8"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "--resume cannot change --lr 0.01 (the run has 0.001)" in res.stderr, res.stderr
+    res = subprocess.run([sys.executable, "train.py", "--out", str(out), "--resume"], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "resume them with --seeds 3 5" in res.stderr, res.stderr
 
 
 def test_vmap_over_members_trains_and_acts_as_the_loop(data, tmp_path, monkeypatch):
