@@ -24,7 +24,9 @@ from dt_primal.training import Interrupted, distributed, train
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
-                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per target (minutes on a CPU)")
+                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per "
+                        "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "
+                        "1 head, lr 1e-4; the rest as paper). Options given on the command line override the preset")
     p.add_argument("--seeds", type=int, nargs="+",
                    help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json")
     p.add_argument("--resume", action="store_true",

@@ -3,11 +3,17 @@
 once (``--jobs``, e.g. sharing one GPU); finished runs are skipped and interrupted ones resumed
 (several sweeps may share one folder: a group that one of them is training is locked). Then one
 aggregated table (Markdown, CSV), a bar chart and learning curves. Scores are those of the **last**
-checkpoint of each run.
+checkpoint of each run, beside each seed's mean of its last three evaluations.
+
+Two DT baselines: this folder's ``dt`` runs share Primal.+DT's settings ("DT (matched settings)");
+the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sweep of its own with
+``--models dt -- --preset dt-paper``, whose folder ``--baseline`` adds to the tables.
 
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
   python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs
+  python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
+  python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
 """
 from __future__ import annotations
 
@@ -70,80 +76,234 @@ def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list
         return gd, todo, 0
 
 
-def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int]) -> list[dict]:
-    """One row per (dataset, model): the seeds that finished and, per target, their normalised score
-    mean ± std (ddof 0), with the seeds' final scores."""
+DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
+DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the DT row of the paper's Table 4 (SPEC §4)
+LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalFormer"}
+LABEL_NOTES = {
+    DT_MATCHED: "`--model dt` at the same settings as Primal.+DT (the controlled comparison)",
+    DT_PAPER: "`--model dt --preset dt-paper`: the original DT paper's d_model 128, 1 head, lr 1e-4, as the "
+              "paper's Table 4 compared (SPEC §4, last line)",
+}
+SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
+
+
+def run_settings(group: Path, seed: int) -> dict | None:
+    """The ``SETTINGS`` a finished run trained with: from its checkpoint, else from the last train.py
+    command line the sweep logged in the group's train.log; None when neither is there (committed
+    records keep only eval.json and evals.jsonl)."""
+    from dt_primal.config import PRESETS, add_config_args, make_config, overrides
+    ckpt = group / f"seed_{seed}" / "last.pt"
+    if ckpt.exists():
+        import torch
+        cfg = torch.load(ckpt, map_location="cpu", weights_only=False).get("config", {})
+        return {k: cfg[k] for k in SETTINGS} if all(k in cfg for k in SETTINGS) else None
+    log = group / "train.log"
+    cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []
+    if not cmds or "train.py" not in " ".join(cmds[-1]):
+        return None
+    argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if a.endswith("train.py")) + 1:]
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--preset", default="paper")
+    add_config_args(p)
+    known, _ = p.parse_known_args(argv)
+    if known.preset not in PRESETS:
+        return None
+    try:
+        cfg = make_config(known.preset, **overrides(known))
+    except Exception:
+        return None
+    return {k: getattr(cfg, k) for k in SETTINGS}
+
+
+def label_of(model: str, settings: dict | None, default: str | None) -> str:
+    """The row's label: a DT's from the settings it trained with when they are known (the DT paper's
+    d_model, heads and lr, or else the matched baseline), otherwise ``default`` or the model's."""
+    if model == "dt" and settings is not None:
+        from dt_primal.config import PRESETS
+        paper = all(settings[k] == PRESETS["dt-paper"][k] for k in SETTINGS)
+        return DT_PAPER if paper else DT_MATCHED
+    return default or LABELS.get(model, model)
+
+
+def curve_points(rd: Path) -> list[dict]:
+    """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
+    one (eval.json), each as {"step", "scores": normalised score per target}."""
+    final = json.loads((rd / "eval.json").read_text())
+    pts = [json.loads(line) for line in (rd / "evals.jsonl").read_text().splitlines() if line.strip()] \
+        if (rd / "evals.jsonl").exists() else []
+    pts = [p for p in pts if p["step"] < final.get("step", float("inf"))] + [final]
+    return [{"step": p["step"], "scores": [r["normalized_mean"] for r in p["reports" if "reports" in p else "targets"]]}
+            for p in pts]
+
+
+LAST_N = 3  # "mean of the last three evaluations" beside the last checkpoint
+
+
+def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int], label: str | None = None,
+            name: str | None = None) -> list[dict]:
+    """One row per (dataset, model) of the sweep folder ``out``: the seeds that finished and, per
+    target, their normalised score mean ± std (ddof 0) at the last checkpoint, with the seeds' final
+    scores, and the same for each seed's mean of its last three evaluations (the final one and the
+    two before it, which used fewer episodes). ``label`` names the rows whose settings cannot be
+    read (default: the model's, "DT (matched settings)" for dt); ``name``, their short name in the
+    table's model column and the plots' keys (default: the model)."""
     rows = []
     for d in datasets:
         for m in models:
+            gd = group_dir(out, d, m)
             paths = {s: run_dir(out, d, m, s) / "eval.json" for s in seeds}
             finished = [s for s, path in paths.items() if path.exists()]
             if not finished:
                 continue
             evals = [json.loads(paths[s].read_text()) for s in finished]
+            curves = [curve_points(run_dir(out, d, m, s)) for s in finished]
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
                 scores = np.array([e["targets"][i]["normalized_mean"] for e in evals])
-                per_target.append({"target": t, "mean": float(scores.mean()), "std": float(scores.std()),
-                                   "seeds": scores.tolist()})
-            rows.append({"dataset": d, "model": m, "finished_seeds": finished, "step": evals[0]["step"],
+                entry = {"target": t, "mean": float(scores.mean()), "std": float(scores.std()), "seeds": scores.tolist()}
+                if all(len(c) >= LAST_N for c in curves):
+                    last = np.array([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves])
+                    entry["last3"] = {"mean": float(last.mean()), "std": float(last.std()), "seeds": last.tolist(),
+                                      "steps": [p["step"] for p in curves[0][-LAST_N:]]}
+                per_target.append(entry)
+            settings = run_settings(gd, finished[0])
+            rows.append({"dataset": d, "model": m, "name": name or m, "label": label_of(m, settings, label),
+                         "settings": settings, "dir": str(gd), "finished_seeds": finished, "step": evals[0]["step"],
                          "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target})
     return rows
 
 
-def write_tables(rows: list[dict], models: list[str], out: Path) -> str:
-    lines = ["| dataset | model | seeds | steps | high target | low target |", "|---|---|---|---|---|---|"]
+def short(dataset: str) -> str:
+    return "/".join(dataset.split("/")[-2:]).removesuffix("-v0") if dataset.count("/") >= 2 else dataset
+
+
+def cell(t: dict | None) -> str:
+    return "–" if t is None else f"{t['mean']:.1f} ± {t['std']:.1f}"
+
+
+def gap_rows(rows: list[dict], a: str, b: str) -> list[dict]:
+    """Per dataset where rows labelled ``a`` and ``b`` both exist, per target: a − b at the last
+    checkpoint and for the mean of the last three evaluations, with the standard error of that
+    difference from the seed spread, sqrt(s_a²/n_a + s_b²/n_b) (s: std with ddof 1), and the gap in
+    units of it."""
+    out = []
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        ra = next((r for r in rows if r["dataset"] == d and r["label"] == a), None)
+        rb = next((r for r in rows if r["dataset"] == d and r["label"] == b), None)
+        if ra is None or rb is None:
+            continue
+        for ta, tb in zip(ra["targets"], rb["targets"]):
+            entry = {"dataset": d, "target": ta["target"]}
+            for key, xa, xb in (("last", ta, tb), ("last3", ta.get("last3"), tb.get("last3"))):
+                if xa is None or xb is None:
+                    continue
+                sa, sb = np.array(xa["seeds"]), np.array(xb["seeds"])
+                var = (sa.var(ddof=1) / len(sa) if len(sa) > 1 else np.nan) + (sb.var(ddof=1) / len(sb) if len(sb) > 1 else np.nan)
+                gap, se = float(sa.mean() - sb.mean()), float(np.sqrt(var))
+                entry[key] = {"a": float(sa.mean()), "b": float(sb.mean()), "gap": gap, "se": se,
+                              "z": gap / se if se > 0 else float("nan"), "n_a": len(sa), "n_b": len(sb)}
+            out.append(entry)
+    return out
+
+
+def gap_table(gaps: list[dict], a: str, b: str) -> str:
+    """Markdown of ``gap_rows``: per dataset and target, a − b and the gap in standard errors."""
+    if not gaps:
+        return ""
+    fmt = lambda g: "–" if g is None else f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
+    lines = [f"| dataset | target | {a} − {b}: last checkpoint | mean of last 3 evaluations |", "|---|---|---|---|"]
+    for g in gaps:
+        lines.append(f"| {short(g['dataset'])} | {g['target']:g} | {fmt(g.get('last'))} | {fmt(g.get('last3'))} |")
+    return "\n".join(lines) + ("\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
+                               "spread, sqrt(s_a²/n_a + s_b²/n_b), s the std with ddof 1; with 3 seeds a side, "
+                               "|gap| > 2.8 SE is about a two-sided 5% Welch test.\n")
+
+
+def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
+    """``name``.md and ``name``.csv in ``out``: per (dataset, row) both targets' normalised scores at the
+    last checkpoint and the mean of the last three evaluations, the average of each row label over the
+    datasets where every label has a result, what each label means, and (when Primal.+DT and a DT are
+    both there) Primal.+DT − DT in standard errors."""
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    n_t = max(len(r["targets"]) for r in rows)
+    which = lambda i: ["high target", "low target"][i] if n_t == 2 else f"target {i + 1}"
+    head = ["dataset", "model", "what it is", "seeds", "steps"] + [f"{which(i)}: last checkpoint" for i in range(n_t)] \
+        + [f"{which(i)}: mean of last 3 evaluations" for i in range(n_t)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"{t['mean']:.1f} ± {t['std']:.1f} ({t['target']:g})" for t in r["targets"]]
-        lines.append(f"| {r['dataset']} | {r['model']} | {len(r['finished_seeds'])} | {r['step']} | " + " | ".join(cells) + " |")
-    # the average row compares like with like: only datasets where every model has a result
+        last = [f"{cell(t)} ({t['target']:g})" for t in r["targets"]]
+        last3 = [cell(t.get("last3")) for t in r["targets"]]
+        lines.append(f"| {r['dataset']} | {r['name']} | {r['label']} | {len(r['finished_seeds'])} | {r['step']} | "
+                     + " | ".join(last + last3) + " |")
+    # the average rows compare like with like: only datasets where every label has a result
     common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
-              if all(any(r["dataset"] == d and r["model"] == m for r in rows) for m in models)]
-    for m in models:
-        mine = [r for r in rows if r["model"] == m and r["dataset"] in common]
+              if all(any(r["dataset"] == d and r["label"] == lab for r in rows) for lab in labels)]
+    for lab in labels:
+        mine = [r for r in rows if r["label"] == lab and r["dataset"] in common]
         if mine:
-            avg = [np.mean([r["targets"][i]["mean"] for r in mine]) for i in range(len(mine[0]["targets"]))]
-            lines.append(f"| **average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})** | {m} | | | " + " | ".join(f"**{a:.1f}**" for a in avg) + " |")
-    md = "\n".join(lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best), mean ± std "
-                             "(ddof 0) across seeds of the per-seed mean over the final evaluation episodes.\n")
-    (out / "results.md").write_text(md)
-    with open(out / "results.csv", "w", newline="") as f:
+            avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
+            avg3 = [f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
+                    if all("last3" in r["targets"][i] for r in mine) else "–" for i in range(n_t)]
+            lines.append(f"| **average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})** | {mine[0]['name']} | {lab} | | | "
+                         + " | ".join(avg + avg3) + " |")
+    notes = [f"- **{lab}**: {LABEL_NOTES[lab]}." for lab in labels if lab in LABEL_NOTES]
+    md = "\n".join(lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
+                             "the paper reports it), mean ± std (ddof 0) across seeds of the per-seed mean over the final "
+                             "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
+                             "evaluations** (the final one and the two intermediate ones before it, which use fewer "
+                             "episodes): how much the last-checkpoint number owes to where training stopped.\n")
+    if notes:
+        md += "\n" + "\n".join(notes) + "\n"
+    primal = LABELS["primal"]
+    for dt in (DT_PAPER, DT_MATCHED):
+        if primal in labels and dt in labels:
+            md += f"\n{primal} − {dt}:\n\n" + gap_table(gap_rows(rows, primal, dt), primal, dt)
+    (out / f"{name}.md").write_text(md)
+    with open(out / f"{name}.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["dataset", "model", "target", "normalized_mean", "normalized_std", "n_seeds", "steps", "episodes", "seed_scores"])
+        w.writerow(["dataset", "model", "label", "target", "normalized_mean", "normalized_std", "n_seeds", "steps", "episodes",
+                    "seed_scores", "last3_mean", "last3_std", "last3_seed_scores"])
         for r in rows:
             for t in r["targets"]:
-                w.writerow([r["dataset"], r["model"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}", len(r["finished_seeds"]),
-                            r["step"], r["episodes"], " ".join(f"{s:.3f}" for s in t["seeds"])])
+                l3 = t.get("last3")
+                w.writerow([r["dataset"], r["name"], r["label"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}",
+                            len(r["finished_seeds"]), r["step"], r["episodes"], " ".join(f"{s:.3f}" for s in t["seeds"]),
+                            "" if l3 is None else f"{l3['mean']:.3f}", "" if l3 is None else f"{l3['std']:.3f}",
+                            "" if l3 is None else " ".join(f"{s:.3f}" for s in l3["seeds"])])
     return md
 
 
-def plot_bars(rows: list[dict], models: list[str], out: Path) -> None:
+def plot_bars(rows: list[dict], out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(datasets)), 8), sharey=True)  # one panel per target
-    width = 0.8 / len(models)
-    for ti, ax in enumerate(axes):
-        for mi, m in enumerate(models):
-            got = {r["dataset"]: r["targets"][ti] for r in rows if r["model"] == m}
-            xs = [i + mi * width for i, d in enumerate(datasets) if d in got]
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    n_t = max(len(r["targets"]) for r in rows)
+    fig, axes = plt.subplots(n_t, 1, figsize=(max(6, 1.6 * len(datasets) * max(1, len(labels) / 2)), 4 * n_t),
+                             sharey=True, squeeze=False)  # one panel per target
+    width = 0.8 / len(labels)
+    for ti, ax in enumerate(axes[:, 0]):
+        for li, lab in enumerate(labels):
+            got = {r["dataset"]: r["targets"][ti] for r in rows if r["label"] == lab and ti < len(r["targets"])}
+            xs = [i + li * width for i, d in enumerate(datasets) if d in got]
             ax.bar(xs, [got[d]["mean"] for d in datasets if d in got], width,
-                   yerr=[got[d]["std"] for d in datasets if d in got], capsize=3, label=m)
+                   yerr=[got[d]["std"] for d in datasets if d in got], capsize=3, label=lab)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))])
         ax.set_xticklabels([d.split("/")[-2] + "\n" + d.split("/")[-1] if d.count("/") >= 2 else d for d in datasets], fontsize=8)
-        ax.set_title(["high target", "low target"][ti] if ti < 2 else f"target {ti}")
+        ax.set_title(["high target", "low target"][ti] if n_t == 2 else f"target {ti + 1}")
         ax.set_ylabel("normalised score (last checkpoint)")
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "results.png", dpi=120)
     plt.close(fig)
 
 
-def plot_curves(out: Path, rows: list[dict]) -> dict:
+def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> dict:
     """Normalised score (high target) against steps for each of ``collect``'s rows: mean and min–max
-    band over its finished seeds. Returns how many seeds each drawn (dataset, model) curve averages."""
+    band over its finished seeds, into ``plot_dir`` (default ``out``)/curves.png. Returns how many seeds
+    each drawn (dataset, row name) curve averages."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,24 +316,20 @@ def plot_curves(out: Path, rows: list[dict]) -> dict:
     drawn = {}
     for ax, d in zip(axes.flat, datasets):
         for row in (r for r in rows if r["dataset"] == d):
-            m, curves = row["model"], []
-            for s in row["finished_seeds"]:
-                rd = run_dir(out, d, m, s)
-                pts = [json.loads(l) for l in (rd / "evals.jsonl").read_text().splitlines()] if (rd / "evals.jsonl").exists() else []
-                pts.append(json.loads((rd / "eval.json").read_text()))
-                curves.append({p["step"]: p["reports" if "reports" in p else "targets"][0]["normalized_mean"] for p in pts})
+            gd = Path(row["dir"]) if "dir" in row else group_dir(out, d, row["model"])
+            curves = [{p["step"]: p["scores"][0] for p in curve_points(gd / f"seed_{s}")} for s in row["finished_seeds"]]
             steps = sorted(set.intersection(*(set(c) for c in curves)))  # a row has at least one finished seed
             if not steps:
                 continue
             y = np.array([[c[s] for s in steps] for c in curves])
-            ax.plot(steps, y.mean(0), label=f"{m} ({len(curves)} seeds)")
+            ax.plot(steps, y.mean(0), label=f"{row.get('label', row['model'])} ({len(curves)} seeds)")
             ax.fill_between(steps, y.min(0), y.max(0), alpha=0.2)
-            drawn[d, m] = len(curves)
+            drawn[d, row.get("name", row["model"])] = len(curves)
         ax.set_title(d, fontsize=9); ax.set_xlabel("training step"); ax.set_ylabel("normalised score")
         if ax.lines:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
+    fig.savefig((plot_dir or out) / "curves.png", dpi=120)
     plt.close(fig)
     return drawn
 
@@ -191,6 +347,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (default: the cores divided by --jobs)")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a sweep folder of the DT paper's baseline (--models dt -- --preset dt-paper ...): its runs join "
+                        "the tables as \"DT (DT paper's settings)\" beside this folder's \"DT (matched settings)\"")
+    p.add_argument("--report-dir", type=Path, default=None,
+                   help="where the tables and plots go (default --out)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.datasets = [d for spec in args.datasets for d in (TABLE4 if spec == "table4" else [spec])]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -211,12 +372,17 @@ def main() -> None:
         if failed:
             print(f"{len(failed)} groups failed; fix and run the same command again (finished runs are skipped).")
     rows = collect(args.out, args.datasets, args.models, args.seeds)
+    if args.baseline:  # the DT-paper runs of another sweep folder, beside this one's rows
+        extra = collect(args.baseline, args.datasets, ["dt"], args.seeds, label=DT_PAPER, name="dt (dt-paper)")
+        rows = [r for d in args.datasets for r in rows + extra if r["dataset"] == d]
     if not rows:
         sys.exit("no finished run to aggregate yet")
-    print(write_tables(rows, args.models, args.out))
-    plot_bars(rows, args.models, args.out)
-    plot_curves(args.out, rows)
-    print(f"wrote {args.out}/results.md, results.csv, results.png, curves.png")
+    report = args.report_dir or args.out
+    report.mkdir(parents=True, exist_ok=True)
+    print(write_tables(rows, report))
+    plot_bars(rows, report)
+    plot_curves(args.out, rows, report)
+    print(f"wrote {report}/results.md, results.csv, results.png, curves.png")
 
 
 if __name__ == "__main__":

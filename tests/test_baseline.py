@@ -1,0 +1,239 @@
+"""The DT baselines: the dt-paper preset, the sweep's tables of both DT baselines, and the adapter
+that lets dt-primal's evaluation run d3rlpy's Decision Transformer (bench/d3rlpy_crosscheck.py).
+
+The d3rlpy tests need d3rlpy 2.8.1 beside the project's packages (bench/crosscheck-requirements.txt);
+CI installs only requirements.txt, where they are skipped. The adapter's own logic is tested
+without d3rlpy, on a stand-in model."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
+from dt_primal.config import PRESETS, Config, make_config
+from dt_primal.evaluation import rollout
+from dt_primal.sweep import DT_MATCHED, DT_PAPER, collect, gap_rows, group_dir, label_of, run_dir, write_tables
+from envs import TASKS
+from test_train import ROOT
+
+try:
+    import d3rlpy  # noqa: F401
+    HAVE_D3RLPY = True
+except Exception:  # not installed (CI), or installed against other packages
+    HAVE_D3RLPY = False
+needs_d3rlpy = pytest.mark.skipif(not HAVE_D3RLPY, reason="d3rlpy is not importable here: it is a benchmark-only "
+                                  "dependency (bench/crosscheck-requirements.txt), not in requirements.txt")
+
+
+# ------------------------------------------------------------------------------ the preset
+
+
+def test_dt_paper_preset_is_the_dt_papers_settings_and_flags_override_it():
+    cfg, paper = make_config("dt-paper"), Config()
+    assert (cfg.model, cfg.d_model, cfg.n_head, cfg.lr) == ("dt", 128, 1, 1e-4)  # SPEC §4, last line
+    same = ("n_layer", "context", "batch_size", "steps", "warmup_steps", "weight_decay", "grad_clip", "dropout",
+            "reward_scale", "max_ep_len", "eval_episodes", "precision")  # "same K, batch and step count"
+    assert {k: getattr(cfg, k) for k in same} == {k: getattr(paper, k) for k in same}
+    assert (cfg.n_layer, cfg.context, cfg.batch_size, cfg.steps) == (3, 20, 64, 100_000)
+    assert set(PRESETS["dt-paper"]) == {"model", "d_model", "n_head", "lr"}
+    reduced = make_config("dt-paper", precision="bf16", steps=2500, warmup_steps=250, lr=3e-4)  # the command line wins
+    assert (reduced.precision, reduced.steps, reduced.warmup_steps, reduced.lr, reduced.n_head) == ("bf16", 2500, 250, 3e-4, 1)
+
+
+def test_train_py_offers_the_dt_paper_preset():
+    res = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "dt-paper" in res.stdout and "1 head, lr 1e-4" in " ".join(res.stdout.split())
+
+
+# ------------------------------------------------------------------------------ the tables
+
+
+def fake_run(out, dataset, model, seed, final, curve, log=None):
+    """A finished run as the sweep leaves it: evals.jsonl (5-episode points) and eval.json (final)."""
+    rd = run_dir(out, dataset, model, seed)
+    rd.mkdir(parents=True)
+    (rd / "evals.jsonl").write_text("".join(json.dumps({"step": 100 * (i + 1), "reports": [
+        {"target": 3600.0, "normalized_mean": a, "episodes": 5}, {"target": 1800.0, "normalized_mean": b, "episodes": 5}]})
+        + "\n" for i, (a, b) in enumerate(curve)))
+    (rd / "eval.json").write_text(json.dumps({"step": 100 * (len(curve) + 1), "targets": [
+        {"target": 3600.0, "normalized_mean": final[0], "episodes": 100},
+        {"target": 1800.0, "normalized_mean": final[1], "episodes": 100}]}))
+    if log is not None:
+        (group_dir(out, dataset, model) / "train.log").write_text(f"$ {sys.executable} {ROOT}/train.py {log}\nsome progress\n")
+
+
+def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluations(tmp_path):
+    d = "dt-primal/hopper/medium-replay-v0"
+    main, base = tmp_path / "table4", tmp_path / "dt-paper"
+    for s in range(3):
+        fake_run(main, d, "dt", s, (50 + s, 40), [(10, 10), (20, 20), (30, 30)])
+        fake_run(main, d, "primal", s, (60 + 2 * s, 41), [(10, 10), (20, 20), (60, 30)])
+        fake_run(base, d, "dt", s, (70 + s, 42), [(0, 0), (10, 10), (40, 40)],
+                 log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16 --steps 400")
+    rows = collect(main, [d], ["dt", "primal"], [0, 1, 2])
+    # the baseline folder's runs are recognised from the command line in train.log, whatever label they are given
+    rows += collect(base, [d], ["dt"], [0, 1, 2], label=DT_MATCHED, name="dt (dt-paper)")
+    assert [r["label"] for r in rows] == [DT_MATCHED, "Primal.+DT", DT_PAPER]
+    assert rows[2]["settings"] == {"d_model": 128, "n_head": 1, "lr": 1e-4}
+    hi = rows[0]["targets"][0]
+    assert hi["mean"] == pytest.approx(51) and hi["last3"]["steps"] == [200, 300, 400]
+    assert hi["last3"]["seeds"] == pytest.approx([(20 + 30 + 50 + s) / 3 for s in range(3)])
+    md = write_tables(rows, tmp_path)
+    assert "| dt | DT (matched settings) |" in md and "| dt (dt-paper) | DT (DT paper's settings) |" in md
+    assert "mean of last 3 evaluations" in md and "d_model 128, 1 head, lr 1e-4" in md
+    assert "Primal.+DT − DT (DT paper's settings)" in md and "Primal.+DT − DT (matched settings)" in md
+    gap = gap_rows(rows, "Primal.+DT", DT_MATCHED)[0]["last"]
+    se = np.sqrt(np.var([60, 62, 64], ddof=1) / 3 + np.var([50, 51, 52], ddof=1) / 3)
+    assert gap["gap"] == pytest.approx(11) and gap["se"] == pytest.approx(se) and gap["z"] == pytest.approx(11 / se)
+    assert (tmp_path / "results.csv").read_text().count(DT_PAPER) == 2  # one line per target
+
+
+def test_a_dt_is_labelled_by_the_settings_it_trained_with():
+    assert label_of("dt", {"d_model": 128, "n_head": 1, "lr": 1e-4}, None) == DT_PAPER
+    assert label_of("dt", {"d_model": 128, "n_head": 4, "lr": 1e-3}, DT_PAPER) == DT_MATCHED  # the quick preset's DT
+    assert label_of("dt", None, None) == DT_MATCHED and label_of("dt", None, DT_PAPER) == DT_PAPER
+    assert label_of("primal", None, None) == "Primal.+DT"
+
+
+# ------------------------------------------------------------------------------ the adapter, without d3rlpy
+
+
+class Recorder(torch.nn.Module):
+    """Stands in for d3rlpy's ContinuousDecisionTransformer: records its inputs, answers with an
+    action that depends on the newest step's scaled return and timestep."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, x, action, return_to_go, timesteps, attention_mask):
+        self.calls.append((x, action, return_to_go, timesteps, attention_mask))
+        B, K = timesteps.shape
+        out = torch.zeros(B, K, 3)
+        out[:, -1, 0] = torch.tanh(return_to_go[:, -1, 0])
+        out[:, -1, 1] = timesteps[:, -1] / 1000
+        return out
+
+
+class Scale:
+    def __init__(self, factor, shift=0.0):
+        self.factor, self.shift = factor, shift
+
+    def transform(self, x):
+        return (x - self.shift) * self.factor
+
+
+def test_adapter_pads_scales_and_counts_timesteps_as_d3rlpy_predict_does():
+    net = Recorder()
+    member = D3rlpyMember(net, context=4, max_timestep=6, observation_scaler=Scale(0.5, 1.0), reward_scaler=Scale(1e-3))
+    B = 2
+    for L, t0 in ((1, 0), (3, 2), (6, 3)):  # shorter than K (left-padded), and longer (the last K steps)
+        states = torch.randn(B, L, 11)
+        actions = torch.rand(B, L, 3)
+        rtg = torch.full((B, L, 1), 3600.0)
+        ts = torch.arange(t0, t0 + L).repeat(B, 1)
+        pred, extra = member(states, actions, rtg, ts, last_only=True)
+        assert pred.shape == (B, 1, 3) and extra == []
+        x, act, r, t, mask = net.calls[-1]
+        n = min(L, 4)
+        assert x.shape == (B, 4, 11) and t.dtype == torch.long
+        assert torch.equal(mask, torch.tensor([[1.0] * (4 - n) + [0.0] * n] * B))  # 1 = padding, as d3rlpy passes 1 - masks
+        assert torch.allclose(x[:, 4 - n:], (states[:, -n:] - 1.0) * 0.5)
+        assert torch.allclose(x[:, :4 - n], torch.full_like(x[:, :4 - n], -0.5))  # padded raw zeros, then scaled
+        assert torch.equal(act[:, 4 - n:], actions[:, -n:]) and not act[:, :4 - n].any()
+        assert torch.allclose(r[:, 4 - n:], rtg[:, -n:] * 1e-3) and not r[:, :4 - n].any()
+        expect_t = (ts[:, -n:] + 1).clamp(max=6)  # counted from 1, at most max_timestep; padding 0
+        assert torch.equal(t[:, 4 - n:], expect_t) and not t[:, :4 - n].any()
+        assert torch.allclose(pred[:, 0, 0], torch.tanh(torch.tensor(3.6)))
+    with pytest.raises(ValueError):
+        member(states, actions, rtg, ts, last_only=False)
+
+
+def test_policies_run_in_dt_primals_batched_evaluation():
+    nets = [Recorder(), Recorder()]
+    policies = D3rlpyPolicies([D3rlpyMember(n, context=3, max_timestep=1000) for n in nets], max_ep_len=4)
+    policies.train(True)
+    assert all(n.training for n in nets)
+    reports = rollout(policies, TASKS["hopper"], [3600.0, 1800.0], 2, np.zeros(11), np.ones(11), 1.0, 3, seeds=[5, 6])
+    assert len(reports) == 2 and [r["episodes"] for r in reports[0]] == [2, 2]
+    assert policies.template.training and all(n.training for n in nets)  # the evaluation restores the mode
+    # every member saw its live episodes at once, the newest step's raw return as the conditioning
+    assert all(len(n.calls) == 4 for n in nets) and nets[0].calls[0][2].shape == (4, 3, 1)
+    assert set(nets[0].calls[0][2][:, -1, 0].tolist()) == {3600.0, 1800.0}
+
+
+# ------------------------------------------------------------------------------ the adapter, with d3rlpy
+
+
+@pytest.fixture(scope="module")
+def tiny_algo():
+    """d3rlpy's DT trained 3 steps on Hopper-shaped random data, with dt-primal's settings (tiny)."""
+    from bench.d3rlpy_crosscheck import build_algo, prepare, to_replay_buffer
+    from conftest import make_episodes
+    from dt_primal.data import Trajectories
+    rng = np.random.default_rng(0)
+    eps = make_episodes(lengths=(30, 12, 40, 25), seed=1)
+    for ep in eps:
+        ep["rewards"] = rng.uniform(0, 3, len(ep["rewards"])).astype(np.float32)
+        ep["terminals"] = ep.pop("terminations")
+    data = Trajectories.from_episodes(eps, env="Hopper-v5", source="tiny")
+    cfg = dataclasses.replace(make_config("dt-paper"), d_model=16, n_layer=2, context=4, batch_size=8, warmup_steps=2)
+    d3rlpy.seed(0)
+    dataset = to_replay_buffer(data)
+    # the same episodes; d3rlpy never ends a window at the last step of an episode that timed out
+    assert dataset.size() == 4 and dataset.transition_count == int(data.lengths.sum()) - int((~data.terminals).sum())
+    algo = build_algo(cfg, "gelu")
+    prepare(algo, dataset)
+    for _ in range(3):
+        algo.update(dataset.sample_trajectory_batch(cfg.batch_size, length=cfg.context))
+    return algo, cfg
+
+
+@needs_d3rlpy
+def test_adapter_gives_d3rlpys_own_predict_for_a_batch_of_histories(tiny_algo):
+    from d3rlpy.algos import TransformerInput
+    algo, cfg = tiny_algo
+    member = D3rlpyMember.from_algo(algo)
+    member.transformer.eval()
+    rng = np.random.default_rng(0)
+    B = 3
+    for L, t0 in ((1, 0), (3, 10), (4, 0), (9, 990)):  # below, at and above K = 4; timesteps past max_timestep
+        obs = (rng.normal(size=(B, L, 11)) * 3).astype(np.float32)
+        act = rng.uniform(-1, 1, size=(B, L, 3)).astype(np.float32)
+        act[:, -1] = 0  # the newest action is not known yet
+        rtg = rng.uniform(0, 3600, size=(B, L, 1)).astype(np.float32)
+        ts = np.arange(t0, t0 + L)[None].repeat(B, 0)
+        with torch.no_grad():
+            ours = member(*map(torch.as_tensor, (obs, act, rtg, ts)))[0][:, 0].numpy()
+        theirs = np.stack([algo.predict(TransformerInput(
+            observations=obs[b], actions=act[b], rewards=np.zeros((L, 1), np.float32), returns_to_go=rtg[b],
+            timesteps=np.minimum(ts[b] + 1, cfg.max_ep_len))) for b in range(B)])
+        np.testing.assert_allclose(ours, theirs, atol=1e-6)
+
+
+@needs_d3rlpy
+def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
+    algo, cfg = tiny_algo
+    task, steps, targets, seeds = TASKS["hopper"], 15, [3600.0, 1800.0], [7]
+    policies = D3rlpyPolicies.from_algos([algo], max_ep_len=steps)
+    ours = rollout(policies, task, targets, 2, np.zeros(11), np.ones(11), 1.0, cfg.context, seeds=seeds)[0]
+    for i, target in enumerate(targets):
+        wrapper = algo.as_stateful_wrapper(target_return=target)
+        for j in range(2):
+            env = task.make()
+            obs, _ = env.reset(seed=seeds[0] + i * 2 + j)  # rollout seeds episode k of a member with seed + k
+            ret, reward, n = 0.0, 0.0, 0
+            wrapper.reset()
+            for _ in range(steps):
+                action = wrapper.predict(obs.astype(np.float32), reward)
+                obs, reward, term, trunc, _ = env.step(action)
+                ret += reward; n += 1
+                if term or trunc:
+                    break
+            env.close()
+            assert ours[i]["lengths"][j] == n
+            assert ours[i]["returns"][j] == pytest.approx(ret, abs=1e-3)
