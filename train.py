@@ -18,6 +18,8 @@ from datasets.loaders import load_dataset
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.checkpoint import load_checkpoint
+from dt_primal.checks import check_run_inputs
+from dt_primal.runfolder import hold_run_folder
 from dt_primal.training import Interrupted, distributed, train
 
 
@@ -32,6 +34,8 @@ def main() -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/last.pt where a run stopped, with its settings (--steps and the evaluation "
                         "and checkpoint options may be changed)")
+    p.add_argument("--rescale-actions", action="store_true",
+                   help="scale dataset actions that lie outside the task's action space into its bounds (else refused)")
     add_config_args(p)
     args = p.parse_args()
     given = overrides(args)
@@ -39,8 +43,10 @@ def main() -> None:
     first = Path(cfg.out) / (f"seed_{args.seeds[0]}" if args.seeds else "") / "last.pt"
     if args.resume and first.exists():  # the checkpoint's settings, except those given now
         cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
-    with distributed(cfg.device) as (rank, world):
+    with distributed(cfg.device) as (rank, world), hold_run_folder(cfg.out, args.seeds, enabled=rank == 0) as folder:
         data = load_dataset(cfg.dataset, cfg.env, cfg.download, build=world == 1)
+        check_run_inputs(data, cfg, args.seeds, rescale_actions=args.rescale_actions, notes=rank == 0)
+        folder.check_dataset(data, resume=args.resume)
         try:
             results = train(cfg, data, resume=args.resume, seeds=args.seeds)
         except Interrupted as exc:

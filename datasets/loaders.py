@@ -8,13 +8,15 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 
-from dt_primal.data import Trajectories
+from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
 from envs import TASKS, find_task
 
@@ -26,8 +28,13 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False, buil
     """Trajectories from ``spec``; ``.env`` is the Gymnasium id of the evaluation task: ``env``,
     else the one in the source's metadata, else the task named in ``spec`` (``hopper-medium-v2.hdf5``).
     ``build``: build a missing suite dataset (off in multi-process runs, where every process would)."""
+    if not spec.strip():
+        raise UserError("--dataset is empty. Give a suite dataset such as dt-primal/hopper/medium-v0, a Minari "
+                        "dataset id, or the path of a D4RL .hdf5 or decision-transformer .pkl file.")
     path = Path(spec).expanduser()
-    if path.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES or path.exists():
+    if path.is_dir() and _minari_id(path) != spec:
+        raise UserError(_directory_message(spec, path))
+    if path.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES or path.is_file():
         if not path.is_file():
             raise UserError(f"Dataset file {spec} does not exist. Give the path of a D4RL .hdf5 file, a "
                             f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0.")
@@ -47,8 +54,46 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False, buil
         origin = f"was recorded on {data.env}, which is not" if data.env else "does not name"
         raise UserError(f"The dataset {spec} {origin} one of the supported tasks ({', '.join(TASKS)}); pass --env "
                         f"if it was recorded on one of them.")
+    recorded = find_task(data.env) if data.env else None
+    if recorded is not None and recorded != task:  # halfcheetah and walker2d even have the same sizes
+        raise UserError(f"The dataset {spec} was recorded on {data.env} (its metadata says so), but --env {env} asks "
+                        f"for {task.gym_id}: the policy would be trained on one robot and evaluated on another. Leave "
+                        f"--env out (the metadata's task is used), or give the dataset of {task.name}.")
     data.env = task.gym_id
     return data
+
+
+def _minari_id(path: Path) -> str | None:
+    """The dataset id of a Minari dataset folder (or of its ``data`` folder, or of a file in it)."""
+    for meta in (path / "data" / "metadata.json", path / "metadata.json", path.parent / "metadata.json"):
+        if meta.is_file():
+            try:
+                return json.loads(meta.read_text()).get("dataset_id")
+            except (OSError, ValueError, AttributeError):
+                return None
+    return None
+
+
+def _minari_hint(path: Path) -> str:
+    """How to load the Minari dataset stored at ``path``; "" if it is not one."""
+    dataset_id = _minari_id(path)
+    if not dataset_id:
+        return ""
+    folder = path if (path / "data").is_dir() else path.parent if path.name == "data" else path.parent.parent
+    root = folder
+    for _ in dataset_id.split("/"):
+        root = root.parent
+    return (f" It is the Minari dataset {dataset_id}: give its id instead, with $MINARI_DATASETS_PATH pointing at the "
+            f"folder that holds it (MINARI_DATASETS_PATH={root} python train.py --dataset {dataset_id}).")
+
+
+def _directory_message(spec: str, path: Path) -> str:
+    hint = _minari_hint(path)
+    if not hint:
+        found = sorted(str(f) for f in path.iterdir() if f.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES)[:5]
+        hint = f" It holds {', '.join(found)}: give one of them." if found else ""
+    return (f"--dataset {spec} is a directory, not a dataset file. Give the path of a D4RL .hdf5 file or a "
+            f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0.{hint}")
 
 
 def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> Trajectories:
@@ -61,7 +106,15 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
             raise UserError(f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
                             f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
                             f"(on every node, unless $MINARI_DATASETS_PATH is shared), then start the run again.")
-        build_if_missing(dataset_id)
+        try:
+            build_if_missing(dataset_id)
+        except KeyboardInterrupt:
+            raise BuildInterrupted(dataset_id) from None
+        except BrokenProcessPool as exc:  # a worker was killed: Ctrl-C reached it first, or it ran out of memory
+            raise UserError(f"Building {dataset_id} stopped: a worker process ended abruptly ({exc}), as Ctrl-C or "
+                            f"running out of memory does. Nothing of the build is kept; run the same command again "
+                            f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
+                            f"builds it alone).") from None
     elif dataset_id not in minari.list_local_datasets():
         if not download:
             home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
@@ -82,6 +135,14 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
     return Trajectories.from_episodes(episodes, env=env, source=dataset_id)
 
 
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a suite dataset was being built: its message says what became of the build."""
+
+    def __init__(self, dataset_id: str):
+        super().__init__(f"while building {dataset_id}; the partly built dataset does not count, so the next run "
+                         f"that needs it builds it again from the start")
+
+
 def load_d4rl_hdf5(path: Path) -> Trajectories:
     import h5py
 
@@ -89,25 +150,32 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
         with h5py.File(path, "r") as f:
             missing = [k for k in D4RL_KEYS if k not in f]
             if missing:
+                hint = _minari_hint(path) if any(k.startswith("episode_") for k in f) else ""
                 raise UserError(f"{path} is not a D4RL dataset: it lacks the keys {', '.join(missing)} "
-                                f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).")
+                                f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).{hint}")
             arrays = {k: f[k][()] for k in D4RL_KEYS}
             timeouts = f["timeouts"][()] if "timeouts" in f else np.zeros_like(arrays["terminals"])
     except (OSError, KeyError, TypeError) as exc:  # truncated or not hdf5; a key that is a group, not an array
         raise UserError(f"Cannot read {path} as a D4RL hdf5 file ({exc}); the file may be truncated or not "
                         f"in the D4RL layout. Download or convert it again.") from exc
+    for k, v in {**arrays, "timeouts": timeouts}.items():
+        if np.ndim(v) == 0:
+            raise UserError(f"{path}: '{k}' is a single value, not an array with one row per step. Convert the "
+                            f"file again.")
     n = len(arrays["rewards"])
     for k, v in {**arrays, "timeouts": timeouts}.items():
         if len(v) != n:
             raise UserError(f"{path}: '{k}' has {len(v)} rows but 'rewards' has {n}; every key needs one row per step.")
-    terminals, timeouts = arrays["terminals"].reshape(-1).astype(bool), timeouts.reshape(-1).astype(bool)
+    where = str(path)
+    terminals = flags(arrays["terminals"], "'terminals'", where).reshape(-1)
+    timeouts = flags(timeouts, "'timeouts'", where).reshape(-1)
     ends = np.flatnonzero(terminals | timeouts) + 1
     if n and (len(ends) == 0 or ends[-1] != n):
         ends = np.append(ends, n)  # a trailing unfinished episode
     lengths = np.diff(np.concatenate([[0], ends]))
-    data = Trajectories(observations=np.asarray(arrays["observations"], np.float32),
-                        actions=np.asarray(arrays["actions"], np.float32),
-                        rewards=np.asarray(arrays["rewards"], np.float32).reshape(-1),
+    data = Trajectories(observations=numeric(arrays["observations"], "'observations'", where),
+                        actions=numeric(arrays["actions"], "'actions'", where),
+                        rewards=numeric(arrays["rewards"], "'rewards'", where).reshape(-1),
                         lengths=lengths.astype(np.int64), terminals=terminals[ends - 1], source=str(path))
     return data.validate()
 
@@ -119,16 +187,18 @@ def load_pickle(path: Path) -> Trajectories:
     except Exception as exc:
         raise UserError(f"Cannot unpickle {path} ({exc}); the file may be truncated or not a pickle.") from exc
     if not isinstance(trajs, (list, tuple)) or not all(isinstance(t, dict) for t in trajs):
+        hint = " It holds one dict of arrays, as a D4RL file does: write those arrays into an .hdf5 file (keys " \
+               f"{', '.join(D4RL_KEYS)}, timeouts) and give that." if isinstance(trajs, dict) and "observations" in trajs else ""
         raise UserError(f"{path} must hold a list of trajectory dicts (decision-transformer format), "
-                        f"found {type(trajs).__name__}.")
+                        f"found {type(trajs).__name__}.{hint}")
     episodes = []
     for i, t in enumerate(trajs):
         missing = [k for k in ("observations", "actions", "rewards") if k not in t]
         if missing:
             raise UserError(f"{path}: trajectory {i} lacks the keys {', '.join(missing)} "
                             f"(each needs observations, actions, rewards and terminals or dones).")
-        ep = {k: np.asarray(t[k]) for k in ("observations", "actions", "rewards")}
-        ep["terminals"] = np.asarray(t.get("terminals", t.get("dones", False)))
+        ep = {k: numeric(t[k], f"'{k}' of trajectory {i}", str(path)) for k in ("observations", "actions", "rewards")}
+        ep["terminals"] = flags(t.get("terminals", t.get("dones", False)), f"'terminals' of trajectory {i}", str(path))
         if ep["observations"].ndim != 2 or ep["actions"].ndim != 2 or len(ep["observations"]) < len(ep["actions"]) \
                 or len(ep["rewards"]) != len(ep["actions"]):
             raise UserError(f"{path}: trajectory {i} has shapes observations {ep['observations'].shape}, actions "

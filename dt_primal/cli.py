@@ -1,31 +1,105 @@
 """What ``train.py`` and ``evaluate.py`` share: the error exit and report writing."""
 from __future__ import annotations
 
+import errno
 import json
+import re
 import sys
+import traceback
 from pathlib import Path
+
+import torch
 
 from dt_primal.errors import UserError
 from dt_primal.evaluation import aggregate, markdown
 
+# functions whose presence in a traceback means the evaluation was running
+_EVALUATION_FUNCTIONS = {"rollout", "evaluate", "evaluate_and_record"}
+# files whose presence in a traceback (without the evaluation's functions) means the training step was running
+_TRAINING_FILES = {"step.py", "training.py", "model.py", "attention.py", "ensemble.py", "dropout.py"}
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
 
 def run_main(main) -> None:
-    """Run ``main()``; a UserError becomes a one-paragraph message and exit status 2, a Ctrl-C
-    that training did not catch (during the final evaluation, say) a line and status 130."""
+    """Run ``main()``; a UserError becomes a one-paragraph message and exit status 2, and so do running
+    out of (GPU) memory and a full or read-only disk; a Ctrl-C that training did not catch (during the
+    final evaluation, say) a line and status 130."""
     try:
         main()
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("\ninterrupted (checkpoints already written are intact)", file=sys.stderr)
+        _fail(str(exc))
+    except KeyboardInterrupt as exc:
+        print(f"\ninterrupted {exc or '(checkpoints already written are intact)'}", file=sys.stderr)
         sys.exit(130)
+    except torch.OutOfMemoryError as exc:  # CUDA (or another accelerator's) allocator
+        _fail(out_of_memory_message(exc, "GPU memory"), mid_line=True)
+    except MemoryError as exc:  # NumPy
+        _fail(out_of_memory_message(exc, "memory"), mid_line=True)
+    except RuntimeError as exc:  # PyTorch's CPU allocator
+        if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
+            raise
+        _fail(out_of_memory_message(exc, "memory"), mid_line=True)
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL + _NOT_WRITABLE:
+            raise
+        _fail(write_error_message(exc), mid_line=True)
+
+
+def _fail(message: str, mid_line: bool = False) -> None:
+    """``mid_line``: the error may interrupt a progress bar's line, so start a new one."""
+    print(f"{chr(10) if mid_line else ''}error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _in_evaluate_py(exc: BaseException) -> bool:
+    files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    return Path(sys.argv[0]).name == "evaluate.py" or any(Path(f).name == "evaluate.py" for f in files)
+
+
+def out_of_memory_message(exc: BaseException, memory: str) -> str:
+    """What ran out and which options need less: the batch while training, the episodes run at once
+    while evaluating (found from the functions in the traceback; both when unknown)."""
+    frames = [frame.f_code for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    functions = {code.co_name for code in frames}
+    training_files = any(Path(code.co_filename).name in _TRAINING_FILES or code.co_name == "sample" for code in frames)
+    text = re.sub(r"^\[enforce fail[^\]]*\]\s*err == 0\.\s*", "", str(exc).strip())  # PyTorch's CPU allocator
+    detail = ". ".join(text.split(". ")[:2]).splitlines()[0].rstrip(".") if text else type(exc).__name__
+    if _in_evaluate_py(exc):
+        return (f"Out of {memory} while evaluating ({detail}). All episodes of all checkpoints run at once: lower "
+                f"--episodes, or evaluate fewer checkpoints per command.")
+    evaluation = (f"lower --eval-episodes (the final evaluation) or --eval-episodes-during (those during training); "
+                  f"both may change when the run continues with --resume")
+    training = (f"lower --batch-size, train fewer --seeds at once or a smaller model (in a new --out), or use "
+                f"--precision bf16 (which --resume may change)")
+    if functions & _EVALUATION_FUNCTIONS:
+        what, fix = "in the evaluation, which runs all its episodes at once", evaluation
+    elif training_files:
+        what, fix = "while training", training
+    else:
+        what, fix = "", f"{training}; for the evaluation, {evaluation}"
+    return (f"Out of {memory}{' ' + what if what else ''} ({detail}). To need less, {fix}. Checkpoints already "
+            f"written are intact.")
+
+
+def write_error_message(exc: OSError) -> str:
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno in _DISK_FULL:
+        fix = "Free disk space (or choose another --out)"
+    else:
+        fix = "Make it writable, or choose another --out"
+    return (f"Could not write{where} ({exc.strerror or exc}). {fix}, then run the command again; a train.py run "
+            f"continues from its last checkpoint with --resume (checkpoints already written are intact).")
 
 
 def write_report(results: list[dict], path: Path) -> dict:
     """JSON at ``path`` and the Markdown table beside it (same name, .md); returns the summary."""
     summary = aggregate(results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=1))
-    path.with_suffix(".md").write_text(markdown(summary))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1))
+        path.with_suffix(".md").write_text(markdown(summary))
+    except OSError as exc:
+        raise UserError(f"Could not write the report {path} ({exc.strerror or exc}). Give an --out in a folder you can "
+                        f"write to, with free space, and run the command again.") from None
     return summary

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, fields
 
@@ -85,16 +86,37 @@ class Config:
             problems.append("--targets needs at least one return to condition on")
         if self.precision not in ("fp32", "tf32", "bf16"):
             problems.append(f"--precision must be fp32, tf32 or bf16 (got {self.precision!r})")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            problems.append(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", str(self.device)):
+            problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         # one condition that must hold, so that NaN (which fails every comparison) fails it
         if not (0 <= self.dropout < 1 and self.eta >= 0 and self.lr > 0 and self.weight_decay >= 0
                 and self.grad_clip > 0 and self.reward_scale > 0):
             problems.append("need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
                             "and --reward-scale > 0")
+        problems += _more_problems(self)
         if problems:
             raise UserError("Invalid configuration: " + "; ".join(problems) + ". Fix these options and run again.")
         return self
+
+
+def _more_problems(cfg: Config) -> list[str]:
+    """Validation beyond the ranges above: values that pass a comparison but still break a run (inf,
+    empty strings, seeds NumPy cannot take)."""
+    problems = []
+    infinite = [name for name in ("lr", "eta", "weight_decay", "reward_scale") if math.isinf(float(getattr(cfg, name)))]
+    if infinite:
+        problems.append(f"{', '.join('--' + n.replace('_', '-') for n in infinite)} must be finite")
+    if cfg.targets is not None and not all(math.isfinite(t) for t in cfg.targets):
+        problems.append(f"--targets must be finite returns (got {' '.join(f'{t:g}' for t in cfg.targets)})")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        problems.append(f"--seed must be between 0 and {MAX_SEED} (got {cfg.seed})")
+    for name in ("dataset", "out") + (("env",) if cfg.env is not None else ()):
+        if not str(getattr(cfg, name)).strip():
+            problems.append(f"--{name} is empty")
+    return problems
+
+
+MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 
 
 # paper: the defaults (SPEC §4, the Primal.+DT paper's run script).

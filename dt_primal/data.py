@@ -26,20 +26,26 @@ class Trajectories:
     def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "") -> "Trajectories":
         """From per-episode dicts with ``observations`` (T or T+1 rows), ``actions``, ``rewards``
         and optionally ``terminals`` (T,)."""
+        where = f"The dataset {source}" if source else "The dataset"
         if not episodes:
             raise UserError(f"The dataset {source} holds no episodes. Check the file, or build it again.")
-        sizes = {(np.shape(ep["observations"])[1:], np.shape(ep["actions"])[1:]) for ep in episodes}
+        episodes = [dict(observations=numeric(ep["observations"], f"'observations' of episode {i}", where),
+                         actions=numeric(ep["actions"], f"'actions' of episode {i}", where),
+                         rewards=numeric(ep["rewards"], f"'rewards' of episode {i}", where).reshape(-1),
+                         terminals=flags(ep.get("terminals", False), f"'terminals' of episode {i}", where))
+                    for i, ep in enumerate(episodes)]
+        sizes = {(ep["observations"].shape[1:], ep["actions"].shape[1:]) for ep in episodes}
         if len(sizes) > 1:
             raise UserError(f"The episodes of the dataset {source} differ in observation/action shapes "
                             f"({', '.join(f'{o} and {a}' for o, a in sorted(sizes))}); a dataset must come from one "
                             f"environment. Remove the odd episodes or rebuild the dataset.")
         lengths = np.array([len(ep["actions"]) for ep in episodes], dtype=np.int64)
         return cls(
-            observations=np.concatenate([np.asarray(ep["observations"], np.float32)[:n] for ep, n in zip(episodes, lengths)]),
-            actions=np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
-            rewards=np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes]),
+            observations=np.concatenate([ep["observations"][:n] for ep, n in zip(episodes, lengths)]),
+            actions=np.concatenate([ep["actions"] for ep in episodes]),
+            rewards=np.concatenate([ep["rewards"] for ep in episodes]),
             lengths=lengths,
-            terminals=np.array([bool(np.any(ep.get("terminals", False))) for ep in episodes]),
+            terminals=np.array([bool(np.any(ep["terminals"])) for ep in episodes]),
             env=env, source=source).validate()
 
     @property
@@ -82,6 +88,49 @@ class Trajectories:
     def state_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std (+1e-6) of the observations (SPEC §4)."""
         return self.observations.mean(0), self.observations.std(0) + 1e-6
+
+
+# what a numeric array's dtype holds, for the message when it holds no real numbers
+_KINDS = {"U": "text", "S": "text (bytes)", "O": "Python objects", "c": "complex numbers", "M": "dates",
+          "m": "time spans", "V": "records (a compound dtype)"}
+
+
+def numeric(value, what: str, where: str) -> np.ndarray:
+    """``value`` as a float32 array. Integers and booleans are converted (integer observations are
+    fine); text, dicts, ragged lists, complex numbers and finite values beyond float32's range are a
+    UserError naming ``what`` (e.g. "'rewards'") in ``where`` (e.g. "The dataset X")."""
+    if isinstance(value, dict):
+        raise UserError(f"{where}: {what} is a dict (keys {', '.join(map(str, list(value)[:6]))}), not an array: only "
+                        f"flat (Box) observation and action spaces are supported. Use a dataset of one of the "
+                        f"supported MuJoCo tasks, or flatten the observations into one array per step.")
+    try:
+        array = np.asarray(value)
+        if array.dtype.kind == "O":  # lists of numbers, None (NaN, refused later), or something else
+            array = array.astype(np.float64)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{where}: {what} is not an array of numbers ({exc}). Every key needs one row of numbers per "
+                        f"step, all rows of the same length; convert the data and try again.") from None
+    if array.dtype.kind not in "biuf":
+        raise UserError(f"{where}: {what} holds {_KINDS.get(array.dtype.kind, 'no numbers')} (dtype {array.dtype}), "
+                        f"not real numbers. Store it as a float array (float32 or float64) and try again.")
+    out = array.astype(np.float32)
+    if array.dtype.kind == "f" and array.dtype.itemsize > 4:
+        over = np.isfinite(array) & ~np.isfinite(out)
+        if over.any():
+            raise UserError(f"{where}: {what} has {int(over.sum())} values beyond float32's range (±3.4e38), up to "
+                            f"{np.abs(array[over]).max():.3g}; dt-primal computes in float32. Rescale or clean the data.")
+    return out
+
+
+def flags(value, what: str, where: str) -> np.ndarray:
+    """``value`` (booleans, or numbers 0 and 1) as a bool array; any other value is a UserError: a
+    NaN or a 2 in ``terminals`` would silently end episodes where they do not end."""
+    array = numeric(value, what, where)
+    bad = (array != 0) & (array != 1)
+    if bad.any():
+        raise UserError(f"{where}: {what} must be true/false (or 0/1) at each step, but has {int(bad.sum())} other "
+                        f"values, such as {array[bad][0]:g}. Check that the right key was written there.")
+    return array.astype(bool)
 
 
 class WindowSampler:

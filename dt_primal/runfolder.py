@@ -1,0 +1,179 @@
+"""The folder a train.py run writes (--out): one run at a time, and always the same data.
+
+``hold_run_folder`` refuses an --out that is a file or cannot be written, and locks it (and, with
+--seeds, each member's folder) for as long as the run lasts, with ``fcntl.flock`` on ``.train.lock``:
+a second run started on the same folder is refused, and the lock of a run that was killed, however,
+is released by the operating system, so a stale lock never blocks. The sweep locks ``.lock`` in the
+same folder while its train.py child runs there; a different file, so the two never block each other.
+
+``RunFolder.check_dataset`` records what the run trains on (``dataset.json``: size and a hash of every
+array) and refuses to continue a run (--resume) on data that changed since it started.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dt_primal.data import Trajectories
+from dt_primal.errors import UserError
+
+LOCK_NAME = ".train.lock"
+DATASET_RECORD = "dataset.json"
+
+
+def _cannot_write(folder: Path, exc: OSError) -> UserError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "its disk is full: free some space, or choose another --out"
+    else:
+        what = "choose a folder you can write to (or fix this one's permissions)"
+    return UserError(f"Cannot write into --out {folder} ({exc.strerror or exc}); {what}.")
+
+
+def usable_folder(out: Path) -> None:
+    """``out`` is, or can be made, a folder this process can write into."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is an existing file, not a folder: train.py writes a folder of files there "
+                        f"(last.pt, eval.json, TensorBoard events). Choose another --out, a new or existing folder.")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"--out {out} lies under {blocker}, which is a file, not a folder. Choose another --out.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cannot_write(out, exc) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise _cannot_write(out, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+
+
+def _lock(folder: Path) -> int:
+    """An exclusive lock on ``folder``/.train.lock, or a UserError naming the run that holds it."""
+    path = folder / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _cannot_write(folder, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the OS when this process ends, however it ends
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode())
+                who = f" (pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command']})"
+            except (OSError, ValueError, KeyError, TypeError):
+                who = ""
+            os.close(fd)
+            raise UserError(f"--out {folder} is in use by another train.py run{who}, which writes its checkpoints, "
+                            f"TensorBoard events and eval.json there. Wait for it to end (or stop it), or choose "
+                            f"another --out. A run that was killed releases the folder by itself.") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the run before removed the file (and its empty folder) while this one waited: again
+        folder.mkdir(parents=True, exist_ok=True)
+    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500]}).encode()
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info, 0)
+    except OSError:
+        pass  # the lock holds without its description
+    return fd
+
+
+def member_folders(out: Path, seeds: list[int] | None) -> list[Path]:
+    """Where each member of a run writes: OUT/seed_N with --seeds, OUT itself otherwise."""
+    return [out / f"seed_{s}" for s in seeds] if seeds else [out]
+
+
+def fingerprint(data: Trajectories) -> dict:
+    """The size of ``data`` and a hash of every array of it."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in (data.observations, data.actions, data.rewards, data.lengths, data.terminals):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.data)
+    return {"source": data.source, "steps": int(len(data.rewards)), "episodes": int(len(data.lengths)),
+            "hash": h.hexdigest()}
+
+
+class RunFolder:
+    """A run folder held by this process (``enabled`` False: another process of the run holds it,
+    and this one does nothing)."""
+
+    def __init__(self, out: Path, seeds: list[int] | None, enabled: bool):
+        self.out, self.members, self.enabled = out, member_folders(out, seeds), enabled
+
+    def check_dataset(self, data: Trajectories, resume: bool) -> None:
+        """Refuse to continue (``resume``) a member whose recorded dataset differs from ``data``; record
+        ``data`` where a run starts (and where a run written without the record continues)."""
+        if not self.enabled:
+            return
+        now = fingerprint(data)
+        for folder in self.members:
+            record = folder / DATASET_RECORD
+            if (folder / "last.pt").exists():
+                if not resume:
+                    continue  # training refuses to start over an existing run
+                if record.exists():
+                    try:
+                        then = json.loads(record.read_text())
+                    except (OSError, ValueError):
+                        then = None
+                    if isinstance(then, dict) and then.get("hash") not in (None, now["hash"]):
+                        same = (then.get("steps"), then.get("episodes")) == (now["steps"], now["episodes"])
+                        size = f"{now['steps']} steps in {now['episodes']} episodes" + (
+                            ", as many as when the run started, but other values" if same else
+                            f", where the run started on {then.get('steps')} steps in {then.get('episodes')} episodes")
+                        raise UserError(f"The dataset {data.source} changed since the run in {folder} started: it now "
+                                        f"holds {size} ({record} records what the run trained on), so --resume would "
+                                        f"continue on other data. Restore the data the run started with, or start a "
+                                        f"new run with another --out.")
+                    if isinstance(then, dict) and then.get("hash") == now["hash"]:
+                        continue
+            try:
+                record.write_text(json.dumps(now, indent=1))
+            except OSError as exc:
+                raise _cannot_write(folder, exc) from None
+
+
+@contextlib.contextmanager
+def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enabled: bool = True):
+    """Hold the run folder ``out`` (and with ``seeds`` each OUT/seed_N) for the duration of the block;
+    yields a ``RunFolder``. ``enabled`` False (the other processes of a torchrun run): nothing is held."""
+    out = Path(out)
+    folder = RunFolder(out, seeds, enabled)
+    if not enabled:
+        yield folder
+        return
+    created = [p for p in dict.fromkeys([out, *folder.members]) if not p.exists()]
+    usable_folder(out)
+    fds = []
+    try:
+        for path in dict.fromkeys([out, *folder.members]):
+            if path != out:
+                usable_folder(path)
+            fds.append(_lock(path))
+        yield folder
+    finally:
+        for path in reversed(created):  # a run that stopped before writing anything leaves no folder behind
+            try:
+                if {p.name for p in path.iterdir()} <= {LOCK_NAME, DATASET_RECORD}:
+                    for name in (DATASET_RECORD, LOCK_NAME):  # the lock file last, while still locked
+                        (path / name).unlink(missing_ok=True)
+                    path.rmdir()
+            except OSError:
+                pass
+        for fd in fds:
+            os.close(fd)  # closing the file releases its lock
