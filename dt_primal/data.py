@@ -113,7 +113,8 @@ def numeric(value, what: str, where: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise UserError(f"{where}: {what} holds {_KINDS.get(array.dtype.kind, 'no numbers')} (dtype {array.dtype}), "
                         f"not real numbers. Store it as a float array (float32 or float64) and try again.")
-    out = array.astype(np.float32)
+    with np.errstate(over="ignore"):  # values beyond float32 are reported below, without NumPy's warning
+        out = array.astype(np.float32)
     if array.dtype.kind == "f" and array.dtype.itemsize > 4:
         over = np.isfinite(array) & ~np.isfinite(out)
         if over.any():
