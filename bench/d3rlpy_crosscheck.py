@@ -41,6 +41,9 @@ Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``tr
     action is never learnt;
   - layer norms of the blocks use eps 3e-3 (dt-primal 1e-5); the observation scaler divides by
     std + 1e-3 (dt-primal: std + 1e-6);
+  - initialisation: d3rlpy draws the blocks and the timestep table from N(0, 0.02) as dt-primal does
+    everything, but its state, return and action embeddings and its action head keep PyTorch's
+    default (uniform, fan-in scaled) initialisation;
   - precision: d3rlpy has no mixed precision, so it trains and is evaluated in fp32 (dt-primal's
     reduced protocol uses bf16 autocast);
   - the same where d3rlpy allows it: 3 layers, d_model, heads, K, batch 64, AdamW (lr, weight
@@ -69,6 +72,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 MODEL = "d3rlpy-dt"  # the "model" folder name of d3rlpy's runs: OUT/<dataset slug>/d3rlpy-dt/seed_N
+D3RLPY_LABEL = "d3rlpy DT (DT paper's settings, fp32)"
 
 
 # ------------------------------------------------------------------------------ the policy adapter
@@ -170,7 +174,9 @@ def differences(cfg, activation: str) -> list[str]:
              "padding included (dt-primal: mean over valid steps and dimensions)",
              "windows: d3rlpy draws the last step uniformly and left-pads (dt-primal: the first step, right-pads); "
              "d3rlpy never learns the last action of an episode that timed out",
-             "layer norm eps 3e-3 in d3rlpy's blocks (dt-primal 1e-5); observation std + 1e-3 (dt-primal + 1e-6)"]
+             "layer norm eps 3e-3 in d3rlpy's blocks (dt-primal 1e-5); observation std + 1e-3 (dt-primal + 1e-6)",
+             "initialisation: d3rlpy's embeddings of state, return and action and its action head keep PyTorch's "
+             "default (dt-primal: N(0, 0.02) everywhere, as d3rlpy's blocks)"]
     if cfg.precision != "fp32":
         notes.append(f"precision: d3rlpy trains and is evaluated in fp32 (dt-primal: {cfg.precision})")
     if activation != "gelu":
@@ -307,14 +313,22 @@ def cmd_report(args: argparse.Namespace) -> None:
     from dt_primal.sweep import DT_PAPER, collect, gap_rows, gap_table, write_tables
     datasets = args.datasets
     ours = collect(args.dt_primal, datasets, ["dt"], args.seeds, label=DT_PAPER)
-    theirs = collect(args.d3rlpy, datasets, [MODEL], args.seeds, label="d3rlpy DT (DT paper's settings, fp32)")
+    theirs = collect(args.d3rlpy, datasets, [MODEL], args.seeds, label=D3RLPY_LABEL)
     rows = [r for d in datasets for r in ours + theirs if r["dataset"] == d]
     if not rows:
         sys.exit("no finished run to compare yet")
     args.d3rlpy.mkdir(parents=True, exist_ok=True)
     table = write_tables(rows, args.d3rlpy, name="crosscheck")
-    gaps = gap_rows(rows, DT_PAPER, "d3rlpy DT (DT paper's settings, fp32)")
-    md = table + "\n" + gap_table(gaps, "dt-primal DT", "d3rlpy DT")
+    gaps = gap_rows(rows, DT_PAPER, D3RLPY_LABEL)
+    evals = [json.loads(p.read_text()) for p in sorted(args.d3rlpy.glob(f"*/{MODEL}/seed_*/eval.json"))]
+    activation = evals[0].get("activation", "gelu") if evals else "gelu"
+    known = [r["settings"]["precision"] for r in ours if r["settings"]]
+    precision = known[0] if known else "unknown (no checkpoint or train.log of dt-primal's runs)"
+    md = (table + f"\n- **{D3RLPY_LABEL}**: d3rlpy {evals[0].get('d3rlpy', '') if evals else ''}'s "
+          f"`DecisionTransformer` at the same settings, evaluated by dt-primal's evaluation "
+          f"(`bench/d3rlpy_crosscheck.py`). Where it differs:\n"
+          + "".join(f"  - {n}\n" for n in differences(SimpleNamespace(precision=precision), activation))
+          + "\ndt-primal DT − d3rlpy DT:\n\n" + gap_table(gaps, "dt-primal DT", "d3rlpy DT"))
     (args.d3rlpy / "crosscheck.md").write_text(md)
     (args.d3rlpy / "crosscheck.json").write_text(json.dumps({"rows": rows, "gaps": gaps}, indent=1))
     print(md)

@@ -85,10 +85,11 @@ LABEL_NOTES = {
               "paper's Table 4 compared (SPEC §4, last line)",
 }
 SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
+RECORDED = SETTINGS + ("precision",)  # what run_settings reports
 
 
 def run_settings(group: Path, seed: int) -> dict | None:
-    """The ``SETTINGS`` a finished run trained with: from its checkpoint, else from the last train.py
+    """The ``RECORDED`` settings a finished run trained with: from its checkpoint, else from the last train.py
     command line the sweep logged in the group's train.log; None when neither is there (committed
     records keep only eval.json and evals.jsonl)."""
     from dt_primal.config import PRESETS, add_config_args, make_config, overrides
@@ -96,7 +97,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     if ckpt.exists():
         import torch
         cfg = torch.load(ckpt, map_location="cpu", weights_only=False).get("config", {})
-        return {k: cfg[k] for k in SETTINGS} if all(k in cfg for k in SETTINGS) else None
+        return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
     log = group / "train.log"
     cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []
     if not cmds or "train.py" not in " ".join(cmds[-1]):
@@ -112,7 +113,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
         cfg = make_config(known.preset, **overrides(known))
     except Exception:
         return None
-    return {k: getattr(cfg, k) for k in SETTINGS}
+    return {k: getattr(cfg, k) for k in RECORDED}
 
 
 def label_of(model: str, settings: dict | None, default: str | None) -> str:
@@ -211,7 +212,12 @@ def gap_table(gaps: list[dict], a: str, b: str) -> str:
     """Markdown of ``gap_rows``: per dataset and target, a − b and the gap in standard errors."""
     if not gaps:
         return ""
-    fmt = lambda g: "–" if g is None else f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
+    def fmt(g):
+        if g is None:
+            return "–"
+        if not np.isfinite(g["z"]):
+            return f"{g['gap']:+.1f} (no SE: {min(g['n_a'], g['n_b'])} seed{'s' if min(g['n_a'], g['n_b']) != 1 else ''})"
+        return f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
     lines = [f"| dataset | target | {a} − {b}: last checkpoint | mean of last 3 evaluations |", "|---|---|---|---|"]
     for g in gaps:
         lines.append(f"| {short(g['dataset'])} | {g['target']:g} | {fmt(g.get('last'))} | {fmt(g.get('last3'))} |")

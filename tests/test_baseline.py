@@ -78,7 +78,7 @@ def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluati
     # the baseline folder's runs are recognised from the command line in train.log, whatever label they are given
     rows += collect(base, [d], ["dt"], [0, 1, 2], label=DT_MATCHED, name="dt (dt-paper)")
     assert [r["label"] for r in rows] == [DT_MATCHED, "Primal.+DT", DT_PAPER]
-    assert rows[2]["settings"] == {"d_model": 128, "n_head": 1, "lr": 1e-4}
+    assert rows[2]["settings"] == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "bf16"}
     hi = rows[0]["targets"][0]
     assert hi["mean"] == pytest.approx(51) and hi["last3"]["steps"] == [200, 300, 400]
     assert hi["last3"]["seeds"] == pytest.approx([(20 + 30 + 50 + s) / 3 for s in range(3)])
@@ -237,3 +237,20 @@ def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
             env.close()
             assert ours[i]["lengths"][j] == n
             assert ours[i]["returns"][j] == pytest.approx(ret, abs=1e-3)
+
+
+def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
+    from bench.d3rlpy_crosscheck import MODEL, main
+    d = "dt-primal/hopper/medium-replay-v0"
+    ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"
+    for s in range(3):
+        fake_run(ours, d, "dt", s, (10 + s, 12), [(1, 1), (5, 5), (9, 9)],
+                 log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16")
+        fake_run(theirs, d, MODEL, s, (30 + 2 * s, 25), [(1, 1), (10, 10), (20, 20)])
+    main(["report", "--d3rlpy", str(theirs), "--dt-primal", str(ours), "--datasets", d])
+    md = (theirs / "crosscheck.md").read_text()
+    assert "| dt | DT (DT paper's settings) |" in md and "| d3rlpy-dt | d3rlpy DT" in md
+    assert "precision: d3rlpy trains and is evaluated in fp32 (dt-primal: bf16)" in md
+    se = np.sqrt(np.var([10, 11, 12], ddof=1) / 3 + np.var([30, 32, 34], ddof=1) / 3)
+    assert f"| hopper/medium-replay | 3600 | -21.0 (SE {se:.1f}, {-21 / se:+.1f} SE) |" in md
+    assert json.loads((theirs / "crosscheck.json").read_text())["gaps"][0]["last"]["n_b"] == 3
