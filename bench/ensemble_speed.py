@@ -28,15 +28,16 @@ import dt_primal.dropout
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
 
+MODES = ("eager", "captured", "compiled", "compiled+captured")
 SIZES = {"spec": ("SPEC §4 (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
          "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1))}
 
 
 def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
                  warmup: int, updates: int) -> dict:
-    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile=mode == "compiled",
+    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile="compiled" in mode,
                       **SIZES[size][1])
-    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=mode == "captured")
+    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture="captured" in mode)
     if members_by != "default":
         step.ensemble.vmap = members_by == "vmap"
     # vmap draws its members' dropout masks with PyTorch's dropout, as on a GPU (the CPU's cheap masks cannot be vmapped)
@@ -66,7 +67,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, nargs="+", default=[1, 3])
-    p.add_argument("--modes", nargs="+", choices=("eager", "compiled", "captured"), default=["eager"])
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
+                   help="eager (--no-cuda-graph), captured (the default on CUDA), compiled (--compile --no-cuda-graph), "
+                        "compiled+captured (--compile)")
     p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
     p.add_argument("--members-by", nargs="+", choices=("default", "vmap", "loop"), default=["default"],
@@ -85,13 +88,15 @@ def main() -> None:
                 for members_by in args.members_by:
                     for m in args.members:
                         r = time_setting(data, size, m, mode, precision, members_by, args.device,
-                                         max(args.warmup, 5 if mode == "captured" else 1), args.updates)
+                                         max(args.warmup, 5 if "captured" in mode else 1), args.updates)
                         records.append(r)
-                        print(f"{SIZES[size][0]:32s} {precision} {mode:8s} {r['members_by']:4s} {m:2d} members: "
+                        print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {r['members_by']:4s} {m:2d} members: "
                               f"{r['ms_per_update']:.1f} ms, {r['updates_per_s']:.1f} updates/s, "
                               f"{r['member_updates_per_s']:.1f} member-updates/s (load {common.load_avg():.2f})", flush=True)
+    section = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + \
+        ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     if not args.quick:
-        common.save_results(f"ensemble_speed_{args.device.replace(':', '')}", {"records": records, "args": vars(args)})
+        common.save_results(section, {"records": records, "args": vars(args)})
     rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members_by"], r["members"], f"{r['ms_per_update']:.1f}",
              f"{r['cpu_ms_per_update']:.0f}", f"{r['updates_per_s']:.1f}", f"**{r['member_updates_per_s']:.1f}**",
              f"{r['warmup_s']:.1f}"] for r in records]
@@ -108,8 +113,8 @@ def main() -> None:
         common.md_table(["size", "precision", "mode", "members by", "members", "ms per update (wall)",
                          "CPU ms per update", "updates/s", "member-updates/s", "warm-up s"], rows), "",
         *[f"- {n}" for n in notes]])
-    key = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", ""))
-    common.write_section(key, f"Ensembles: training throughput ({args.device})", body, args.quick)
+    common.write_section(section, f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
+                         body, args.quick)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import copy
 
 import torch
 from torch.func import functional_call, stack_module_state, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_map
 
 from dt_primal.model import DecisionTransformer
@@ -47,8 +48,9 @@ class Ensemble:
         def one(params, buffers, *x):
             return fn(lambda *a, **k: functional_call(self.template, (params, buffers), a, k), *x)
 
-        if self.vmap:
-            return vmap(one, randomness="different")(self.params, self.buffers, *inputs)
+        if self.vmap:  # SDPA's math path: vmapped, its fused kernels' backward fails ("LSE is not correctly aligned")
+            with sdpa_kernel(SDPBackend.MATH):
+                return vmap(one, randomness="different")(self.params, self.buffers, *inputs)
         # unbind: one backward node hands every member its gradient (indexing would add M full-size zeros each)
         params, buffers = ({k: v.unbind(0) for k, v in d.items()} for d in (self.params, self.buffers))
         outs = [one({k: v[i] for k, v in params.items()}, {k: v[i] for k, v in buffers.items()},

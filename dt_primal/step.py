@@ -50,6 +50,8 @@ class TrainStep:
         self.ensemble = Ensemble(models).train()
         self.phase = phase or (lambda name: contextlib.nullcontext())
         self.capture = capture and device.type == "cuda" and world == 1
+        if cfg.precision == "tf32":  # a process-wide PyTorch setting
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # updates done
         self.lr = torch.zeros((), device=device)  # set from ``step`` before every update
         self.opt = torch.optim.AdamW(list(self.ensemble.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,

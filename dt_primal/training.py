@@ -150,8 +150,6 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     if cfg.batch_size % world:
         raise UserError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes ({world}), "
                         f"which each train on an equal share of every batch.")
-    if cfg.precision == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     found = [p.exists() for p in lasts]
     if resume and any(found) and not all(found):
         raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(p) for p, f in zip(lasts, found) if f)}); "
