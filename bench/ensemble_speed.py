@@ -5,7 +5,7 @@ size, in fp32 / tf32 / bf16; and how the members run (``vmap`` over them, the CU
 over them, the CPU path).
 
   python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
-  python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager compiled captured \\
+  python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
       --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
   python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
 
@@ -35,6 +35,7 @@ SIZES = {"spec": ("SPEC §4 (d_model 256, 4 heads)", dict(d_model=256, n_head=4)
 
 def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
                  warmup: int, updates: int) -> dict:
+    torch._dynamo.reset()  # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
     cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile="compiled" in mode,
                       **SIZES[size][1])
     step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture="captured" in mode)
