@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dt_primal.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import add_config_args, overrides
@@ -33,11 +34,11 @@ def main() -> None:
                         "GPU; docs/benchmarks.md, \"Evaluation speed\")")
     add_config_args(p, only=("device", "targets", "seed", "precision"))
     args = p.parse_args()
-    if args.episodes < 1:
-        raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
+    check_evaluate_args(args)
     given = overrides(args)
     device = resolve_device(given.get("device", "auto"))
     ckpts = [load_checkpoint(path, device) for path in args.checkpoints]
+    check_evaluate_run(args, ckpts)
     tasks = {get_task(c["task"]).name for c in ckpts}
     if len(tasks) > 1:
         raise UserError(f"The checkpoints come from different tasks ({', '.join(sorted(tasks))}); evaluate each task separately.")

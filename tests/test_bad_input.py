@@ -492,3 +492,18 @@ def test_evaluate_targets_and_episodes_against_the_checkpoints(tmp_path):
     with raises("--episodes 10000000 per target of 2 checkpoints"):
         checks.check_evaluate_run(_args(tmp_path, episodes=10**7), [ckpt, ckpt])
     checks.check_evaluate_run(_args(tmp_path, targets=[3600.0]), [ckpt])
+
+
+def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(tmp_path):
+    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+
+    def evaluate_py(*args):
+        return subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+
+    assert_user_error(evaluate_py("--out", str(tmp_path)), "is a directory; give the JSON file to write")
+    assert_user_error(evaluate_py("--out", str(tmp_path / "ev.json"), "--env-workers", "0"), "--env-workers must be at least 1")
+    assert_user_error(evaluate_py("--out", str(tmp_path / "ev.json"), "--targets", "1e30"),
+                      "--targets 1e+30 divided by --reward-scale 1000")
+    assert not (tmp_path / "ev.json").exists()
