@@ -19,6 +19,7 @@ from dt_primal.cli import run_main, write_report
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.checks import check_run_inputs
+from dt_primal.errors import UserError
 from dt_primal.runfolder import hold_run_folder
 from dt_primal.training import Interrupted, distributed, train
 
@@ -39,6 +40,9 @@ def main() -> None:
     add_config_args(p)
     args = p.parse_args()
     given = overrides(args)
+    if args.seeds and "seed" in given:
+        raise UserError(f"--seed {given['seed']} and --seeds {' '.join(map(str, args.seeds))} were both given: --seeds "
+                        f"trains each of its seeds as --seed N alone would; leave out --seed.")
     cfg = make_config(args.preset, **given)
     first = Path(cfg.out) / (f"seed_{args.seeds[0]}" if args.seeds else "") / "last.pt"
     if args.resume and first.exists():  # the checkpoint's settings, except those given now

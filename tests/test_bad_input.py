@@ -316,6 +316,12 @@ def test_negative_seeds(tmp_path):
     assert_user_error(res, "--seeds must be between 0 and 4294967295 (got -2)")
 
 
+def test_seed_with_seeds_is_refused(tmp_path):
+    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--seeds", "0", "1", "--seed", "5",
+                   "--out", str(tmp_path / "r"))
+    assert_user_error(res, "--seed 5 and --seeds 0 1 were both given")
+
+
 def test_a_gpu_index_this_machine_lacks(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
