@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -106,15 +105,7 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
             raise UserError(f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
                             f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
                             f"(on every node, unless $MINARI_DATASETS_PATH is shared), then start the run again.")
-        try:
-            build_if_missing(dataset_id)
-        except KeyboardInterrupt:
-            raise BuildInterrupted(dataset_id) from None
-        except BrokenProcessPool as exc:  # a worker was killed: Ctrl-C reached it first, or it ran out of memory
-            raise UserError(f"Building {dataset_id} stopped: a worker process ended abruptly ({exc}), as Ctrl-C or "
-                            f"running out of memory does. Nothing of the build is kept; run the same command again "
-                            f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
-                            f"builds it alone).") from None
+        build_if_missing(dataset_id)
     elif dataset_id not in minari.list_local_datasets():
         if not download:
             home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
@@ -133,14 +124,6 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
                 for ep in ds.iterate_episodes()]
     env = ds.env_spec.id if ds.env_spec is not None else None
     return Trajectories.from_episodes(episodes, env=env, source=dataset_id)
-
-
-class BuildInterrupted(KeyboardInterrupt):
-    """Ctrl-C while a suite dataset was being built: its message says what became of the build."""
-
-    def __init__(self, dataset_id: str):
-        super().__init__(f"while building {dataset_id}; the partly built dataset does not count, so the next run "
-                         f"that needs it builds it again from the start")
 
 
 def load_d4rl_hdf5(path: Path) -> Trajectories:

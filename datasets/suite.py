@@ -15,9 +15,11 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +83,11 @@ def _rollout_part(task_name: str, level: str, steps: int, seed: int, progress: b
     return collect(task, act, num_steps=steps, seed=seed, num_envs=32, progress=progress)
 
 
+def _quiet_ctrl_c() -> None:
+    """In a rollout worker: Ctrl-C ends it without a traceback; the parent says once that the build stopped."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
 def _rollouts(task: Task, level: str, steps: int, seed: int, processes: int | None = None) -> list[dict]:
     """``steps`` transitions in ``ROLLOUT_PARTS`` parts with seeds seed·P + k, each in its own process
     (default: when there are 50k steps or more; starting one costs seconds). Same data either way."""
@@ -91,7 +98,8 @@ def _rollouts(task: Task, level: str, steps: int, seed: int, processes: int | No
     if processes == 1:
         parts = [_rollout_part(*job) for job in jobs]
     else:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_quiet_ctrl_c) as pool:
             parts = list(pool.map(_rollout_part, *zip(*jobs)))
     return [ep for part in parts for ep in part]
 
@@ -138,11 +146,32 @@ def _write(dataset_id: str, task: Task, episodes: list[dict], algorithm: str, de
             description=description)
 
 
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a suite dataset was being built: its message says what became of the build."""
+
+    def __init__(self, dataset_id: str):
+        super().__init__(f"while building {dataset_id}; the partly built dataset does not count, so the next run "
+                         f"that needs it builds it again from the start")
+
+
 def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
-    """Build ``dt-primal/<env>/<level>-v0`` (replacing an existing one); returns its id."""
+    """Build ``dt-primal/<env>/<level>-v0`` (replacing an existing one); returns its id. Ctrl-C or a
+    rollout worker that dies stop it with one message; a build that did not finish does not count."""
     dataset_id = suite_id(task.name, level)
     if steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps}).")
+    try:
+        return _build(task, level, dataset_id, steps, seed)
+    except KeyboardInterrupt:
+        raise BuildInterrupted(dataset_id) from None
+    except BrokenProcessPool as exc:  # a worker was killed: Ctrl-C reached it first, or it ran out of memory
+        raise UserError(f"Building {dataset_id} stopped: a worker process ended abruptly ({exc}), as Ctrl-C or "
+                        f"running out of memory does. Nothing of the build is kept; run the same command again "
+                        f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
+                        f"builds it alone).") from None
+
+
+def _build(task: Task, level: str, dataset_id: str, steps: int, seed: int) -> str:
     t0 = time.time()
     algo = f"{ALGOS[task.name]} (stable-baselines3)"
     fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, expert=EXPERT_SCORE, expert_episodes=EXPERT_EPISODES,

@@ -438,10 +438,10 @@ def test_a_read_only_out_folder(tmp_path):
 
 
 def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
-    def interrupted_build(*args, **kwargs):
+    def interrupted_rollouts(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(suite, "build", interrupted_build)
+    monkeypatch.setattr(suite, "_rollouts", interrupted_rollouts)
     code, err = _exit_of(lambda: load_dataset("dt-primal/hopper/random-v0"), capsys)
     assert code == 130
     assert err.strip() == ("interrupted while building dt-primal/hopper/random-v0; the partly built dataset does not "
@@ -450,12 +450,14 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
 
     from concurrent.futures.process import BrokenProcessPool
 
-    def broken_build(*args, **kwargs):
+    def broken_rollouts(*args, **kwargs):
         raise BrokenProcessPool("A process in the process pool was terminated abruptly")
 
-    monkeypatch.setattr(suite, "build", broken_build)
+    monkeypatch.setattr(suite, "_rollouts", broken_rollouts)
     with raises("Building dt-primal/hopper/random-v0 stopped: a worker process ended abruptly"):
         load_dataset("dt-primal/hopper/random-v0")
+    with raises("Building dt-primal/hopper/random-v0 stopped"):  # python -m datasets build: the same message
+        suite.build(suite.TASKS["hopper"], "random", steps=10)
 
 
 # --- evaluate.py's options (dt_primal.checks.check_evaluate_args / check_evaluate_run) ---
