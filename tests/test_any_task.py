@@ -150,3 +150,22 @@ def test_a_d4rl_run_reports_as_before(tmp_path):
     assert [(r["target"], r["lengths"]) for r in result["targets"]] == [(3600.0, [17, 16]), (1800.0, [16, 16])]
     assert [r["normalized_mean"] for r in result["targets"]] == pytest.approx([1.0327901944, 1.0205684987], rel=1e-4)
 
+
+def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
+    from datasets.stats import stats
+    from dt_primal.sweep import collect, run_dir, write_tables
+    text = stats(tmp_path / "datasets.md", episodes=1, datasets=[pendulum, ant])
+    row = next(line for line in text.splitlines() if line.startswith(f"| {pendulum} | 4 |"))
+    assert row.split(" | ")[-2] == "–"  # no reference scores
+    assert next(line for line in text.splitlines() if line.startswith(f"| {ant} | 3 |")).split(" | ")[-2] != "–"
+
+    for dataset, normalized in ((pendulum, None), (ant, 40.0)):
+        for seed in (0, 1):
+            rd = run_dir(tmp_path, dataset, "dt", seed)
+            rd.mkdir(parents=True)
+            (rd / "eval.json").write_text(json.dumps({"step": 20, "targets": [
+                {"target": 10.0, "episodes": 2, "return_mean": 5.0 + seed,
+                 "normalized_mean": None if normalized is None else normalized + seed}]}))
+    md = write_tables(collect(tmp_path, [pendulum, ant], ["dt"], [0, 1]), tmp_path)
+    assert f"| {pendulum} (returns) | dt |" in md and "| 5.5 ± 0.5 (10) |" in md and "| 40.5 ± 0.5 (10) |" in md
+    assert "| **average (1 dataset)** | dt |" in md and "Datasets marked (returns)" in md
