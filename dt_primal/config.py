@@ -81,7 +81,8 @@ class Config:
 
     def resolved(self, task: Task) -> "Config":
         """This config with ``s`` and ``max_ep_len`` resolved for ``task``, as checkpoints store them."""
-        return dataclasses.replace(self, s=self.resolved_s(), max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN)
+        return dataclasses.replace(self, s=self.resolved_s(),
+                                   max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN)
 
     def validate(self) -> "Config":
         problems = []

@@ -109,7 +109,8 @@ def scoring(task: Task, targets: list[float] | None = None) -> str:
                      f"ref_min_score/ref_max_score), so reports give returns and a normalised score of null (JSON) or "
                      f"– (tables); give --ref-min and --ref-max to normalise")
     else:
-        lines.append(f"normalised score: 100 * (return - {task.ref_min:g}) / ({task.ref_max:g} - {task.ref_min:g})")
+        lines.append(f"normalised score: 100 * (return - ref_min) / (ref_max - ref_min), reference returns ref_min "
+                     f"{task.ref_min:g} and ref_max {task.ref_max:g}")
     return "\n".join(lines)
 
 

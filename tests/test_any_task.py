@@ -106,7 +106,7 @@ def test_reference_scores_come_from_the_metadata_or_the_user(tmp_path, ant):
     for r in result["targets"]:
         assert max(r["lengths"]) <= 25  # the recorded time limit, though --max-ep-len is 30
         assert r["normalized_mean"] == pytest.approx(100 * (r["return_mean"] + 50) / 200)
-    assert "normalised score: 100 * (return - -50) / (150 - -50)" in res.stdout
+    assert "reference returns ref_min -50 and ref_max 150" in res.stdout
 
     data = load_dataset(ant, ref_scores=(0.0, 100.0))  # --ref-min / --ref-max win over the metadata
     assert (data.task.ref_min, data.task.ref_max) == (0.0, 100.0)
