@@ -6,6 +6,7 @@ report and a Markdown table (per checkpoint and target, then mean ± std across 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,12 @@ import numpy as np
 from dt_primal.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main, write_report
-from dt_primal.config import add_config_args, overrides
+from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.ensemble import Ensemble
 from dt_primal.errors import UserError
-from dt_primal.evaluation import rollout
+from dt_primal.evaluation import normalized_text, rollout, scoring
 from dt_primal.training import resolve_device
-from envs import get_task
+from envs import Task
 
 # checkpoints that agree on these run as one ensemble (one batched forward pass for all of them)
 SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s", "reward_scale")
@@ -32,22 +33,28 @@ def main() -> None:
     p.add_argument("--env-workers", type=int, default=None,
                    help="worker processes stepping the environments (default: none on a CPU, one per core beside a "
                         "GPU; docs/benchmarks.md, \"Evaluation speed\")")
-    add_config_args(p, only=("device", "targets", "seed", "precision"))
+    add_config_args(p, only=("device", "targets", "seed", "precision", "ref_min", "ref_max"))
     args = p.parse_args()
     check_evaluate_args(args)
     given = overrides(args)
+    refs = Config(ref_min=given.get("ref_min"), ref_max=given.get("ref_max")).validate().ref_scores
     device = resolve_device(given.get("device", "auto"))
     ckpts = [load_checkpoint(path, device) for path in args.checkpoints]
     check_evaluate_run(args, ckpts)
-    tasks = {get_task(c["task"]).name for c in ckpts}
-    if len(tasks) > 1:
-        raise UserError(f"The checkpoints come from different tasks ({', '.join(sorted(tasks))}); evaluate each task separately.")
-    task = get_task(tasks.pop())
+    tasks = [Task.from_record(c["task"]) for c in ckpts]
+    if refs is not None:
+        tasks = [dataclasses.replace(t, ref_min=refs[0], ref_max=refs[1]) for t in tasks]
+    if len({dataclasses.replace(t, targets=()) for t in tasks}) > 1:
+        names = sorted({f"{t.gym_id} (reference returns {t.ref_min}, {t.ref_max})" for t in tasks})
+        raise UserError(f"The checkpoints come from different tasks or reference scores ({', '.join(names)}); evaluate "
+                        f"each task separately, or give --ref-min and --ref-max.")
+    task = tasks[0]
     groups: dict[tuple, list[int]] = {}
     for i, ckpt in enumerate(ckpts):
         cfg = ckpt["config"]
-        targets = tuple(given.get("targets") or cfg["targets"] or task.targets)
+        targets = tuple(given.get("targets") or cfg["targets"] or tasks[i].targets)
         groups.setdefault((targets, *(cfg[k] for k in SHARED)), []).append(i)
+    print(scoring(task, given.get("targets")))
     results = [None] * len(ckpts)
     for (targets, *_), members in groups.items():
         models, cfgs = zip(*(model_from_checkpoint(ckpts[i], device) for i in members))
@@ -67,7 +74,7 @@ def main() -> None:
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:
-        print(f"target {r['target']:g}: normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f}")
+        print(f"target {r['target']:g}: normalised score {normalized_text(r)}")
 
 
 if __name__ == "__main__":

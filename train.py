@@ -20,6 +20,7 @@ from dt_primal.config import PRESETS, Config, add_config_args, make_config, over
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.checks import check_run_inputs
 from dt_primal.errors import UserError
+from dt_primal.evaluation import normalized_text, scoring
 from dt_primal.runfolder import hold_run_folder
 from dt_primal.training import Interrupted, distributed, train
 
@@ -48,7 +49,9 @@ def main() -> None:
     if args.resume and first.exists():  # the checkpoint's settings, except those given now
         cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
     with distributed(cfg.device) as (rank, world), hold_run_folder(cfg.out, args.seeds, enabled=rank == 0) as folder:
-        data = load_dataset(cfg.dataset, cfg.env, cfg.download, build=world == 1)
+        data = load_dataset(cfg.dataset, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
+        if rank == 0:
+            print(scoring(data.task, cfg.targets))
         check_run_inputs(data, cfg, args.seeds, rescale_actions=args.rescale_actions, notes=rank == 0)
         folder.check_dataset(data, resume=args.resume)
         try:
@@ -61,12 +64,11 @@ def main() -> None:
         for result in results:
             for r in result["targets"]:
                 print(f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
-                      f"normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} ({r['episodes']} episodes)")
+                      f"normalised score {normalized_text(r)} ({r['episodes']} episodes)")
         if args.seeds:
             summary = write_report(results, Path(cfg.out) / "report.json")
             for r in summary["across_checkpoints"]:
-                print(f"target {r['target']:g}: normalised score {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} "
-                      f"across {len(args.seeds)} seeds")
+                print(f"target {r['target']:g}: normalised score {normalized_text(r)} across {len(args.seeds)} seeds")
             print(f"report: {Path(cfg.out) / 'report.md'}")
 
 

@@ -285,13 +285,13 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, activation: str, 
 def cmd_train(args: argparse.Namespace) -> None:
     from datasets.loaders import load_dataset
     from dt_primal.sweep import run_dir
-    from envs import get_task
     cfg = settings_from_args(args)
     if cfg.model != "dt":
         sys.exit(f"error: the cross-check trains d3rlpy's DT, but the settings say --model {cfg.model}")
     torch.set_num_threads(args.threads)
-    data = load_dataset(cfg.dataset, cfg.env, cfg.download)
-    task = get_task(data.env)
+    data = load_dataset(cfg.dataset, cfg.env, cfg.download, ref_scores=cfg.ref_scores)
+    task = data.task
+    cfg = cfg.resolved(task)
     targets = cfg.targets or list(task.targets)
     print(f"d3rlpy DT on {cfg.dataset}: d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers, K {cfg.context}, "
           f"lr {cfg.lr:g}, warm-up {cfg.warmup_steps}, {cfg.steps} steps, batch {cfg.batch_size}, activation "

@@ -95,7 +95,7 @@ def models_to_run(args) -> list[dict]:
         from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
         ckpt = load_checkpoint(args.checkpoint, "cpu")
         model, cfg = model_from_checkpoint(ckpt, "cpu")
-        base = TASKS[ckpt["task"]]
+        base = Task.from_record(ckpt["task"])
         return [dict(label=f"{args.checkpoint} ({cfg.model}, d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers)",
                      model=model, cfg=cfg, precision=args.precision or cfg.precision, mean=ckpt["state_mean"],
                      std=ckpt["state_std"], base=base)]

@@ -93,7 +93,7 @@ def main() -> None:
     print(f"measured: {wall:.1f} s wall = ~{startup_s:.1f} s startup + {train_s:.1f} s training ({rate:.2f} steps/s) "
           f"+ {eval_s:.1f} s final evaluation (episodes of {np.mean(lengths):.0f} steps on average)", flush=True)
 
-    cfg = make_config("paper")
+    cfg = make_config("paper").resolved(TASKS["hopper"])
     per_step_final = eval_seconds_per_step(2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision, args.device)
     per_step_mid = eval_seconds_per_step(2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision, args.device)
     T = cfg.max_ep_len

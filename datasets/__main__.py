@@ -26,6 +26,9 @@ def main(argv=None) -> None:
     s = sub.add_parser("stats", help="print and write docs/datasets.md: the built datasets and the behaviour policies")
     s.add_argument("--out", type=Path, default=Path("docs/datasets.md"))
     s.add_argument("--episodes", type=int, default=100, help="episodes to measure each behaviour policy")
+    s.add_argument("--datasets", nargs="+", default=[],
+                   help="also these Minari datasets in $MINARI_DATASETS_PATH, of any task (normalised: – where the task "
+                        "has no reference scores)")
     args = p.parse_args(argv)
     if args.cmd == "build":
         for env in TASKS if args.env == "all" else [args.env]:
@@ -33,7 +36,7 @@ def main(argv=None) -> None:
                 build(TASKS[env], level, steps=args.steps, seed=args.seed)
     elif args.cmd == "stats":
         from datasets.stats import stats
-        print(stats(args.out, args.episodes))
+        print(stats(args.out, args.episodes, args.datasets))
     elif args.cmd == "train-policy":
         from datasets.behaviour import train_behaviour
         train_behaviour(TASKS[args.env], args.work_dir or Path("runs/behaviour") / args.env,

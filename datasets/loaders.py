@@ -8,25 +8,29 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 
 from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
-from envs import TASKS, find_task
+from envs import Task, derived_targets, find_task, task_for
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
 HDF5_SUFFIXES, PICKLE_SUFFIXES = (".hdf5", ".h5"), (".pkl", ".pickle")
 
 
-def load_dataset(spec: str, env: str | None = None, download: bool = False, build: bool = True) -> Trajectories:
-    """Trajectories from ``spec``; ``.env`` is the Gymnasium id of the evaluation task: ``env``,
-    else the one in the source's metadata, else the task named in ``spec`` (``hopper-medium-v2.hdf5``).
-    ``build``: build a missing suite dataset (off in multi-process runs, where every process would)."""
+def load_dataset(spec: str, env: str | None = None, download: bool = False, build: bool = True,
+                 ref_scores: tuple[float, float] | None = None) -> Trajectories:
+    """Trajectories from ``spec``, with ``.task`` the evaluation task (``evaluation_task``) and ``.env``
+    its Gymnasium id. ``build``: build a missing suite dataset (off in multi-process runs, where every
+    process would). ``ref_scores``: the user's reference returns (--ref-min, --ref-max)."""
     if not spec.strip():
         raise UserError("--dataset is empty. Give a suite dataset such as dt-primal/hopper/medium-v0, a Minari "
                         "dataset id, or the path of a D4RL .hdf5 or decision-transformer .pkl file.")
@@ -46,20 +50,54 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False, buil
                             f"(decision-transformer) file, or a Minari dataset id.")
     else:
         data = load_minari(spec, download, build)
-    task = find_task(env or data.env or spec)
-    if task is None and env:
-        raise UserError(f"--env {env} is not a supported task; use one of {', '.join(TASKS)}.")
-    if task is None:
-        origin = f"was recorded on {data.env}, which is not" if data.env else "does not name"
-        raise UserError(f"The dataset {spec} {origin} one of the supported tasks ({', '.join(TASKS)}); pass --env "
-                        f"if it was recorded on one of them.")
-    recorded = find_task(data.env) if data.env else None
-    if recorded is not None and recorded != task:  # halfcheetah and walker2d even have the same sizes
-        raise UserError(f"The dataset {spec} was recorded on {data.env} (its metadata says so), but --env {env} asks "
-                        f"for {task.gym_id}: the policy would be trained on one robot and evaluated on another. Leave "
-                        f"--env out (the metadata's task is used), or give the dataset of {task.name}.")
-    data.env = task.gym_id
+    data.task = evaluation_task(spec, env, data, ref_scores)
+    data.env = data.task.gym_id
     return data
+
+
+ENV_HINT = "a registered Gymnasium id such as InvertedPendulum-v5, or halfcheetah, hopper or walker2d"
+
+
+def evaluation_task(spec: str, env: str | None, data: Trajectories, ref_scores: tuple[float, float] | None) -> Task:
+    """The task to evaluate on: ``env``, else exactly the environment the dataset's metadata records,
+    else a D4RL task named in ``spec`` (``hopper-medium-v2.hdf5``). Its reference scores:
+    ``ref_scores``, else the metadata's, else D4RL's (halfcheetah, hopper, walker2d), else none. Its
+    targets, for a task without defaults: ``derived_targets`` of the dataset's returns."""
+    try:
+        requested = task_for(env) if env else None
+    except gym.error.Error as exc:
+        raise UserError(f"--env {env} is not an environment Gymnasium knows ({exc}); give {ENV_HINT}.") from None
+    try:
+        recorded = task_for(data.env, data.env_spec) if data.env else None
+    except gym.error.Error as exc:
+        raise UserError(f"The dataset {spec} was recorded on {data.env}, which Gymnasium does not know here ({exc}). "
+                        f"Install the package that registers it, or pass --env with {ENV_HINT}.") from None
+    if requested is not None and recorded is not None and _family(requested) != _family(recorded):
+        raise UserError(f"The dataset {spec} was recorded on {data.env} (its metadata says so), but --env {env} asks "
+                        f"for {requested.gym_id}: the policy would be trained on one robot and evaluated on another. "
+                        f"Leave --env out (the metadata's task is used), or give the dataset of {requested.name}.")
+    if recorded is not None and (requested is None or requested.gym_id == recorded.gym_id):
+        task = recorded
+    else:
+        task = requested or find_task(spec)
+    if task is None:
+        raise UserError(f"The dataset {spec} does not name the task it was recorded on; pass --env with {ENV_HINT}.")
+    given = ref_scores or data.ref_scores
+    if given is not None:
+        ref_min, ref_max = (float(x) for x in given)
+        if not (np.isfinite(ref_min) and np.isfinite(ref_max) and ref_min != ref_max):
+            raise UserError(f"The dataset {spec}'s metadata gives the reference returns ref_min_score {ref_min:g} and "
+                            f"ref_max_score {ref_max:g}, which cannot normalise a score (they must be finite and "
+                            f"differ). Give --ref-min and --ref-max.")
+        task = dataclasses.replace(task, ref_min=ref_min, ref_max=ref_max)
+    if not task.targets:
+        task = dataclasses.replace(task, targets=derived_targets(data.episode_returns()))
+    return task
+
+
+def _family(task: Task) -> str:
+    """The environment without its version: hopper, invertedpendulum, ..."""
+    return re.sub(r"-v[0-9]+$", "", task.name).lower()
 
 
 def _minari_id(path: Path) -> str | None:
@@ -122,8 +160,10 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
                         f"(python -c 'import minari; print(minari.list_local_datasets())').") from exc
     episodes = [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
                 for ep in ds.iterate_episodes()]
-    env = ds.env_spec.id if ds.env_spec is not None else None
-    return Trajectories.from_episodes(episodes, env=env, source=dataset_id)
+    spec, meta = ds.env_spec, ds.storage.metadata
+    refs = (meta.get("ref_min_score"), meta.get("ref_max_score"))
+    return Trajectories.from_episodes(episodes, env=spec and spec.id, source=dataset_id,
+                                      env_spec=spec and spec.to_json(), ref_scores=None if None in refs else refs)
 
 
 def load_d4rl_hdf5(path: Path) -> Trajectories:

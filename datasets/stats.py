@@ -9,21 +9,24 @@ import numpy as np
 
 from datasets.behaviour import EXPERT_EPISODES, EXPERT_SCORE, POLICY_DIR, GaussianActor, evaluate_actor
 from datasets.suite import LEVELS, SUITE_NAMESPACE, dataset_dir, is_built, suite_id
+from datasets.loaders import load_dataset
 from envs import TASKS, Task
 
 
-def dataset_row(dataset_id: str, task: Task) -> str:
-    import minari
-    ds = minari.load_dataset(dataset_id)
-    returns = np.array([ep.rewards.sum() for ep in ds.iterate_episodes()])
-    norm = task.normalize(returns)
+def dataset_row(dataset_id: str) -> str:
+    """A Minari dataset of any task; its normalised scores as a run on it would compute them ("–" without
+    reference scores)."""
+    data = load_dataset(dataset_id, build=False)
+    returns = data.episode_returns()
+    norm = data.task.normalize(returns)
     build = dataset_dir(dataset_id) / "build.json"
     info = json.loads(build.read_text()) if build.exists() else {}
     seconds = f"{info['seconds']:.0f}" if info else "?"
     if "load_average" in info:  # the machine's other work slows a build down
         seconds += f" (load {info['load_average']:.1f})"
-    return (f"| {dataset_id} | {ds.total_episodes} | {ds.total_steps} | {returns.mean():.1f} ± {returns.std():.1f} | "
-            f"{returns.min():.1f} | {returns.max():.1f} | {norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f}) | {seconds} |")
+    normalised = "–" if norm is None else f"{norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f})"
+    return (f"| {dataset_id} | {len(data.lengths)} | {len(data.rewards)} | {returns.mean():.1f} ± {returns.std():.1f} | "
+            f"{returns.min():.1f} | {returns.max():.1f} | {normalised} | {seconds} |")
 
 
 def policy_row(task: Task, episodes: int) -> str | None:
@@ -55,13 +58,16 @@ def policy_row(task: Task, episodes: int) -> str | None:
             f"{learner['cpu_seconds'] / 3600:.2f} | {cells[0]} | {cells[1]} |")
 
 
-def stats(out: Path, episodes: int = 100) -> str:
-    rows = [dataset_row(suite_id(t, lvl), TASKS[t]) for t in TASKS for lvl in LEVELS if is_built(suite_id(t, lvl))]
+def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
+    """The built suite datasets and ``datasets`` (Minari ids of any task), and the behaviour policies."""
+    rows = [dataset_row(d) for d in [suite_id(t, lvl) for t in TASKS for lvl in LEVELS if is_built(suite_id(t, lvl))]
+            + [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]]
     policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     text = "\n".join([
         "# The offline dataset suite", "",
-        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v0` built on this machine (`python -m datasets build`); "
-        "normalised scores use the D4RL reference returns. Regenerate this page with `python -m datasets stats`.", "",
+        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v0` built on this machine (`python -m datasets build`) and any "
+        "given with `--datasets`; normalised scores use each dataset's reference returns (the D4RL ones for the "
+        "suite; – for a task without any). Regenerate this page with `python -m datasets stats`.", "",
         "## Built datasets", "",
         "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s (1-min load average) |",
         "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",

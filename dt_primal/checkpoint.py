@@ -1,5 +1,6 @@
 """Checkpoint I/O. A checkpoint (``DIR/last.pt``) is one seed's run, self-describing: its weights,
-its config with every architecture field resolved (``s`` included), the task, the normalisation
+its config with every architecture field resolved (``s``, ``max_ep_len``), the task (its environment,
+reference scores and targets), the normalisation
 statistics and, for ``--resume``, its AdamW moments and random generator states. A member of an
 ensemble writes the same file as a run of that seed alone, so either can evaluate or resume it."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.model import DecisionTransformer
-from envs import Task, get_task
+from envs import Task
 
 CHECKPOINT_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
@@ -77,7 +78,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
                         f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
     try:
         cfg = Config(**ckpt["config"]).validate()
-        task = get_task(ckpt["task"])
+        task = Task.from_record(ckpt["task"])
     except (TypeError, ValueError, UserError) as exc:
         raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
                         f"the version that wrote it, or retrain.") from exc

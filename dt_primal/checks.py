@@ -17,13 +17,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from dt_primal.config import MAX_SEED, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from envs import Task, get_task
+from envs import Task
 
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
 # embedding and a layer norm whose squares overflow float32 from about 1e19 on (every action is then
@@ -54,9 +55,20 @@ class TaskLimits:
 
 
 @functools.lru_cache(maxsize=None)
-def task_limits(gym_id: str) -> TaskLimits:
-    """The action bounds and the time limit of a task's environment (made once per process)."""
-    env = get_task(gym_id).make()
+def task_limits(task: Task) -> TaskLimits:
+    """The action bounds and the time limit of a task's environment (made once per process); an
+    environment that cannot be made, or whose spaces are not flat boxes, is refused."""
+    try:
+        env = task.make()
+    except Exception as exc:  # a missing package, bad kwargs in the dataset's EnvSpec, ...
+        raise UserError(f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it "
+                        f"needs, or pass --env with another environment.") from exc
+    if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+               for space in (env.observation_space, env.action_space)):
+        env.close()
+        raise UserError(f"{task.gym_id} has the observation space {env.observation_space} and the action space "
+                        f"{env.action_space}; a Decision Transformer here needs vectors of real numbers for both "
+                        f"(continuous control, as the MuJoCo tasks).")
     limits = TaskLimits(np.asarray(env.action_space.low, np.float64), np.asarray(env.action_space.high, np.float64),
                         int(env.spec.max_episode_steps or 1000))
     env.close()
@@ -70,7 +82,8 @@ def check_run_inputs(data: Trajectories, cfg: Config, seeds: list[int] | None = 
     that cannot fit in memory) and note what is unusual. ``rescale_actions``: scale action columns
     that lie outside the task's bounds into them (in place) instead of refusing. ``notes``: print
     the notes (only one process of a multi-process run should)."""
-    task = get_task(data.env)
+    task = data.task
+    cfg = cfg.resolved(task)
     check_seeds(seeds or [cfg.seed])
     check_device(cfg.device)
     check_actions(data, task, rescale=rescale_actions, notes=notes)
@@ -113,7 +126,7 @@ def _bounds(low: float, high: float) -> str:
 def check_actions(data: Trajectories, task: Task, rescale: bool = False, notes: bool = True) -> None:
     """The model's actions come out of a tanh scaled to the task's bounds, so it can never produce a
     dataset action beyond them: such data is refused, or with ``rescale`` scaled into the bounds."""
-    limits = task_limits(task.gym_id)
+    limits = task_limits(task)
     if data.act_dim != len(limits.low) or not (np.isfinite(limits.low).all() and np.isfinite(limits.high).all()):
         return  # other sizes are refused with their own message when training starts
     centre, half = (limits.high + limits.low) / 2, (limits.high - limits.low) / 2
@@ -145,7 +158,7 @@ def check_actions(data: Trajectories, task: Task, rescale: bool = False, notes: 
 def check_episode_lengths(data: Trajectories, cfg: Config, task: Task, notes: bool = True) -> None:
     """Timesteps index an embedding of --max-ep-len rows: a longer episode would share the last row
     for all its later steps; far more rows than any episode needs only cost memory."""
-    limits = task_limits(task.gym_id)
+    limits = task_limits(task)
     longest = int(data.lengths.max())
     if longest > cfg.max_ep_len:
         episode = int(np.argmax(data.lengths))
@@ -218,7 +231,7 @@ def check_returns(data: Trajectories, targets: list[float], reward_scale: float,
     if far:
         note(f"--targets {' '.join(f'{t:g}' for t in far)} {'is' if len(far) == 1 else 'are'} far above every return "
              f"in the dataset (its best episode returns {best:.4g}): the model never saw a return-to-go near "
-             f"{'it' if len(far) == 1 else 'them'}, so what it does there is pure extrapolation. {task.gym_id}'s usual "
+             f"{'it' if len(far) == 1 else 'them'}, so what it does there is pure extrapolation. {task.gym_id}'s default "
              f"targets are {' and '.join(f'{t:g}' for t in task.targets)}.")
 
 
@@ -322,7 +335,7 @@ def check_evaluate_run(args, ckpts: list[dict]) -> None:
     episodes_total = 0
     for ckpt in ckpts:
         cfg = ckpt["config"]
-        task = get_task(ckpt["task"])
+        task = Task.from_record(ckpt["task"])
         targets = list(getattr(args, "targets", None) or cfg["targets"] or task.targets)
         check_targets(targets, cfg["reward_scale"])
         episodes_total += args.episodes * len(targets)

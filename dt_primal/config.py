@@ -6,8 +6,12 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
+
+if TYPE_CHECKING:
+    from envs import Task
 
 MODELS = ("dt", "primal", "primalformer")
 
@@ -18,13 +22,14 @@ PAPER_S = {
     ("walker2d", "medium"): 96, ("walker2d", "medium-replay"): 96, ("walker2d", "medium-expert"): 96,
 }
 DEFAULT_S = 64
+DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
 
 
 @dataclass
 class Config:
     # data
     dataset: str = "dt-primal/halfcheetah/medium-replay-v0"
-    env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, ...)
+    env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, Ant-v5, ...)
     download: bool = False  # let Minari download a hosted dataset that is not present locally
     # model (SPEC §3)
     model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal
@@ -33,7 +38,7 @@ class Config:
     n_head: int = 4
     context: int = 20  # K timesteps, 3K tokens
     dropout: float = 0.1
-    max_ep_len: int = 1000
+    max_ep_len: int | None = None  # timestep embedding rows; None: the task's episode limit (else 1000)
     s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
     eta: float = 0.05  # KSVD loss weight (eq. 10)
     # optimisation
@@ -48,7 +53,9 @@ class Config:
     cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
     # returns and evaluation (SPEC §5)
     reward_scale: float = 1000.0
-    targets: list[float] | None = None  # None: the task's two targets
+    targets: list[float] | None = None  # None: the task's defaults, else derived from the dataset
+    ref_min: float | None = None  # reference returns of the normalised score; None: the dataset's, else D4RL's
+    ref_max: float | None = None
     eval_every: int = 10_000
     eval_episodes_during: int = 10  # per target, at intermediate evaluations
     eval_episodes: int = 100  # per target, at the end
@@ -68,6 +75,15 @@ class Config:
         m = re.search(r"medium-replay|medium-expert|medium", self.dataset.lower().replace("_", "-"))
         return PAPER_S.get((task.name if task else None, m.group(0) if m else None), DEFAULT_S)
 
+    @property
+    def ref_scores(self) -> tuple[float, float] | None:
+        return None if self.ref_min is None else (self.ref_min, self.ref_max)
+
+    def resolved(self, task: Task) -> "Config":
+        """This config with ``s`` and ``max_ep_len`` resolved for ``task``, as checkpoints store them."""
+        return dataclasses.replace(self, s=self.resolved_s(),
+                                   max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN)
+
     def validate(self) -> "Config":
         problems = []
         if self.model not in MODELS:
@@ -76,7 +92,7 @@ class Config:
             problems.append(f"--d-model ({self.d_model}) must be a positive multiple of --n-head ({self.n_head})")
         for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "eval_episodes",
                      "eval_episodes_during", "checkpoint_every", "log_every"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if self.s is not None and self.s <= 0:
             problems.append(f"--s (KSVD rank) must be positive (got {self.s})")
@@ -106,6 +122,11 @@ def _more_problems(cfg: Config) -> list[str]:
     infinite = [name for name in ("lr", "eta", "weight_decay", "reward_scale") if math.isinf(float(getattr(cfg, name)))]
     if infinite:
         problems.append(f"{', '.join('--' + n.replace('_', '-') for n in infinite)} must be finite")
+    if (cfg.ref_min is None) != (cfg.ref_max is None):
+        problems.append("--ref-min and --ref-max go together (give both)")
+    elif cfg.ref_min is not None and not (math.isfinite(cfg.ref_min) and math.isfinite(cfg.ref_max)
+                                          and cfg.ref_min != cfg.ref_max):
+        problems.append(f"--ref-min and --ref-max must be finite and differ (got {cfg.ref_min:g}, {cfg.ref_max:g})")
     if cfg.targets is not None and not all(math.isfinite(t) for t in cfg.targets):
         problems.append(f"--targets must be finite returns (got {' '.join(f'{t:g}' for t in cfg.targets)})")
     if not 0 <= cfg.seed <= MAX_SEED:
@@ -132,6 +153,16 @@ PRESETS = {
 }
 
 
+HELP = {
+    "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
+           "hopper, walker2d",
+    "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
+    "ref_min": "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
+               "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",
+    "ref_max": "reference return for a normalised score of 100; give with --ref-min",
+}
+
+
 def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     """One ``--field-name`` option per Config field (or per field in ``only``); defaults are left
     unset (None) so that presets and checkpoints can tell what the user really asked for."""
@@ -144,12 +175,15 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"default {'on' if f.default else 'off'}")
         elif f.name == "targets":
-            parser.add_argument(*flags, type=float, nargs="+", default=None, help="returns to condition on")
+            parser.add_argument(*flags, type=float, nargs="+", default=None,
+                                help="returns to condition on (default: the task's two for halfcheetah, hopper and "
+                                     "walker2d; otherwise the dataset's best episode return and the middle of its "
+                                     "episode returns' range, halfway between the worst and the best)")
         elif f.name == "model":
             parser.add_argument(*flags, choices=MODELS, default=None, help=f"default {f.default}")
         else:
             kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
-            parser.add_argument(*flags, type=kind, default=None, help=f"default {f.default}")
+            parser.add_argument(*flags, type=kind, default=None, help=HELP.get(f.name, f"default {f.default}"))
 
 
 def overrides(args: argparse.Namespace) -> dict:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dt_primal.errors import UserError
+
+if TYPE_CHECKING:
+    from envs import Task
 
 
 @dataclass
@@ -21,11 +25,14 @@ class Trajectories:
     terminals: np.ndarray  # (E,) bool: the episode ended by termination (not by a time limit)
     env: str | None = None  # evaluation task named by the source's metadata (e.g. "Hopper-v5")
     source: str = ""
+    env_spec: str | None = None  # the environment the source's metadata records (a JSON EnvSpec)
+    ref_scores: tuple[float, float] | None = None  # the source's reference returns (Minari's ref_min/max_score)
+    task: Task | None = None  # the evaluation task, set by ``datasets.loaders.load_dataset``
 
     @classmethod
-    def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "") -> "Trajectories":
+    def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "", **metadata) -> "Trajectories":
         """From per-episode dicts with ``observations`` (T or T+1 rows), ``actions``, ``rewards``
-        and optionally ``terminals`` (T,)."""
+        and optionally ``terminals`` (T,); ``metadata``: ``env_spec``, ``ref_scores``."""
         where = f"The dataset {source}" if source else "The dataset"
         if not episodes:
             raise UserError(f"The dataset {source} holds no episodes. Check the file, or build it again.")
@@ -46,7 +53,7 @@ class Trajectories:
             rewards=np.concatenate([ep["rewards"] for ep in episodes]),
             lengths=lengths,
             terminals=np.array([bool(np.any(ep["terminals"])) for ep in episodes]),
-            env=env, source=source).validate()
+            env=env, source=source, **metadata).validate()
 
     @property
     def obs_dim(self) -> int:

@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from dt_primal.ensemble import Ensemble
-from envs import Episodes, Task
+from envs import TASKS, Episodes, Task
 
 
 def default_env_workers(device: torch.device | str, num_envs: int) -> int:
@@ -84,11 +84,44 @@ def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, s
 
 
 def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:
-    """One target's episodes: mean ± std of return and normalised score, and the raw values."""
+    """One target's episodes: mean ± std of return and normalised score (None for a task without
+    reference scores), and the raw values."""
     score = task.normalize(returns)
     return {"target": float(target), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-            "normalized_mean": float(score.mean()), "normalized_std": float(score.std()), "episodes": len(returns),
+            "normalized_mean": None if score is None else float(score.mean()),
+            "normalized_std": None if score is None else float(score.std()), "episodes": len(returns),
             "returns": returns.tolist(), "lengths": lengths.tolist()}
+
+
+def scoring(task: Task, targets: list[float] | None = None) -> str:
+    """What a run conditions on and how it scores, said once at its start: the targets (``targets``,
+    else the task's) and where they come from; the normalised score's reference returns, or why
+    there is no normalised score."""
+    if targets:
+        origin = "--targets"
+    elif task.name in TASKS:
+        origin = f"{task.name}'s defaults"
+    else:
+        origin = "from the dataset: its best episode return and the middle of its episode returns' range"
+    lines = [f"{task.gym_id}: targets {', '.join(f'{t:g}' for t in targets or task.targets)} ({origin})"]
+    if task.ref_min is None:
+        lines.append(f"normalised score: none ({task.gym_id} is not a D4RL task and its dataset's metadata gives no "
+                     f"ref_min_score/ref_max_score), so reports give returns and a normalised score of null (JSON) or "
+                     f"– (tables); give --ref-min and --ref-max to normalise")
+    else:
+        lines.append(f"normalised score: 100 * (return - ref_min) / (ref_max - ref_min), reference returns ref_min "
+                     f"{task.ref_min:g} and ref_max {task.ref_max:g}")
+    return "\n".join(lines)
+
+
+def normalized_text(r: dict) -> str:
+    """A report's normalised score "mean ± std", or "–" without reference scores."""
+    return "–" if r["normalized_mean"] is None else f"{r['normalized_mean']:.1f} ± {r['normalized_std']:.1f}"
+
+
+def headline(r: dict) -> str:
+    """A report's normalised score, or its return when the task has no reference scores."""
+    return f"{r['normalized_mean']:.1f}" if r["normalized_mean"] is not None else f"return {r['return_mean']:.1f}"
 
 
 def aggregate(results: list[dict]) -> dict:
@@ -99,10 +132,12 @@ def aggregate(results: list[dict]) -> dict:
         raise ValueError("the checkpoints were evaluated on different targets")
     across = []
     for i, target in enumerate(targets):
-        norm = np.array([res["targets"][i]["normalized_mean"] for res in results])
+        norm = [res["targets"][i]["normalized_mean"] for res in results]
+        norm = None if None in norm else np.array(norm)
         ret = np.array([res["targets"][i]["return_mean"] for res in results])
         across.append({"target": target, "return_mean": float(ret.mean()), "return_std": float(ret.std()),
-                       "normalized_mean": float(norm.mean()), "normalized_std": float(norm.std()),
+                       "normalized_mean": None if norm is None else float(norm.mean()),
+                       "normalized_std": None if norm is None else float(norm.std()),
                        "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
                        "checkpoints": len(results)})
     return {"checkpoints": results, "across_checkpoints": across}
@@ -114,9 +149,9 @@ def markdown(summary: dict) -> str:
     for res in summary["checkpoints"]:
         for r in res["targets"]:
             lines.append(f"| {res['checkpoint']} | {r['target']:g} | {r['episodes']} | {r['return_mean']:.1f} ± "
-                         f"{r['return_std']:.1f} | {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} |")
+                         f"{r['return_std']:.1f} | {normalized_text(r)} |")
     for r in summary["across_checkpoints"]:
         lines.append(f"| **mean ± std over {r['checkpoints']} checkpoints** | {r['target']:g} | {r['episodes']} | "
-                     f"{r['return_mean']:.1f} ± {r['return_std']:.1f} | **{r['normalized_mean']:.1f} ± {r['normalized_std']:.1f}** |")
+                     f"{r['return_mean']:.1f} ± {r['return_std']:.1f} | **{normalized_text(r)}** |")
     return "\n".join(lines) + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
                               "(ddof 0) of the per-checkpoint means.\n"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
-from dt_primal.config import Config
+from dt_primal.config import DEFAULT_MAX_EP_LEN, Config
 from dt_primal.dropout import Dropout
 
 
@@ -43,11 +43,11 @@ class DecisionTransformer(nn.Module):
     def __init__(self, cfg: Config, state_dim: int, act_dim: int):
         super().__init__()
         d = cfg.d_model
-        self.max_ep_len = cfg.max_ep_len
+        self.max_ep_len = cfg.max_ep_len or DEFAULT_MAX_EP_LEN  # unresolved only for a model built without a task
         self.embed_return = nn.Linear(1, d)
         self.embed_state = nn.Linear(state_dim, d)
         self.embed_action = nn.Linear(act_dim, d)
-        self.embed_timestep = nn.Embedding(cfg.max_ep_len, d)
+        self.embed_timestep = nn.Embedding(self.max_ep_len, d)
         self.embed_ln = nn.LayerNorm(d)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, primal) for primal in primal_layers(cfg))

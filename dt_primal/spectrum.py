@@ -18,6 +18,7 @@ from datasets.loaders import load_dataset
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
+from envs import Task
 
 
 @torch.no_grad()
@@ -39,7 +40,7 @@ def layer_spectra(model, batch: dict) -> list[np.ndarray]:
 def full_windows(ckpt: dict, n: int, seed: int) -> dict:
     """``n`` windows of the checkpoint's dataset with all K steps real (no padding)."""
     cfg = ckpt["config"]
-    data = load_dataset(ckpt["dataset"], ckpt["task"])
+    data = load_dataset(ckpt["dataset"], Task.from_record(ckpt["task"]).gym_id)
     sampler = WindowSampler(data, cfg["context"], cfg["reward_scale"], ckpt["state_mean"], ckpt["state_std"])
     gen = torch.Generator().manual_seed(seed)
     batch = sampler.sample(4 * n, gen)

@@ -126,14 +126,19 @@ def label_of(model: str, settings: dict | None, default: str | None) -> str:
     return default or LABELS.get(model, model)
 
 
+def score(report: dict) -> float:
+    """A target's normalised score, or its return for a task without reference scores."""
+    return report["return_mean"] if report["normalized_mean"] is None else report["normalized_mean"]
+
+
 def curve_points(rd: Path) -> list[dict]:
     """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
-    one (eval.json), each as {"step", "scores": normalised score per target}."""
+    one (eval.json), each as {"step", "scores": ``score`` per target}."""
     final = json.loads((rd / "eval.json").read_text())
     pts = [json.loads(line) for line in (rd / "evals.jsonl").read_text().splitlines() if line.strip()] \
         if (rd / "evals.jsonl").exists() else []
     pts = [p for p in pts if p["step"] < final.get("step", float("inf"))] + [final]
-    return [{"step": p["step"], "scores": [r["normalized_mean"] for r in p["reports" if "reports" in p else "targets"]]}
+    return [{"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]}
             for p in pts]
 
 
@@ -161,7 +166,7 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int],
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
-                scores = np.array([e["targets"][i]["normalized_mean"] for e in evals])
+                scores = np.array([score(e["targets"][i]) for e in evals])
                 entry = {"target": t, "mean": float(scores.mean()), "std": float(scores.std()), "seeds": scores.tolist()}
                 if all(len(c) >= LAST_N for c in curves):
                     last = np.array([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves])
@@ -171,7 +176,8 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int],
             settings = run_settings(gd, finished[0])
             rows.append({"dataset": d, "model": m, "name": name or m, "label": label_of(m, settings, label),
                          "settings": settings, "dir": str(gd), "finished_seeds": finished, "step": evals[0]["step"],
-                         "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target})
+                         "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target,
+                         "unit": "return" if evals[0]["targets"][0]["normalized_mean"] is None else "normalised"})
     return rows
 
 
@@ -240,13 +246,14 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     for r in rows:
         last = [f"{cell(t)} ({t['target']:g})" for t in r["targets"]]
         last3 = [cell(t.get("last3")) for t in r["targets"]]
-        lines.append(f"| {r['dataset']} | {r['name']} | {r['label']} | {len(r['finished_seeds'])} | {r['step']} | "
+        returns = " (returns)" if r.get("unit") == "return" else ""
+        lines.append(f"| {r['dataset']}{returns} | {r['name']} | {r['label']} | {len(r['finished_seeds'])} | {r['step']} | "
                      + " | ".join(last + last3) + " |")
     # the average rows compare like with like: only datasets where every label has a result
     common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
               if all(any(r["dataset"] == d and r["label"] == lab for r in rows) for lab in labels)]
     for lab in labels:
-        mine = [r for r in rows if r["label"] == lab and r["dataset"] in common]
+        mine = [r for r in rows if r["label"] == lab and r["dataset"] in common and r.get("unit") != "return"]
         if mine:
             avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
             avg3 = [f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
@@ -259,6 +266,9 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
                              "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
                              "evaluations** (the final one and the two intermediate ones before it, which use fewer "
                              "episodes): how much the last-checkpoint number owes to where training stopped.\n")
+    if any(r.get("unit") == "return" for r in rows):
+        md += ("\nDatasets marked (returns) are on tasks without reference scores: their cells are returns, not "
+               "normalised scores, and the averages leave them out.\n")
     if notes:
         md += "\n" + "\n".join(notes) + "\n"
     primal = LABELS["primal"]
@@ -269,14 +279,15 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     with open(out / f"{name}.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["dataset", "model", "label", "target", "normalized_mean", "normalized_std", "n_seeds", "steps", "episodes",
-                    "seed_scores", "last3_mean", "last3_std", "last3_seed_scores"])
+                    "seed_scores", "last3_mean", "last3_std", "last3_seed_scores", "score"])
         for r in rows:
             for t in r["targets"]:
                 l3 = t.get("last3")
                 w.writerow([r["dataset"], r["name"], r["label"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}",
                             len(r["finished_seeds"]), r["step"], r["episodes"], " ".join(f"{s:.3f}" for s in t["seeds"]),
                             "" if l3 is None else f"{l3['mean']:.3f}", "" if l3 is None else f"{l3['std']:.3f}",
-                            "" if l3 is None else " ".join(f"{s:.3f}" for s in l3["seeds"])])
+                            "" if l3 is None else " ".join(f"{s:.3f}" for s in l3["seeds"]),
+                            "return" if r.get("unit") == "return" else "normalised"])
     return md
 
 

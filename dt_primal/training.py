@@ -25,15 +25,15 @@ from dt_primal.checkpoint import (check_same_dataset, env_sizes, load_members, m
 from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
-from dt_primal.evaluation import rollout
+from dt_primal.evaluation import headline, rollout
 from dt_primal.model import DecisionTransformer
 from dt_primal.step import TrainStep
-from envs import Task, get_task
+from envs import Task
 
 # what --resume may change; every other option is the run's own (architecture, optimisation, returns)
 CHANGEABLE_ON_RESUME = ("steps", "eval_every", "eval_episodes", "eval_episodes_during", "checkpoint_every",
                         "log_every", "device", "out", "targets", "compile", "cuda_graph", "precision", "dataset",
-                        "env", "download")
+                        "env", "download", "ref_min", "ref_max")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -134,14 +134,14 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     report (also written to its ``eval.json``). Under torchrun every process draws the same batches
     and trains on its share; rank 0 alone writes files and evaluates, and the other ranks return None."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    cfg = dataclasses.replace(cfg, s=cfg.resolved_s())  # checkpoints store the rank they were trained with
+    task = data.task
+    cfg = cfg.resolved(task)  # checkpoints store the rank and episode length they were trained with
     seed_list = seeds or [cfg.seed]
     if len(set(seed_list)) < len(seed_list):
         raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, seed_list))}); give each seed once.")
     dirs = member_dirs(Path(cfg.out), seeds)
     lasts = [d / "last.pt" for d in dirs]
     device = resolve_device(cfg.device)
-    task = get_task(data.env)
     check_env_matches(data, task)
     if not resume and any(p.exists() for p in lasts):
         held = next(p for p in lasts if p.exists())
@@ -200,7 +200,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         save_checkpoints(lasts, [{
             "model": ensemble.state_dict(i), "optimizer": train_step.member_optimizer_state(i), "step": step,
             "rng": rng_state(gens[i]), "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, out=str(d))),
-            "task": task.name, "state_mean": state_mean, "state_std": state_std, "obs_dim": data.obs_dim,
+            "task": dataclasses.asdict(task), "state_mean": state_mean, "state_std": state_std, "obs_dim": data.obs_dim,
             "act_dim": data.act_dim, "dataset": data.source} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
         saved_step = step
 
@@ -238,13 +238,14 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         per_member = evaluate(cfg.eval_episodes_during)
         for writer, curve_path, reports in zip(writers, curve_paths, per_member):
             for r in reports:
-                writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
+                if r["normalized_mean"] is not None:
+                    writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
                 writer.add_scalar(f"eval/return_{r['target']:g}", r["return_mean"], step)
             with curve_path.open("a") as f:
                 f.write(json.dumps({"step": step, "reports": [{k: v for k, v in r.items() if k not in ("returns", "lengths")}
                                                                for r in reports]}) + "\n")
         bar.write(f"step {step}: " + "; ".join(
-            f"seed {s}: " + ", ".join(f"target {r['target']:g} -> {r['normalized_mean']:.1f}" for r in reports)
+            f"seed {s}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
             for s, reports in zip(seed_list, per_member)))
 
     def close():
@@ -302,7 +303,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     results = []
     for writer, d, last, seed, reports in zip(writers, dirs, lasts, seed_list, per_member):
         for r in reports:
-            writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
+            if r["normalized_mean"] is not None:
+                writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
         writer.close()
         result = {"checkpoint": str(last), "step": step, "task": task.gym_id, "dataset": data.source,
                   "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports}

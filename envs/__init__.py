@@ -1,16 +1,21 @@
-"""The supported MuJoCo tasks: Gymnasium ids, D4RL reference scores, target returns, env factories.
+"""Tasks: a Gymnasium environment (any registered id, or exactly the one a dataset was recorded in),
+its reference scores and its target returns; env factories.
 
-Reference scores are D4RL's (random and expert policy returns), used for the normalised score
-``100 * (return - ref_min) / (ref_max - ref_min)`` (SPEC §5).
+Reference scores (random and expert policy returns) give the normalised score
+``100 * (return - ref_min) / (ref_max - ref_min)`` (SPEC §5). The three D4RL tasks (``TASKS``) have
+aliases, D4RL's reference scores and default targets; any other task has what its dataset says.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import multiprocessing
 import re
 import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 import mujoco
 import numpy as np
 
@@ -28,18 +33,33 @@ mujoco.set_mju_user_warning(_mujoco_warning)
 
 @dataclass(frozen=True)
 class Task:
-    name: str
+    name: str  # a D4RL task's alias (hopper), else the Gymnasium id
     gym_id: str
-    ref_min: float
-    ref_max: float
-    targets: tuple[float, ...]  # return-to-go conditioning targets, highest first
+    ref_min: float | None = None  # None: no reference scores, so no normalised score
+    ref_max: float | None = None
+    targets: tuple[float, ...] = ()  # return-to-go conditioning targets, highest first; () until known
+    spec: str | None = None  # the environment as a JSON EnvSpec (a dataset's: kwargs, time limit); None: the id's
 
     def normalize(self, returns):
-        """D4RL normalised score (SPEC §5); works on floats and numpy arrays."""
+        """D4RL normalised score (SPEC §5) of floats or numpy arrays; None without reference scores."""
+        if self.ref_min is None or self.ref_max is None:
+            return None
         return 100.0 * (returns - self.ref_min) / (self.ref_max - self.ref_min)
 
     def make(self, **kwargs) -> gym.Env:
-        return gym.make(self.gym_id, **kwargs)
+        return gym.make(EnvSpec.from_json(self.spec) if self.spec else self.gym_id, **kwargs)
+
+    @property
+    def time_limit(self) -> int | None:
+        """Steps after which the environment ends an episode (None: never)."""
+        return (EnvSpec.from_json(self.spec) if self.spec else gym.spec(self.gym_id)).max_episode_steps
+
+    @classmethod
+    def from_record(cls, record: str | dict) -> "Task":
+        """The task a checkpoint stores: ``dataclasses.asdict(task)``, or a D4RL alias (older checkpoints)."""
+        if isinstance(record, str):
+            return get_task(record)
+        return cls(**{**record, "targets": tuple(record["targets"])})
 
 
 TASKS: dict[str, Task] = {
@@ -65,6 +85,29 @@ def get_task(text: str) -> Task:
         raise ValueError(f"unknown task {text!r}: supported tasks are {', '.join(TASKS)} "
                          f"({', '.join(t.gym_id for t in TASKS.values())}).")
     return task
+
+
+def task_for(env: str, spec: str | None = None) -> Task:
+    """The task of ``env``, a D4RL alias (hopper: Hopper-v5) or any registered Gymnasium id, in the
+    environment ``spec`` describes when given (a dataset's EnvSpec as JSON: its id, kwargs and time
+    limit). HalfCheetah, Hopper and Walker2d keep their alias, D4RL reference scores and targets in
+    every version. Raises gymnasium.error.Error for an id Gymnasium does not know."""
+    if spec is None and env.lower() in TASKS:
+        return TASKS[env.lower()]
+    gym_id = json.loads(spec)["id"] if spec else env
+    if spec is None:
+        gym.spec(gym_id)
+    d4rl = find_task(gym_id)
+    if d4rl is None:
+        return Task(gym_id, gym_id, spec=spec)
+    return dataclasses.replace(d4rl, gym_id=gym_id, spec=spec)
+
+
+def derived_targets(returns: np.ndarray) -> tuple[float, ...]:
+    """Targets for a task without defaults, from its dataset's episode returns: the best one and the
+    middle of their range (halfway between the worst and the best), to 4 significant digits."""
+    best, middle = (float(f"{x:.4g}") for x in (returns.max(), (returns.max() + returns.min()) / 2))
+    return (best, middle) if middle < best else (best,)
 
 
 def make_vector_env(task: Task, num_envs: int) -> gym.vector.VectorEnv:

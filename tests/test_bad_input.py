@@ -494,7 +494,8 @@ def test_evaluate_options(tmp_path):
 
 
 def test_evaluate_targets_and_episodes_against_the_checkpoints(tmp_path):
-    ckpt = {"config": dataclasses.asdict(Config(dataset="tiny")), "task": "hopper", "obs_dim": 11, "act_dim": 3}
+    ckpt = {"config": dataclasses.asdict(Config(dataset="tiny", max_ep_len=1000)), "task": "hopper", "obs_dim": 11,
+            "act_dim": 3}
     with raises("--targets 1e+30 divided by --reward-scale 1000"):
         checks.check_evaluate_run(_args(tmp_path, targets=[1e30]), [ckpt])
     with raises("--episodes 10000000 per target of 2 checkpoints"):

@@ -114,9 +114,9 @@ def test_unknown_suite_dataset_and_unknown_env(tmp_path):
     with raises("python -m datasets build --env hopper --level medium"):
         load_dataset("dt-primal/hopper/medium-v0", build=False)  # as in a multi-process run
     write_d4rl(tmp_path / "d.hdf5", make_episodes())
-    with raises("--env ant is not a supported task"):
+    with raises("--env ant is not an environment Gymnasium knows (Environment `ant` doesn't exist. Did you mean: `Ant`?)"):
         load_dataset(str(tmp_path / "d.hdf5"), env="ant")
-    with raises("does not name one of the supported tasks"):
+    with raises("does not name the task it was recorded on; pass --env"):
         load_dataset(str(tmp_path / "d.hdf5"))
 
 
