@@ -91,6 +91,22 @@ def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) 
             "returns": returns.tolist(), "lengths": lengths.tolist()}
 
 
+def mean_std(values) -> dict:
+    """The one aggregation across seeds (or checkpoints): mean ± std (ddof 0) of their values, and the values."""
+    v = np.asarray(values, dtype=float)
+    return {"mean": float(v.mean()), "std": float(v.std()), "seeds": v.tolist()}
+
+
+def pm(mean: float, std: float) -> str:
+    return f"{mean:.1f} ± {std:.1f}"
+
+
+def table(head: list[str], rows: list[list]) -> str:
+    """A Markdown table."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
 def aggregate(results: list[dict]) -> dict:
     """Per-checkpoint results plus, per target, the mean ± std (ddof 0) across checkpoints (seeds)
     of each checkpoint's mean return and mean normalised score."""
@@ -99,10 +115,10 @@ def aggregate(results: list[dict]) -> dict:
         raise ValueError("the checkpoints were evaluated on different targets")
     across = []
     for i, target in enumerate(targets):
-        norm = np.array([res["targets"][i]["normalized_mean"] for res in results])
-        ret = np.array([res["targets"][i]["return_mean"] for res in results])
-        across.append({"target": target, "return_mean": float(ret.mean()), "return_std": float(ret.std()),
-                       "normalized_mean": float(norm.mean()), "normalized_std": float(norm.std()),
+        norm = mean_std([res["targets"][i]["normalized_mean"] for res in results])
+        ret = mean_std([res["targets"][i]["return_mean"] for res in results])
+        across.append({"target": target, "return_mean": ret["mean"], "return_std": ret["std"],
+                       "normalized_mean": norm["mean"], "normalized_std": norm["std"],
                        "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
                        "checkpoints": len(results)})
     return {"checkpoints": results, "across_checkpoints": across}
@@ -110,13 +126,11 @@ def aggregate(results: list[dict]) -> dict:
 
 def markdown(summary: dict) -> str:
     """Markdown table of ``aggregate``'s output."""
-    lines = ["| checkpoint | target | episodes | return | normalised score |", "|---|---|---|---|---|"]
-    for res in summary["checkpoints"]:
-        for r in res["targets"]:
-            lines.append(f"| {res['checkpoint']} | {r['target']:g} | {r['episodes']} | {r['return_mean']:.1f} ± "
-                         f"{r['return_std']:.1f} | {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f} |")
-    for r in summary["across_checkpoints"]:
-        lines.append(f"| **mean ± std over {r['checkpoints']} checkpoints** | {r['target']:g} | {r['episodes']} | "
-                     f"{r['return_mean']:.1f} ± {r['return_std']:.1f} | **{r['normalized_mean']:.1f} ± {r['normalized_std']:.1f}** |")
-    return "\n".join(lines) + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
-                              "(ddof 0) of the per-checkpoint means.\n"
+    rows = [[res["checkpoint"], f"{r['target']:g}", r["episodes"], pm(r["return_mean"], r["return_std"]),
+             pm(r["normalized_mean"], r["normalized_std"])] for res in summary["checkpoints"] for r in res["targets"]]
+    rows += [[f"**mean ± std over {r['checkpoints']} checkpoints**", f"{r['target']:g}", r["episodes"],
+              pm(r["return_mean"], r["return_std"]), f"**{pm(r['normalized_mean'], r['normalized_std'])}**"]
+             for r in summary["across_checkpoints"]]
+    return table(["checkpoint", "target", "episodes", "return", "normalised score"], rows) + \
+        "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
+        "(ddof 0) of the per-checkpoint means.\n"

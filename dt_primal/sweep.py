@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dt_primal.evaluation import mean_std, pm, table
+
 ROOT = Path(__file__).resolve().parents[1]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
 TABLE4 = [f"dt-primal/{env}/{level}-v0" for env in ("halfcheetah", "hopper", "walker2d")
@@ -161,11 +163,9 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int],
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
-                scores = np.array([e["targets"][i]["normalized_mean"] for e in evals])
-                entry = {"target": t, "mean": float(scores.mean()), "std": float(scores.std()), "seeds": scores.tolist()}
+                entry = {"target": t, **mean_std([e["targets"][i]["normalized_mean"] for e in evals])}
                 if all(len(c) >= LAST_N for c in curves):
-                    last = np.array([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves])
-                    entry["last3"] = {"mean": float(last.mean()), "std": float(last.std()), "seeds": last.tolist(),
+                    entry["last3"] = {**mean_std([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves]),
                                       "steps": [p["step"] for p in curves[0][-LAST_N:]]}
                 per_target.append(entry)
             settings = run_settings(gd, finished[0])
@@ -180,7 +180,7 @@ def short(dataset: str) -> str:
 
 
 def cell(t: dict | None) -> str:
-    return "–" if t is None else f"{t['mean']:.1f} ± {t['std']:.1f}"
+    return "–" if t is None else pm(t["mean"], t["std"])
 
 
 def gap_rows(rows: list[dict], a: str, b: str) -> list[dict]:
@@ -218,10 +218,9 @@ def gap_table(gaps: list[dict], a: str, b: str) -> str:
         if not np.isfinite(g["z"]):
             return f"{g['gap']:+.1f} (no SE: {min(g['n_a'], g['n_b'])} seed{'s' if min(g['n_a'], g['n_b']) != 1 else ''})"
         return f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
-    lines = [f"| dataset | target | {a} − {b}: last checkpoint | mean of last 3 evaluations |", "|---|---|---|---|"]
-    for g in gaps:
-        lines.append(f"| {short(g['dataset'])} | {g['target']:g} | {fmt(g.get('last'))} | {fmt(g.get('last3'))} |")
-    return "\n".join(lines) + ("\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
+    rows = [[short(g["dataset"]), f"{g['target']:g}", fmt(g.get("last")), fmt(g.get("last3"))] for g in gaps]
+    head = ["dataset", "target", f"{a} − {b}: last checkpoint", "mean of last 3 evaluations"]
+    return table(head, rows) + ("\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
                                "spread, sqrt(s_a²/n_a + s_b²/n_b), s the std with ddof 1; with 3 seeds a side, "
                                "|gap| > 2.8 SE is about a two-sided 5% Welch test.\n")
 
@@ -236,12 +235,9 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     which = lambda i: ["high target", "low target"][i] if n_t == 2 else f"target {i + 1}"
     head = ["dataset", "model", "what it is", "seeds", "steps"] + [f"{which(i)}: last checkpoint" for i in range(n_t)] \
         + [f"{which(i)}: mean of last 3 evaluations" for i in range(n_t)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        last = [f"{cell(t)} ({t['target']:g})" for t in r["targets"]]
-        last3 = [cell(t.get("last3")) for t in r["targets"]]
-        lines.append(f"| {r['dataset']} | {r['name']} | {r['label']} | {len(r['finished_seeds'])} | {r['step']} | "
-                     + " | ".join(last + last3) + " |")
+    lines = [[r["dataset"], r["name"], r["label"], len(r["finished_seeds"]), r["step"],
+              *[f"{cell(t)} ({t['target']:g})" for t in r["targets"]], *[cell(t.get("last3")) for t in r["targets"]]]
+             for r in rows]
     # the average rows compare like with like: only datasets where every label has a result
     common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
               if all(any(r["dataset"] == d and r["label"] == lab for r in rows) for lab in labels)]
@@ -251,10 +247,10 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
             avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
             avg3 = [f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
                     if all("last3" in r["targets"][i] for r in mine) else "–" for i in range(n_t)]
-            lines.append(f"| **average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})** | {mine[0]['name']} | {lab} | | | "
-                         + " | ".join(avg + avg3) + " |")
+            lines.append([f"**average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})**", mine[0]["name"], lab, "", "",
+                          *avg, *avg3])
     notes = [f"- **{lab}**: {LABEL_NOTES[lab]}." for lab in labels if lab in LABEL_NOTES]
-    md = "\n".join(lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
+    md = table(head, lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
                              "the paper reports it), mean ± std (ddof 0) across seeds of the per-seed mean over the final "
                              "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
                              "evaluations** (the final one and the two intermediate ones before it, which use fewer "
