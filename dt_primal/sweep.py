@@ -26,6 +26,7 @@ import csv
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -93,10 +94,12 @@ def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list
 
 
 def in_subprocess(threads: int) -> Trainer:
-    """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads."""
+    """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads, in
+    the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
     def trainer(argv: list[str], log: TextIO) -> int:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+        return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     return trainer
 
 
@@ -118,17 +121,24 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
     return trainer
 
 
+class Stopped(Exception):
+    """A group's training stopped by SIGINT or SIGTERM (a node being shut down) after writing its checkpoints."""
+
+
 def ray_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
               threads: int, cwd: str) -> tuple[Path, list[int], int | None]:
     """One Ray task: ``run_group`` on a worker, in the sweep's folder ``cwd`` where this node has it (relative
-    paths mean what they mean to the sweep). When Ray runs it again after its worker or node died, the
-    seeds that had written a checkpoint resume from their ``last.pt``."""
+    paths mean what they mean to the sweep). When Ray runs it again, after its worker or node died or
+    a signal stopped it, the seeds that had written a checkpoint resume from their ``last.pt``."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    return run_group(dataset, model, seeds, out, extra, in_process(load_dataset, threads))
+    gd, trained, rc = run_group(dataset, model, seeds, out, extra, in_process(load_dataset, threads))
+    if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        raise Stopped(f"{gd} stopped by signal {rc - 128} after its checkpoint")
+    return gd, trained, rc
 
 
-RAY_RETRIES = 3  # times Ray runs a group again after its worker or node died
+RAY_RETRIES = 3  # times Ray runs a group again after its worker or node died or a signal stopped it
 
 
 def import_ray():
@@ -165,10 +175,11 @@ def start_ray(address: str | None):
 def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
     """Yield ``run_group``'s result for each group as its Ray task finishes; for a task Ray gave up on
     (its worker died more than ``RAY_RETRIES`` times), the reason instead of an exit status."""
-    from dt_primal.sweep import ray_group  # sent to the workers by name, also when this file runs as __main__
+    from dt_primal.sweep import Stopped, ray_group  # sent to the workers by name, also when this file runs as __main__
     ray = start_ray(args.ray_address)
     gpus = args.gpus_per_task if args.gpus_per_task is not None else float(ray.cluster_resources().get("GPU", 0) > 0)
-    task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES)(ray_group)
+    task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES,
+                      retry_exceptions=[Stopped])(ray_group)
     threads = max(1, round(args.cpus_per_task))
     pending = {task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd()): (d, m)
                for d, m in groups}

@@ -52,16 +52,17 @@ def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
     assert log.count("$ python -m dt_primal.run ") == 1 and "--seeds 0 1 " in log
 
 
-def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path, ray, capsys):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path, ray, capsys, signum):
     data, out, steps = datasets(tmp_path)[0], tmp_path / "sweep", 300
     gd = group_dir(out, data, "primal")
     killed = {}
 
-    def kill_after_first_checkpoint():  # what a lost node or an out-of-memory kill does to the task's worker
+    def kill_after_first_checkpoint():  # SIGKILL: a lost node or out of memory; SIGTERM: a node shutting down
         while not (run_dir(out, data, "primal", 0) / "last.pt").exists():
             time.sleep(0.01)
         killed["pid"] = json.loads((gd / ".train.lock").read_text())["pid"]
-        os.kill(killed["pid"], signal.SIGKILL)
+        os.kill(killed["pid"], signum)
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
@@ -74,10 +75,13 @@ def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path
     assert len(commands) == 2 and not commands[0].endswith("--resume")
     assert "--seeds 0 1 --out" in commands[1] and commands[1].endswith("--resume")  # run again by Ray: resumes
     resumed = [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if line.startswith("resumed from ")]
-    assert len(resumed) == 1 and 0 < resumed[0] < steps and resumed[0] % 20 == 0
+    assert len(resumed) == 1 and 0 < resumed[0] < steps
     for seed in (0, 1):
         assert json.loads((run_dir(out, data, "primal", seed) / "eval.json").read_text())["step"] == steps
-    assert json.loads((gd / ".train.lock").read_text())["pid"] != killed["pid"]  # another worker finished it
+    if signum == signal.SIGKILL:  # from a periodic checkpoint, in another worker
+        assert resumed[0] % 20 == 0 and json.loads((gd / ".train.lock").read_text())["pid"] != killed["pid"]
+    else:
+        assert f"stopped by signal SIGTERM at step {resumed[0]}" in log  # it wrote that checkpoint when it stopped
 
 
 def test_without_ray_the_sweep_says_how_to_install_it(tmp_path):
