@@ -166,7 +166,7 @@ def start_ray(address: str | None):
         except (OSError, ValueError) as exc:
             raise UserError(cannot.format(exc)) from None
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)  # local: a new instance
     except ConnectionError as exc:
         raise UserError(cannot.format(exc)) from None
     return ray
