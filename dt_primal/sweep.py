@@ -93,12 +93,16 @@ def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list
         return gd, todo, 0
 
 
+def python_path() -> str:
+    """``$PYTHONPATH`` with this checkout first: what the trainers' processes import (on every node of a cluster)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def in_subprocess(threads: int) -> Trainer:
     """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads, in
     the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
     def trainer(argv: list[str], log: TextIO) -> int:
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": python_path()}
         return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     return trainer
 
@@ -178,8 +182,8 @@ def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
     from dt_primal.sweep import Stopped, ray_group  # sent to the workers by name, also when this file runs as __main__
     ray = start_ray(args.ray_address)
     gpus = args.gpus_per_task if args.gpus_per_task is not None else float(ray.cluster_resources().get("GPU", 0) > 0)
-    task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES,
-                      retry_exceptions=[Stopped])(ray_group)
+    task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES, retry_exceptions=[Stopped],
+                      runtime_env={"env_vars": {"PYTHONPATH": python_path()}})(ray_group)
     threads = max(1, round(args.cpus_per_task))
     pending = {task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd()): (d, m)
                for d, m in groups}

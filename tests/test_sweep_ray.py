@@ -22,7 +22,7 @@ TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2",
 @pytest.fixture(scope="module")
 def ray():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # a new instance
     yield ray
     ray.shutdown()
 
