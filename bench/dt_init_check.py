@@ -35,6 +35,7 @@ def default_init_embeddings(self, cfg, state_dim: int, act_dim: int) -> None:
 if __name__ == "__main__":
     model.DecisionTransformer.__init__ = default_init_embeddings
     os.chdir(ROOT)
-    import train
+    from datasets.loaders import load_dataset
     from dt_primal.cli import run_main
-    run_main(train.main)
+    from dt_primal.run import train_command
+    run_main(lambda: train_command(sys.argv[1:], load_dataset))
