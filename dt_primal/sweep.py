@@ -193,7 +193,7 @@ def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
         try:
             yield ray.get(done)
         except ray.exceptions.RayError as exc:
-            yield group_dir(args.out, d, m), [], f"{type(exc).__name__} on Ray"
+            yield group_dir(args.out, d, m), [], f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"
 
 
 def run_groups_locally(groups: list[tuple[str, str]], args, extra: list[str]):
