@@ -113,29 +113,15 @@ def loglog_slope(x, y) -> float:
 
 
 def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
-    """A D4RL-style hdf5 file of Hopper-shaped random data (obs 11, act 3, rewards in [0, 4)),
-    about ``steps`` steps in episodes of 50..1000 steps (a quarter time out at 1000, the others
-    end with a terminal). Written once; an existing file is reused."""
-    import h5py
+    """A D4RL-style hdf5 file of Hopper-shaped random data (``datasets.synthetic.hopper_episodes``: obs 11,
+    act 3, rewards in [0, 4), episodes of 50..1000 steps). Written once; an existing file is reused."""
+    from datasets.synthetic import hopper_episodes, write_d4rl
     path = Path(path)
     if path.exists():
         return path
-    rng = np.random.default_rng(seed)
-    lengths = []
-    while sum(lengths) < steps:
-        lengths.append(1000 if rng.random() < 0.25 else int(rng.integers(50, 1000)))
-    lengths[-1] -= sum(lengths) - steps
-    ends = np.cumsum(lengths) - 1
-    terminals, timeouts = np.zeros(steps, bool), np.zeros(steps, bool)
-    for end, n in zip(ends, lengths):
-        (timeouts if n == 1000 else terminals)[end] = True
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
-        f["observations"] = rng.normal(size=(steps, 11)).astype(np.float32)
-        f["actions"] = rng.uniform(-1, 1, (steps, 3)).astype(np.float32)
-        f["rewards"] = rng.uniform(0, 4, steps).astype(np.float32)
-        f["terminals"], f["timeouts"] = terminals, timeouts
+    write_d4rl(tmp, hopper_episodes(steps, seed))
     os.replace(tmp, path)
     return path
 

@@ -66,6 +66,9 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from datasets.synthetic import hopper_episodes, write_d4rl  # noqa: E402  (numpy and h5py only)
+
 MAX_EP_LEN = 1000
 RTG_SCALE = 1000.0  # DT's return scale for the MuJoCo tasks (d3rlpy: reward * 0.001)
 WEIGHT_DECAY = 1e-4
@@ -74,30 +77,6 @@ WARMUP_STEPS = 10_000
 
 
 # --------------------------------------------------------------------------- data
-
-
-def make_hdf5(path: str, episodes: int = 200, seed: int = 0) -> None:
-    """Write a D4RL-style file of Hopper-shaped random data (obs 11, act 3).
-
-    Episode lengths are uniform in [50, 1000] with a quarter forced to 1000; an episode
-    shorter than 1000 steps ends with ``terminals`` set, a 1000-step one with
-    ``timeouts`` set (never both).
-    """
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(50, MAX_EP_LEN + 1, size=episodes)
-    lengths[rng.random(episodes) < 0.25] = MAX_EP_LEN
-    n = int(lengths.sum())
-    ends = np.cumsum(lengths) - 1
-    terminals = np.zeros(n, dtype=bool)
-    timeouts = np.zeros(n, dtype=bool)
-    terminals[ends[lengths < MAX_EP_LEN]] = True
-    timeouts[ends[lengths == MAX_EP_LEN]] = True
-    with h5py.File(path, "w") as f:
-        f["observations"] = rng.normal(0.0, 1.0, (n, 11)).astype(np.float32)
-        f["actions"] = rng.uniform(-1.0, 1.0, (n, 3)).astype(np.float32)
-        f["rewards"] = rng.uniform(0.0, 4.0, n).astype(np.float32)
-        f["terminals"] = terminals
-        f["timeouts"] = timeouts
 
 
 @dataclass
@@ -387,7 +366,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.make_hdf5:
-        make_hdf5(args.make_hdf5, seed=args.seed)
+        write_d4rl(args.make_hdf5, hopper_episodes(100_000, seed=args.seed))
         print(f"wrote {args.make_hdf5}", file=sys.stderr)
         return
     if args.threads:

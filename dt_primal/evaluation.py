@@ -93,6 +93,22 @@ def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) 
             "returns": returns.tolist(), "lengths": lengths.tolist()}
 
 
+def mean_std(values) -> dict:
+    """The one aggregation across seeds (or checkpoints): mean ± std (ddof 0) of their values, and the values."""
+    v = np.asarray(values, dtype=float)
+    return {"mean": float(v.mean()), "std": float(v.std()), "seeds": v.tolist()}
+
+
+def pm(mean: float, std: float) -> str:
+    return f"{mean:.1f} ± {std:.1f}"
+
+
+def table(head: list[str], rows: list[list]) -> str:
+    """A Markdown table."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
 def scoring(task: Task, targets: list[float] | None = None) -> str:
     """What a run conditions on and how it scores, said once at its start: the targets (``targets``,
     else the task's) and where they come from; the normalised score's reference returns, or why
@@ -116,7 +132,7 @@ def scoring(task: Task, targets: list[float] | None = None) -> str:
 
 def normalized_text(r: dict) -> str:
     """A report's normalised score "mean ± std", or "–" without reference scores."""
-    return "–" if r["normalized_mean"] is None else f"{r['normalized_mean']:.1f} ± {r['normalized_std']:.1f}"
+    return "–" if r["normalized_mean"] is None else pm(r["normalized_mean"], r["normalized_std"])
 
 
 def headline(r: dict) -> str:
@@ -133,11 +149,11 @@ def aggregate(results: list[dict]) -> dict:
     across = []
     for i, target in enumerate(targets):
         norm = [res["targets"][i]["normalized_mean"] for res in results]
-        norm = None if None in norm else np.array(norm)
-        ret = np.array([res["targets"][i]["return_mean"] for res in results])
-        across.append({"target": target, "return_mean": float(ret.mean()), "return_std": float(ret.std()),
-                       "normalized_mean": None if norm is None else float(norm.mean()),
-                       "normalized_std": None if norm is None else float(norm.std()),
+        norm = None if None in norm else mean_std(norm)
+        ret = mean_std([res["targets"][i]["return_mean"] for res in results])
+        across.append({"target": target, "return_mean": ret["mean"], "return_std": ret["std"],
+                       "normalized_mean": None if norm is None else norm["mean"],
+                       "normalized_std": None if norm is None else norm["std"],
                        "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
                        "checkpoints": len(results)})
     return {"checkpoints": results, "across_checkpoints": across}
@@ -145,13 +161,11 @@ def aggregate(results: list[dict]) -> dict:
 
 def markdown(summary: dict) -> str:
     """Markdown table of ``aggregate``'s output."""
-    lines = ["| checkpoint | target | episodes | return | normalised score |", "|---|---|---|---|---|"]
-    for res in summary["checkpoints"]:
-        for r in res["targets"]:
-            lines.append(f"| {res['checkpoint']} | {r['target']:g} | {r['episodes']} | {r['return_mean']:.1f} ± "
-                         f"{r['return_std']:.1f} | {normalized_text(r)} |")
-    for r in summary["across_checkpoints"]:
-        lines.append(f"| **mean ± std over {r['checkpoints']} checkpoints** | {r['target']:g} | {r['episodes']} | "
-                     f"{r['return_mean']:.1f} ± {r['return_std']:.1f} | **{normalized_text(r)}** |")
-    return "\n".join(lines) + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
-                              "(ddof 0) of the per-checkpoint means.\n"
+    rows = [[res["checkpoint"], f"{r['target']:g}", r["episodes"], pm(r["return_mean"], r["return_std"]),
+             normalized_text(r)] for res in summary["checkpoints"] for r in res["targets"]]
+    rows += [[f"**mean ± std over {r['checkpoints']} checkpoints**", f"{r['target']:g}", r["episodes"],
+              pm(r["return_mean"], r["return_std"]), f"**{normalized_text(r)}**"]
+             for r in summary["across_checkpoints"]]
+    return table(["checkpoint", "target", "episodes", "return", "normalised score"], rows) + \
+        "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
+        "(ddof 0) of the per-checkpoint means.\n"

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datasets.loaders import load_dataset
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
+from dt_primal.run import Loader, application_loader
 from envs import Task
 
 
@@ -37,8 +37,8 @@ def layer_spectra(model, batch: dict) -> list[np.ndarray]:
     return curves
 
 
-def full_windows(ckpt: dict, n: int, seed: int) -> dict:
-    """``n`` windows of the checkpoint's dataset with all K steps real (no padding)."""
+def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
+    """``n`` windows of the checkpoint's dataset (read by ``load_dataset``) with all K steps real (no padding)."""
     cfg = ckpt["config"]
     data = load_dataset(ckpt["dataset"], Task.from_record(ckpt["task"]).gym_id)
     sampler = WindowSampler(data, cfg["context"], cfg["reward_scale"], ckpt["state_mean"], ckpt["state_std"])
@@ -68,7 +68,7 @@ def main() -> None:
         model, cfg = model_from_checkpoint(ckpt)
         model.eval()
         ksvd = f", s {cfg.resolved_s()}, η {cfg.eta:g}" if cfg.model != "dt" else ""
-        curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed))
+        curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, application_loader()))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):
             kind = "primal K" if hasattr(block.attn, "Lambda") else "softmax"
             ax.plot(np.arange(1, len(curve) + 1), curve, label=f"layer {i + 1} ({kind})")

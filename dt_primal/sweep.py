@@ -1,9 +1,11 @@
 """``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. The seeds of each
-(dataset, model) train in one process as one ensemble (``train.py --seeds``), several groups at
-once (``--jobs``, e.g. sharing one GPU); finished runs are skipped and interrupted ones resumed
-(several sweeps may share one folder: a group that one of them is training is locked). Then one
-aggregated table (Markdown, CSV), a bar chart and learning curves. Scores are those of the **last**
-checkpoint of each run, beside each seed's mean of its last three evaluations.
+(dataset, model) train in one process as one ensemble (``train.py --seeds``, through
+``dt_primal.run.train_command``), several groups at once: a local process pool (``--jobs``, e.g.
+sharing one GPU), or one Ray task per group on a Ray cluster (``--backend ray``); finished runs are
+skipped and interrupted ones resumed (several sweeps may share one folder: a group that one of them
+is training is locked). Then one aggregated table (Markdown, CSV), a bar chart and learning curves.
+Scores are those of the **last** checkpoint of each run, beside each seed's mean of its last three
+evaluations.
 
 Two DT baselines: this folder's ``dt`` runs share Primal.+DT's settings ("DT (matched settings)");
 the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sweep of its own with
@@ -14,21 +16,32 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
   python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs
   python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
   python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
+  python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import fcntl
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, TextIO
 
 import numpy as np
+
+from dt_primal.cli import run_main
+from dt_primal.errors import UserError
+from dt_primal.evaluation import mean_std, pm, table
+from dt_primal.run import Loader, application_loader, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
@@ -46,10 +59,13 @@ def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
 
 
 BUSY = None  # run_group's status for a group that another sweep is training (-N would be a signal's exit status)
+COMMAND = [sys.executable, "-m", "dt_primal.run"]  # train.py, as the library runs it
+# how a backend runs one train command: (its arguments, the group's train.log) -> exit status
+Trainer = Callable[[list[str], TextIO], int]
 
 
 def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str],
-              threads: int) -> tuple[Path, list[int], int | None]:
+              trainer: Trainer) -> tuple[Path, list[int], int | None]:
     """Train the seeds of (dataset, model) that have not finished, as ensembles: those that started
     resume together, the others start together. A group another sweep holds is left to it.
     Returns (group dir, the seeds trained, exit status or BUSY)."""
@@ -62,18 +78,131 @@ def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list
             return gd, [], BUSY
         todo = [s for s in seeds if not (run_dir(out, dataset, model, s) / "eval.json").exists()]
         started = [s for s in todo if (run_dir(out, dataset, model, s) / "last.pt").exists()]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         for part, resume in ((started, True), ([s for s in todo if s not in started], False)):
             if not part:
                 continue
-            cmd = [sys.executable, str(ROOT / "train.py"), "--dataset", dataset, "--model", model,
-                   "--seeds", *map(str, part), "--out", str(gd), *extra, *(["--resume"] if resume else [])]
-            with open(gd / "train.log", "a") as log:
-                log.write(f"$ {' '.join(cmd)}\n"); log.flush()
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+            argv = ["--dataset", dataset, "--model", model, "--seeds", *map(str, part), "--out", str(gd), *extra,
+                    *(["--resume"] if resume else [])]
+            log_path = gd / "train.log"
+            cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
+            with open(log_path, "a") as log:
+                log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n"); log.flush()
+                rc = trainer(argv, log)
             if rc:
                 return gd, todo, rc
         return gd, todo, 0
+
+
+def python_path() -> str:
+    """``$PYTHONPATH`` with this checkout first: what the trainers' processes import (on every node of a cluster)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def in_subprocess(threads: int) -> Trainer:
+    """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads, in
+    the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
+    def trainer(argv: list[str], log: TextIO) -> int:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": python_path()}
+        return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    return trainer
+
+
+def in_process(load_dataset: Loader, threads: int) -> Trainer:
+    """A Ray worker's trainer: ``train_command`` in this process, its output into the log and its exit
+    status returned as the command line's would be (a bug's traceback goes to the log, status 1)."""
+    def trainer(argv: list[str], log: TextIO) -> int:
+        import torch
+        torch.set_num_threads(threads)
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            try:
+                run_main(lambda: train_command(argv, load_dataset))
+            except SystemExit as exc:
+                return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except Exception:
+                traceback.print_exc()
+                return 1
+        return 0
+    return trainer
+
+
+class Stopped(Exception):
+    """A group's training stopped by SIGINT or SIGTERM (a node being shut down) after writing its checkpoints."""
+
+
+def ray_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
+              threads: int, cwd: str) -> tuple[Path, list[int], int | None]:
+    """One Ray task: ``run_group`` on a worker, in the sweep's folder ``cwd`` where this node has it (relative
+    paths mean what they mean to the sweep). When Ray runs it again, after its worker or node died or
+    a signal stopped it, the seeds that had written a checkpoint resume from their ``last.pt``."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    gd, trained, rc = run_group(dataset, model, seeds, out, extra, in_process(load_dataset, threads))
+    if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        raise Stopped(f"{gd} stopped by signal {rc - 128} after its checkpoint")
+    return gd, trained, rc
+
+
+RAY_RETRIES = 3  # times Ray runs a group again after its worker or node died or a signal stopped it
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--backend ray needs Ray, which is not installed here (it is optional): install it with "
+                        "'pip install -r requirements-ray.txt' (on every node of the cluster, with the same Python "
+                        "and dt-primal), or leave out --backend ray to train in the local process pool.") from None
+    return ray
+
+
+def start_ray(address: str | None):
+    """Connect to the Ray cluster at ``address`` ('auto', HOST:PORT), or start a local instance."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    cannot = (f"Could not connect to the Ray cluster at --ray-address {address} ({{}}). Start it first (ray start --head "
+              f"on one machine, ray start --address HEAD:6379 on the others), or leave out --ray-address for a local "
+              f"Ray instance.")
+    host, _, port = (address or "").rpartition(":")
+    if host and "://" not in address:  # HOST:PORT: Ray itself would retry an unreachable one for minutes
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+        except (OSError, ValueError) as exc:
+            raise UserError(cannot.format(exc)) from None
+    try:
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)  # local: a new instance
+    except ConnectionError as exc:
+        raise UserError(cannot.format(exc)) from None
+    return ray
+
+
+def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
+    """Yield ``run_group``'s result for each group as its Ray task finishes; for a task Ray gave up on
+    (its worker died more than ``RAY_RETRIES`` times), the reason instead of an exit status."""
+    from dt_primal.sweep import Stopped, ray_group  # sent to the workers by name, also when this file runs as __main__
+    ray = start_ray(args.ray_address)
+    gpus = args.gpus_per_task if args.gpus_per_task is not None else float(ray.cluster_resources().get("GPU", 0) > 0)
+    task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES, retry_exceptions=[Stopped],
+                      runtime_env={"env_vars": {"PYTHONPATH": python_path()}})(ray_group)
+    threads = max(1, round(args.cpus_per_task))
+    pending = {task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd()): (d, m)
+               for d, m in groups}
+    while pending:
+        (done,), _ = ray.wait(list(pending))
+        d, m = pending.pop(done)
+        try:
+            yield ray.get(done)
+        except ray.exceptions.RayError as exc:
+            yield group_dir(args.out, d, m), [], f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"
+
+
+def run_groups_locally(groups: list[tuple[str, str]], args, extra: list[str]):
+    """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads)) for d, m in groups]
+        for f in futures:
+            yield f.result()
 
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
@@ -89,7 +218,7 @@ RECORDED = SETTINGS + ("precision",)  # what run_settings reports
 
 
 def run_settings(group: Path, seed: int) -> dict | None:
-    """The ``RECORDED`` settings a finished run trained with: from its checkpoint, else from the last train.py
+    """The ``RECORDED`` settings a finished run trained with: from its checkpoint, else from the last train
     command line the sweep logged in the group's train.log; None when neither is there (committed
     records keep only eval.json and evals.jsonl)."""
     from dt_primal.config import PRESETS, add_config_args, make_config, overrides
@@ -100,9 +229,10 @@ def run_settings(group: Path, seed: int) -> dict | None:
         return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
     log = group / "train.log"
     cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []
-    if not cmds or "train.py" not in " ".join(cmds[-1]):
+    command = lambda a: a.endswith("train.py") or a == "dt_primal.run"  # earlier sweeps logged train.py by path
+    if not cmds or not any(map(command, cmds[-1])):
         return None
-    argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if a.endswith("train.py")) + 1:]
+    argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:]
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--preset", default="paper")
     add_config_args(p)
@@ -166,11 +296,9 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int],
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
-                scores = np.array([score(e["targets"][i]) for e in evals])
-                entry = {"target": t, "mean": float(scores.mean()), "std": float(scores.std()), "seeds": scores.tolist()}
+                entry = {"target": t, **mean_std([score(e["targets"][i]) for e in evals])}
                 if all(len(c) >= LAST_N for c in curves):
-                    last = np.array([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves])
-                    entry["last3"] = {"mean": float(last.mean()), "std": float(last.std()), "seeds": last.tolist(),
+                    entry["last3"] = {**mean_std([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves]),
                                       "steps": [p["step"] for p in curves[0][-LAST_N:]]}
                 per_target.append(entry)
             settings = run_settings(gd, finished[0])
@@ -186,7 +314,7 @@ def short(dataset: str) -> str:
 
 
 def cell(t: dict | None) -> str:
-    return "–" if t is None else f"{t['mean']:.1f} ± {t['std']:.1f}"
+    return "–" if t is None else pm(t["mean"], t["std"])
 
 
 def gap_rows(rows: list[dict], a: str, b: str) -> list[dict]:
@@ -224,10 +352,9 @@ def gap_table(gaps: list[dict], a: str, b: str) -> str:
         if not np.isfinite(g["z"]):
             return f"{g['gap']:+.1f} (no SE: {min(g['n_a'], g['n_b'])} seed{'s' if min(g['n_a'], g['n_b']) != 1 else ''})"
         return f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
-    lines = [f"| dataset | target | {a} − {b}: last checkpoint | mean of last 3 evaluations |", "|---|---|---|---|"]
-    for g in gaps:
-        lines.append(f"| {short(g['dataset'])} | {g['target']:g} | {fmt(g.get('last'))} | {fmt(g.get('last3'))} |")
-    return "\n".join(lines) + ("\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
+    rows = [[short(g["dataset"]), f"{g['target']:g}", fmt(g.get("last")), fmt(g.get("last3"))] for g in gaps]
+    head = ["dataset", "target", f"{a} − {b}: last checkpoint", "mean of last 3 evaluations"]
+    return table(head, rows) + ("\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
                                "spread, sqrt(s_a²/n_a + s_b²/n_b), s the std with ddof 1; with 3 seeds a side, "
                                "|gap| > 2.8 SE is about a two-sided 5% Welch test.\n")
 
@@ -242,13 +369,10 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     which = lambda i: ["high target", "low target"][i] if n_t == 2 else f"target {i + 1}"
     head = ["dataset", "model", "what it is", "seeds", "steps"] + [f"{which(i)}: last checkpoint" for i in range(n_t)] \
         + [f"{which(i)}: mean of last 3 evaluations" for i in range(n_t)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        last = [f"{cell(t)} ({t['target']:g})" for t in r["targets"]]
-        last3 = [cell(t.get("last3")) for t in r["targets"]]
-        returns = " (returns)" if r.get("unit") == "return" else ""
-        lines.append(f"| {r['dataset']}{returns} | {r['name']} | {r['label']} | {len(r['finished_seeds'])} | {r['step']} | "
-                     + " | ".join(last + last3) + " |")
+    lines = [[r["dataset"] + (" (returns)" if r.get("unit") == "return" else ""), r["name"], r["label"],
+              len(r["finished_seeds"]), r["step"],
+              *[f"{cell(t)} ({t['target']:g})" for t in r["targets"]], *[cell(t.get("last3")) for t in r["targets"]]]
+             for r in rows]
     # the average rows compare like with like: only datasets where every label has a result
     common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
               if all(any(r["dataset"] == d and r["label"] == lab for r in rows) for lab in labels)]
@@ -258,10 +382,10 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
             avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
             avg3 = [f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
                     if all("last3" in r["targets"][i] for r in mine) else "–" for i in range(n_t)]
-            lines.append(f"| **average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})** | {mine[0]['name']} | {lab} | | | "
-                         + " | ".join(avg + avg3) + " |")
+            lines.append([f"**average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})**", mine[0]["name"], lab, "", "",
+                          *avg, *avg3])
     notes = [f"- **{lab}**: {LABEL_NOTES[lab]}." for lab in labels if lab in LABEL_NOTES]
-    md = "\n".join(lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
+    md = table(head, lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
                              "the paper reports it), mean ± std (ddof 0) across seeds of the per-seed mean over the final "
                              "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
                              "evaluations** (the final one and the two intermediate ones before it, which use fewer "
@@ -351,8 +475,8 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
     return drawn
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(prog="python -m dt_primal.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -360,8 +484,19 @@ def main() -> None:
                    help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4")
     p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=1, help="(dataset, model) groups trained at once")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per run (default: the cores divided by --jobs)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: a pool of --jobs child processes on this machine (default); ray: one Ray task per "
+                        "(dataset, model) group, on a Ray cluster (pip install -r requirements-ray.txt)")
+    p.add_argument("--jobs", type=int, default=1, help="local: (dataset, model) groups trained at once")
+    p.add_argument("--threads", type=int, default=None,
+                   help="local: CPU threads per run (default: the cores divided by --jobs)")
+    p.add_argument("--ray-address", default=None,
+                   help="ray: the cluster, 'auto' (the one this machine belongs to) or HOST:PORT; default: a local "
+                        "Ray instance on this machine")
+    p.add_argument("--gpus-per-task", type=float, default=None,
+                   help="ray: GPUs per group, a fraction shares one (0.25: four groups per GPU); default: 1 when the "
+                        "cluster has GPUs, else 0")
+    p.add_argument("--cpus-per-task", type=float, default=1, help="ray: CPUs per group, also its training threads")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     p.add_argument("--baseline", type=Path, default=None,
@@ -374,18 +509,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     groups = [(d, m) for d in args.datasets for m in args.models]
     if not args.aggregate_only:
-        threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
         t0, failed = time.time(), []
-        with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, threads) for d, m in groups]
-            for i, f in enumerate(futures, 1):
-                gd, trained, rc = f.result()
-                seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
-                status = {0: f"done ({seeds})" if trained else "done before",
-                          BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED (exit {rc}, see {gd}/train.log)")
-                print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
-                if rc not in (0, BUSY):
-                    failed.append(gd)
+        results = (run_groups_on_ray if args.backend == "ray" else run_groups_locally)(groups, args, extra)
+        for i, (gd, trained, rc) in enumerate(results, 1):
+            seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
+            failure = rc if isinstance(rc, str) else f"exit {rc}"  # a string: why Ray gave up on the group
+            status = {0: f"done ({seeds})" if trained else "done before",
+                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see {gd}/train.log)")
+            print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
+            if rc not in (0, BUSY):
+                failed.append(gd)
         if failed:
             print(f"{len(failed)} groups failed; fix and run the same command again (finished runs are skipped).")
     rows = collect(args.out, args.datasets, args.models, args.seeds)
@@ -403,4 +536,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -19,12 +19,13 @@ import torch
 from conftest import make_episodes
 from datasets import suite
 from datasets.loaders import load_dataset
+from datasets.synthetic import write_d4rl
 from dt_primal import checks, runfolder
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from test_data import write_d4rl, write_minari, write_pickle
+from test_data import write_minari, write_pickle
 from test_reliability import ENV, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 

@@ -1,12 +1,12 @@
 import pickle
 
-import h5py
 import numpy as np
 import pytest
 import torch
 
 from conftest import make_episodes
 from datasets.loaders import load_dataset
+from datasets.synthetic import write_d4rl
 from dt_primal.data import Trajectories, WindowSampler
 
 
@@ -17,16 +17,6 @@ def write_minari(dataset_id, episodes, env="Hopper-v5"):
                              terminations=e["terminations"].tolist(), truncations=e["truncations"].tolist())
                for e in episodes]
     minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests")
-
-
-def write_d4rl(path, episodes):
-    with h5py.File(path, "w") as f:
-        f["observations"] = np.concatenate([e["observations"][:-1] for e in episodes])
-        f["next_observations"] = np.concatenate([e["observations"][1:] for e in episodes])
-        f["actions"] = np.concatenate([e["actions"] for e in episodes])
-        f["rewards"] = np.concatenate([e["rewards"] for e in episodes])
-        f["terminals"] = np.concatenate([e["terminations"] for e in episodes])
-        f["timeouts"] = np.concatenate([e["truncations"] for e in episodes])
 
 
 def write_pickle(path, episodes):

@@ -14,13 +14,14 @@ import torch
 
 from conftest import make_episodes
 from datasets.loaders import load_dataset
+from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint, step, training
 from dt_primal.cli import run_main
 from dt_primal.config import make_config
 from dt_primal.data import WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.model import DecisionTransformer, dt_loss
-from test_data import write_d4rl, write_pickle
+from test_data import write_pickle
 from test_train import ROOT, TINY, hopper_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers as below

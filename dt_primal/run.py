@@ -1,0 +1,99 @@
+"""Train a Decision Transformer (dt), Primal.+DT (primal, default) or PrimalFormer on an offline
+dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard events.
+
+  python train.py --preset quick                       # minutes on a CPU
+  python train.py --dataset dt-primal/hopper/medium-replay-v0 --model primal --seeds 0 1 2 --out runs/hmr
+  python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
+  (--seeds trains the seeds in one process as one ensemble; each as it would train alone)
+  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (README: Multi-GPU)
+
+``train_command`` is that command as a function of the library: ``train.py`` and the sweep's workers
+call it. ``python -m dt_primal.run ARGS`` is ``python train.py ARGS``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+from typing import Callable
+
+from dt_primal.checkpoint import load_checkpoint
+from dt_primal.checks import check_run_inputs
+from dt_primal.cli import run_main, write_report
+from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
+from dt_primal.data import Trajectories
+from dt_primal.errors import UserError
+from dt_primal.evaluation import normalized_text, scoring
+from dt_primal.runfolder import hold_run_folder
+from dt_primal.training import Interrupted, distributed, train
+
+# load_dataset(spec, env, download, build) -> Trajectories: where the data comes from (datasets.loaders.load_dataset)
+Loader = Callable[..., Trajectories]
+
+
+def application_loader() -> Loader:
+    """The loader of the application above the library (``datasets/``: the offline suite, Minari, D4RL
+    and pickle files), looked up by name when a ``python -m dt_primal.*`` command starts: the library
+    itself takes the loader as an argument and imports nothing from ``datasets/``."""
+    return importlib.import_module("datasets.loaders").load_dataset
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=list(PRESETS), default="paper",
+                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per "
+                        "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "
+                        "1 head, lr 1e-4; the rest as paper). Options given on the command line override the preset")
+    p.add_argument("--seeds", type=int, nargs="+",
+                   help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from OUT/last.pt where a run stopped, with its settings (--steps and the evaluation "
+                        "and checkpoint options may be changed)")
+    p.add_argument("--rescale-actions", action="store_true",
+                   help="scale dataset actions that lie outside the task's action space into its bounds (else refused)")
+    add_config_args(p)
+    return p
+
+
+def train_command(argv: list[str], load_dataset: Loader) -> None:
+    """``train.py argv``: parse, check, hold the run folder, load the data with ``load_dataset``, train,
+    evaluate and print the results. Bad input raises UserError; a SIGINT/SIGTERM that stopped training
+    exits with 128 + the signal (SystemExit). Run it under ``dt_primal.cli.run_main`` for the messages
+    and exit statuses of the command line."""
+    args = parser().parse_args(argv)
+    given = overrides(args)
+    if args.seeds and "seed" in given:
+        raise UserError(f"--seed {given['seed']} and --seeds {' '.join(map(str, args.seeds))} were both given: --seeds "
+                        f"trains each of its seeds as --seed N alone would; leave out --seed.")
+    cfg = make_config(args.preset, **given)
+    first = Path(cfg.out) / (f"seed_{args.seeds[0]}" if args.seeds else "") / "last.pt"
+    if args.resume and first.exists():  # the checkpoint's settings, except those given now
+        cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
+    with distributed(cfg.device) as (rank, world), hold_run_folder(cfg.out, args.seeds, enabled=rank == 0) as folder:
+        data = load_dataset(cfg.dataset, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
+        if rank == 0:
+            print(scoring(data.task, cfg.targets))
+        check_run_inputs(data, cfg, args.seeds, rescale_actions=args.rescale_actions, notes=rank == 0)
+        folder.check_dataset(data, resume=args.resume)
+        try:
+            results = train(cfg, data, resume=args.resume, seeds=args.seeds)
+        except Interrupted as exc:
+            print(f"\n{exc}", file=sys.stderr)
+            sys.exit(128 + exc.signum)
+        if rank != 0:  # only rank 0 evaluates and reports
+            return
+        for result in results:
+            for r in result["targets"]:
+                print(f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
+                      f"normalised score {normalized_text(r)} ({r['episodes']} episodes)")
+        if args.seeds:
+            summary = write_report(results, Path(cfg.out) / "report.json")
+            for r in summary["across_checkpoints"]:
+                print(f"target {r['target']:g}: normalised score {normalized_text(r)} across {len(args.seeds)} seeds")
+            print(f"report: {Path(cfg.out) / 'report.md'}")
+
+
+if __name__ == "__main__":
+    run_main(lambda: train_command(sys.argv[1:], application_loader()))

@@ -1,0 +1,92 @@
+"""The sweep's Ray backend on a real local Ray instance: the local pool's table, and a group whose worker
+is killed mid-run is run again by Ray and resumes from its checkpoint."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import make_episodes
+from datasets.synthetic import write_d4rl
+from dt_primal.sweep import group_dir, main, run_dir
+from test_train import ROOT
+
+TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--batch-size", "16",
+        "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "2", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def ray():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # a new instance
+    yield ray
+    ray.shutdown()
+
+
+def datasets(tmp_path) -> list[str]:
+    paths = [tmp_path / f"hopper_{seed}.hdf5" for seed in (3, 4)]
+    for seed, path in zip((3, 4), paths):
+        write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=seed))
+    return [str(p) for p in paths]
+
+
+def sweep(*args: str) -> None:
+    main(["--models", "primal", "--seeds", "0", "1", *args])
+
+
+def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
+    data = datasets(tmp_path)
+    sweep("--datasets", *data, "--jobs", "2", "--threads", "1", "--out", str(tmp_path / "local"), "--", *TINY, "--steps", "6")
+    sweep("--datasets", *data, "--backend", "ray", "--cpus-per-task", "1", "--out", str(tmp_path / "ray"),
+          "--", *TINY, "--steps", "6")
+    printed = capsys.readouterr().out
+    assert printed.count("done (seeds 0 1)") == 4  # two groups on each backend
+    local, on_ray = ((tmp_path / out / "results.md").read_text() for out in ("local", "ray"))
+    assert on_ray == local and all(f"| {d} | primal |" in local for d in data)
+    assert (tmp_path / "ray" / "results.csv").read_text() == (tmp_path / "local" / "results.csv").read_text()
+    log = (group_dir(tmp_path / "ray", data[0], "primal") / "train.log").read_text()
+    assert log.count("$ python -m dt_primal.run ") == 1 and "--seeds 0 1 " in log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path, ray, capsys, signum):
+    data, out, steps = datasets(tmp_path)[0], tmp_path / "sweep", 300
+    gd = group_dir(out, data, "primal")
+    killed = {}
+
+    def kill_after_first_checkpoint():  # SIGKILL: a lost node or out of memory; SIGTERM: a node shutting down
+        while not (run_dir(out, data, "primal", 0) / "last.pt").exists():
+            time.sleep(0.01)
+        killed["pid"] = json.loads((gd / ".train.lock").read_text())["pid"]
+        os.kill(killed["pid"], signum)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer.start()
+    sweep("--datasets", data, "--backend", "ray", "--out", str(out), "--", *TINY, "--steps", str(steps),
+          "--checkpoint-every", "20")
+    killer.join(timeout=1)
+    assert "pid" in killed and "done (seeds 0 1)" in capsys.readouterr().out
+    log = (gd / "train.log").read_text()
+    commands = [line for line in log.splitlines() if line.startswith("$ ")]
+    assert len(commands) == 2 and not commands[0].endswith("--resume")
+    assert "--seeds 0 1 --out" in commands[1] and commands[1].endswith("--resume")  # run again by Ray: resumes
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if line.startswith("resumed from ")]
+    assert len(resumed) == 1 and 0 < resumed[0] < steps
+    for seed in (0, 1):
+        assert json.loads((run_dir(out, data, "primal", seed) / "eval.json").read_text())["step"] == steps
+    if signum == signal.SIGKILL:  # from a periodic checkpoint, in another worker
+        assert resumed[0] % 20 == 0 and json.loads((gd / ".train.lock").read_text())["pid"] != killed["pid"]
+    else:
+        assert f"stopped by signal SIGTERM at step {resumed[0]}" in log  # it wrote that checkpoint when it stopped
+
+
+def test_without_ray_the_sweep_says_how_to_install_it(tmp_path):
+    code = ("import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from dt_primal.sweep import main; "
+            f"run_main(lambda: main(['--datasets', 'x', '--backend', 'ray', '--out', {str(tmp_path)!r}]))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("error: --backend ray needs Ray") and "pip install -r requirements-ray.txt" in res.stderr
