@@ -218,10 +218,13 @@ RECORDED = SETTINGS + ("precision",)  # what run_settings reports
 
 
 def run_settings(group: Path, seed: int) -> dict | None:
-    """The ``RECORDED`` settings a finished run trained with: from its checkpoint, else from the last train
-    command line the sweep logged in the group's train.log; None when neither is there (committed
-    records keep only eval.json and evals.jsonl)."""
+    """The ``RECORDED`` settings a finished run trained with: from its eval.json, else its checkpoint, else
+    the last train command line the sweep logged in the group's train.log; None when none is there
+    (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
     from dt_primal.config import PRESETS, add_config_args, make_config, overrides
+    cfg = json.loads((group / f"seed_{seed}" / "eval.json").read_text()).get("config", {})
+    if all(k in cfg for k in RECORDED):
+        return {k: cfg[k] for k in RECORDED}
     ckpt = group / f"seed_{seed}" / "last.pt"
     if ckpt.exists():
         import torch

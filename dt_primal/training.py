@@ -307,7 +307,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
                 writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
         writer.close()
         result = {"checkpoint": str(last), "step": step, "task": task.gym_id, "dataset": data.source,
-                  "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports}
+                  "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports,
+                  "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed))}  # the record says how it was made
         (d / "eval.json").write_text(json.dumps(result, indent=1))
         results.append(result)
     return results

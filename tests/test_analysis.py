@@ -82,3 +82,18 @@ def test_learning_curves_average_only_the_finished_runs(tmp_path):
         drawn = plot_curves(tmp_path, collect(tmp_path, ["d/x/y-v0"], ["dt", "primal"], [0, 1, 2]))
     assert drawn == {("d/x/y-v0", "dt"): 2}  # the unfinished seed 2 and the model without runs are left out
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
+    """Committed records keep eval.json without checkpoint or train.log: the DT baseline is still told apart."""
+    import dataclasses
+    import json
+
+    from dt_primal.config import make_config
+    from dt_primal.sweep import run_settings
+    (tmp_path / "seed_0").mkdir()
+    cfg = make_config("dt-paper", dataset="tiny", seed=0)
+    (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    assert run_settings(tmp_path, 0) == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "fp32"}
+    (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({}))
+    assert run_settings(tmp_path, 0) is None

@@ -145,6 +145,7 @@ def test_a_d4rl_run_reports_as_before(tmp_path):
     _, out = train(tmp_path, str(path), "--seed", "0")
     result = json.loads((out / "eval.json").read_text())
     assert result["task"] == "Hopper-v5"
+    assert (result["config"]["seed"], result["config"]["d_model"], result["config"]["model"]) == (0, 32, "primal")
     assert [sorted(r) for r in result["targets"]] == [sorted(["target", "return_mean", "return_std", "normalized_mean",
                                                                "normalized_std", "episodes", "returns", "lengths"])] * 2
     assert [(r["target"], r["lengths"]) for r in result["targets"]] == [(3600.0, [21, 21]), (1800.0, [21, 21])]
