@@ -29,7 +29,7 @@ from dt_primal.evaluation import normalized_text, scoring
 from dt_primal.runfolder import hold_run_folder
 from dt_primal.training import Interrupted, distributed, train
 
-# load_dataset(spec, env, download, build) -> Trajectories: where the data comes from (datasets.loaders.load_dataset)
+# load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from (datasets.loaders.load_dataset)
 Loader = Callable[..., Trajectories]
 
 
