@@ -17,10 +17,12 @@ random data (100k steps), as the other training benchmarks.
 from __future__ import annotations
 
 import argparse
+import collections
 import time
 
 import common
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dt_primal.attention
 import dt_primal.dropout
@@ -31,6 +33,41 @@ from dt_primal.config import make_config
 MODES = ("eager", "captured", "compiled", "compiled+captured")
 SIZES = {"spec": ("SPEC §4 (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
          "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1))}
+
+
+VIEWS = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
+         "slice", "unbind", "split", "split_with_sizes", "detach", "alias", "as_strided", "lift_fresh"}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen operations that run, views aside: each is about one kernel launch on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEWS and not name.startswith("_record_function"):
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(data, size: str, members: int, precision: str, members_by: str, device: str) -> dict:
+    """ATen operations (views aside) in one eager update, the second: what a CUDA graph of the step replays."""
+    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, **SIZES[size][1])
+    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=False)
+    if members_by != "default":
+        step.ensemble.vmap = members_by == "vmap"
+    seam = dt_primal.dropout.cheap_masks  # the GPU's dropout, whichever the device
+    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
+    step()
+    with OpCounter() as counter:
+        step()
+    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
+    return {"size": size, "members": members, "precision": precision,
+            "members_by": "vmap" if step.ensemble.vmap else "loop", "ops": sum(counter.ops.values()),
+            "top": counter.ops.most_common(6)}
 
 
 def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
@@ -77,11 +114,16 @@ def main() -> None:
                    help="how the members run: the device's default (vmap on CUDA, a loop elsewhere), or forced")
     p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (at least 5 when capturing)")
+    p.add_argument("--count-ops", action="store_true",
+                   help="count the ATen operations of one eager update per size, precision and member count instead of "
+                        "timing (views aside: each is about one kernel launch on a GPU); writes its own section")
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 1 and 2 members, 2 updates")
     args = p.parse_args()
     if args.quick:
         args.members, args.sizes, args.updates, args.warmup, args.precisions = [1, 2], ["dt"], 2, 1, ["fp32"]
     data = load_dataset(str(common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")), env="hopper")
+    if args.count_ops:
+        return ops_section(args, data)
     records = []
     for size in args.sizes:
         for precision in args.precisions:
@@ -116,6 +158,26 @@ def main() -> None:
         *[f"- {n}" for n in notes]])
     common.write_section(section, f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
                          body, args.quick)
+
+
+
+def ops_section(args, data) -> None:
+    records = [count_ops(data, size, m, precision, members_by, args.device) for size in args.sizes
+               for precision in args.precisions for members_by in args.members_by for m in args.members]
+    for r in records:
+        print(f"{SIZES[r['size']][0]:32s} {r['precision']} {r['members_by']:4s} {r['members']:2d} members: {r['ops']} ops",
+              flush=True)
+    rows = [[SIZES[r["size"]][0], r["precision"], r["members_by"], r["members"], f"**{r['ops']}**",
+             ", ".join(f"`{name}` {n}" for name, n in r["top"])] for r in records]
+    body = "\n".join([
+        f"ATen operations in one eager update of the library's training step (`dt_primal.step.TrainStep`) on "
+        f"`--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, s 64), views aside, counted by a "
+        f"`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, and a "
+        f"CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer kernels "
+        f"(sampling, clipping and AdamW stay outside it).", "",
+        common.md_table(["size", "precision", "members by", "members", "operations per update", "most frequent"], rows)])
+    common.write_section("ensemble_ops" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+                         f"Ensembles: operations per update ({args.device})", body, args.quick)
 
 
 if __name__ == "__main__":

@@ -168,10 +168,19 @@ class WindowSampler:
         self.context, self.device = context, device
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        start = torch.randint(len(self.rtg), (batch_size,), device=self.device, generator=generator)
-        idx = start[:, None] + self.offsets  # (B, K)
-        valid = idx < self.end[start][:, None]
-        idx = torch.where(valid, idx, start[:, None])  # padding reads a real step, then is zeroed
+        """``batch_size`` windows: (B, K, ...) tensors ``states``, ``actions``, ``returns_to_go``, ``timesteps``, ``valid``."""
+        return self.windows(self.starts(batch_size, generator))
+
+    def starts(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The first steps of ``batch_size`` windows, drawn uniformly from ``generator``: (B,) long."""
+        return torch.randint(len(self.rtg), (batch_size,), device=self.device, generator=generator)
+
+    def windows(self, start: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The windows beginning at the steps ``start`` (any shape S): (*S, K, ...) tensors. One gather
+        for all of them, e.g. for every member of an ensemble at once (S = (members, B))."""
+        idx = start[..., None] + self.offsets  # (*S, K)
+        valid = idx < self.end[start][..., None]
+        idx = torch.where(valid, idx, start[..., None])  # padding reads a real step, then is zeroed
         m = valid.unsqueeze(-1)
         return {"states": self.states[idx] * m, "actions": self.actions[idx] * m,
                 "returns_to_go": (self.rtg[idx] * valid).unsqueeze(-1),

@@ -52,8 +52,10 @@ class Ensemble:
         if self.vmap:  # SDPA's math path: vmapped, its fused kernels' backward fails ("LSE is not correctly aligned")
             with sdpa_kernel(SDPBackend.MATH):
                 return vmap(one, randomness="different")(self.params, self.buffers, *inputs)
-        # unbind: one backward node hands every member its gradient (indexing would add M full-size zeros each)
-        params, buffers = ({k: v.unbind(0) for k, v in d.items()} for d in (self.params, self.buffers))
+        # unbind: one backward node hands every member its gradient (indexing would add M full-size zeros each);
+        # a single member's weights by a view, whose gradient is the member's own (no copy into a stack)
+        split = (lambda v: v.unbind(0)) if self.size > 1 else (lambda v: (v.squeeze(0),))
+        params, buffers = ({k: split(v) for k, v in d.items()} for d in (self.params, self.buffers))
         outs = [one({k: v[i] for k, v in params.items()}, {k: v[i] for k, v in buffers.items()},
                     *tree_map(lambda x: x[i], inputs)) for i in range(self.size)]
         return torch.stack(outs) if isinstance(outs[0], torch.Tensor) else tuple(map(torch.stack, zip(*outs)))

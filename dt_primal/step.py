@@ -26,11 +26,14 @@ WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as
 
 def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
     """``clip_grad_norm_`` for every member at once: grads (M, ...) are scaled in place, member m's by
-    min(1, max_norm / (‖g_m‖ + 1e-6)), ‖g_m‖ its global L2 norm over all its parameters."""
-    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]), dim=0)
-    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+    min(1, max_norm / (‖g_m‖ + 1e-6)), ‖g_m‖ its global L2 norm over all its parameters. Multi-tensor
+    kernels, as ``clip_grad_norm_``'s: one norm launch for all the members' gradients, one scaling launch
+    per member (instead of two kernels per parameter tensor)."""
+    members = list(zip(*(g.unbind(0) for g in grads)))  # member m's gradient tensors
+    norms = torch.stack(torch._foreach_norm([g for member in members for g in member])).view(len(members), -1)
+    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
+    for member, c in zip(members, coef.unbind(0)):
+        torch._foreach_mul_(member, c)
 
 
 class TrainStep:
@@ -75,8 +78,8 @@ class TrainStep:
         return loss, action, j2
 
     def _sample(self) -> dict:
-        batches = [self.sampler.sample(self.cfg.batch_size, g) for g in self.generators]
-        return {k: torch.stack([b[k] for b in batches]) for k in batches[0]}
+        """Every member's batch from its own generator, gathered at once: (M, B, K, ...) tensors."""
+        return self.sampler.windows(torch.stack([self.sampler.starts(self.cfg.batch_size, g) for g in self.generators]))
 
     def _update(self) -> None:
         """The step itself: device work only (gradients start unset, as after ``zero_grad``)."""
