@@ -135,9 +135,14 @@ def normalized_text(r: dict) -> str:
     return "–" if r["normalized_mean"] is None else pm(r["normalized_mean"], r["normalized_std"])
 
 
-def headline(r: dict) -> str:
-    """A report's normalised score, or its return when the task has no reference scores."""
-    return f"{r['normalized_mean']:.1f}" if r["normalized_mean"] is not None else f"return {r['return_mean']:.1f}"
+def score(report: dict) -> float:
+    """A target's normalised score, or its mean return for a task without reference scores."""
+    return report["return_mean"] if report["normalized_mean"] is None else report["normalized_mean"]
+
+
+def headline(report: dict) -> str:
+    """``score`` as a run prints it: "return ..." where it is a return."""
+    return f"{score(report):.1f}" if report["normalized_mean"] is not None else f"return {score(report):.1f}"
 
 
 def aggregate(results: list[dict]) -> dict:

@@ -40,7 +40,7 @@ import numpy as np
 
 from dt_primal.cli import run_main
 from dt_primal.errors import UserError
-from dt_primal.evaluation import mean_std, pm, table
+from dt_primal.evaluation import mean_std, pm, score, table
 from dt_primal.run import Loader, application_loader, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,11 +259,6 @@ def label_of(model: str, settings: dict | None, default: str | None) -> str:
     return default or LABELS.get(model, model)
 
 
-def score(report: dict) -> float:
-    """A target's normalised score, or its return for a task without reference scores."""
-    return report["return_mean"] if report["normalized_mean"] is None else report["normalized_mean"]
-
-
 def curve_points(rd: Path) -> list[dict]:
     """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
     one (eval.json), each as {"step", "scores": ``score`` per target}."""
@@ -418,6 +413,13 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     return md
 
 
+def y_label(rows: list[dict]) -> str:
+    """What ``rows``' scores are: normalised scores, returns (tasks without reference scores), or both."""
+    units = {r.get("unit", "normalised") for r in rows}
+    return {frozenset({"normalised"}): "normalised score", frozenset({"return"}): "return"}.get(
+        frozenset(units), "normalised score (return where a task has no reference scores)")
+
+
 def plot_bars(rows: list[dict], out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -437,7 +439,7 @@ def plot_bars(rows: list[dict], out: Path) -> None:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))])
         ax.set_xticklabels([d.split("/")[-2] + "\n" + d.split("/")[-1] if d.count("/") >= 2 else d for d in datasets], fontsize=8)
         ax.set_title(["high target", "low target"][ti] if n_t == 2 else f"target {ti + 1}")
-        ax.set_ylabel("normalised score (last checkpoint)")
+        ax.set_ylabel(f"{y_label(rows)} (last checkpoint)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "results.png", dpi=120)
@@ -445,7 +447,7 @@ def plot_bars(rows: list[dict], out: Path) -> None:
 
 
 def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> dict:
-    """Normalised score (high target) against steps for each of ``collect``'s rows: mean and min–max
+    """Normalised score (or return: ``y_label``) of the high target against steps for each of ``collect``'s rows: mean and min–max
     band over its finished seeds, into ``plot_dir`` (default ``out``)/curves.png. Returns how many seeds
     each drawn (dataset, row name) curve averages."""
     import matplotlib
@@ -469,7 +471,8 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
             ax.plot(steps, y.mean(0), label=f"{row.get('label', row['model'])} ({len(curves)} seeds)")
             ax.fill_between(steps, y.min(0), y.max(0), alpha=0.2)
             drawn[d, row.get("name", row["model"])] = len(curves)
-        ax.set_title(d, fontsize=9); ax.set_xlabel("training step"); ax.set_ylabel("normalised score")
+        ax.set_title(d, fontsize=9); ax.set_xlabel("training step")
+        ax.set_ylabel(y_label([r for r in rows if r["dataset"] == d]))
         if ax.lines:
             ax.legend(fontsize=7)
     fig.tight_layout()

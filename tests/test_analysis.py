@@ -97,3 +97,11 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
     assert run_settings(tmp_path, 0) == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "fp32"}
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({}))
     assert run_settings(tmp_path, 0) is None
+
+
+def test_plots_say_whether_they_show_normalised_scores_or_returns():
+    from dt_primal.sweep import y_label
+    scored, unscored = {"unit": "normalised"}, {"unit": "return"}  # a task without reference scores
+    assert y_label([scored, scored]) == "normalised score"
+    assert y_label([unscored]) == "return"
+    assert "return" in y_label([scored, unscored]) and "normalised" in y_label([scored, unscored])
