@@ -30,7 +30,8 @@ def load_dataset(spec: str, env: str | None = None, download: bool = False, buil
                  ref_scores: tuple[float, float] | None = None) -> Trajectories:
     """Trajectories from ``spec``, with ``.task`` the evaluation task (``evaluation_task``) and ``.env``
     its Gymnasium id. ``build``: build a missing suite dataset (off in multi-process runs, where every
-    process would). ``ref_scores``: the user's reference returns (--ref-min, --ref-max)."""
+    process would). ``ref_scores``: the user's reference returns (--ref-min, --ref-max), finite and
+    different, as ``Config.validate`` checks them."""
     if not spec.strip():
         raise UserError("--dataset is empty. Give a suite dataset such as dt-primal/hopper/medium-v0, a Minari "
                         "dataset id, or the path of a D4RL .hdf5 or decision-transformer .pkl file.")
@@ -82,14 +83,14 @@ def evaluation_task(spec: str, env: str | None, data: Trajectories, ref_scores: 
         task = requested or find_task(spec)
     if task is None:
         raise UserError(f"The dataset {spec} does not name the task it was recorded on; pass --env with {ENV_HINT}.")
-    given = ref_scores or data.ref_scores
-    if given is not None:
-        ref_min, ref_max = (float(x) for x in given)
-        if not (np.isfinite(ref_min) and np.isfinite(ref_max) and ref_min != ref_max):
-            raise UserError(f"The dataset {spec}'s metadata gives the reference returns ref_min_score {ref_min:g} and "
-                            f"ref_max_score {ref_max:g}, which cannot normalise a score (they must be finite and "
-                            f"differ). Give --ref-min and --ref-max.")
-        task = dataclasses.replace(task, ref_min=ref_min, ref_max=ref_max)
+    if ref_scores is None and data.ref_scores is not None:  # the user's are checked with the config (--ref-min)
+        ref_scores = tuple(float(x) for x in data.ref_scores)
+        if not (np.isfinite(ref_scores).all() and ref_scores[0] != ref_scores[1]):
+            raise UserError(f"The dataset {spec}'s metadata gives the reference returns ref_min_score {ref_scores[0]:g} "
+                            f"and ref_max_score {ref_scores[1]:g}, which cannot normalise a score (they must be finite "
+                            f"and differ). Give --ref-min and --ref-max.")
+    if ref_scores is not None:
+        task = dataclasses.replace(task, ref_min=float(ref_scores[0]), ref_max=float(ref_scores[1]))
     if not task.targets:
         task = dataclasses.replace(task, targets=derived_targets(data.episode_returns()))
     return task

@@ -170,3 +170,12 @@ def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
     md = write_tables(collect(tmp_path, [pendulum, ant], ["dt"], [0, 1]), tmp_path)
     assert f"| {pendulum} (returns) | dt |" in md and "| 5.5 ± 0.5 (10) |" in md and "| 40.5 ± 0.5 (10) |" in md
     assert "| **average (1 dataset)** | dt |" in md and "Datasets marked (returns)" in md
+
+
+def test_reference_scores_that_cannot_normalise_are_refused_unless_the_user_gives_others():
+    record("tests/invertedpendulum/flat-v0", "InvertedPendulum-v5", max_steps=20, episodes=2,
+           ref_min_score=100.0, ref_max_score=100.0)
+    with pytest.raises(UserError, match="cannot normalise a score"):
+        load_dataset("tests/invertedpendulum/flat-v0")
+    task = load_dataset("tests/invertedpendulum/flat-v0", ref_scores=(0.0, 1000.0)).task
+    assert (task.ref_min, task.ref_max) == (0.0, 1000.0)
