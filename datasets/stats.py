@@ -60,8 +60,9 @@ def policy_row(task: Task, episodes: int) -> str | None:
 
 def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     """The built suite datasets and ``datasets`` (Minari ids of any task), and the behaviour policies."""
-    rows = [dataset_row(d) for d in [suite_id(t, lvl) for t in TASKS for lvl in LEVELS if is_built(suite_id(t, lvl))]
-            + [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]]
+    built = [suite_id(t, lvl) for t in TASKS for lvl in LEVELS if is_built(suite_id(t, lvl))]
+    given = [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]
+    rows = [dataset_row(d) for d in dict.fromkeys(built + given)]  # a built suite dataset given again: one row
     policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     text = "\n".join([
         "# The offline dataset suite", "",

@@ -155,7 +155,8 @@ def test_a_d4rl_run_reports_as_before(tmp_path):
 def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
     from datasets.stats import stats
     from dt_primal.sweep import collect, run_dir, write_tables
-    text = stats(tmp_path / "datasets.md", episodes=1, datasets=[pendulum, ant])
+    text = stats(tmp_path / "datasets.md", episodes=1, datasets=[pendulum, ant, pendulum])
+    assert sum(line.startswith(f"| {pendulum} |") for line in text.splitlines()) == 1  # given twice: one row
     row = next(line for line in text.splitlines() if line.startswith(f"| {pendulum} | 4 |"))
     assert row.split(" | ")[-2] == "–"  # no reference scores
     assert next(line for line in text.splitlines() if line.startswith(f"| {ant} | 3 |")).split(" | ")[-2] != "–"
