@@ -447,9 +447,9 @@ def plot_bars(rows: list[dict], out: Path) -> None:
 
 
 def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> dict:
-    """Normalised score (or return: ``y_label``) of the high target against steps for each of ``collect``'s rows: mean and min–max
-    band over its finished seeds, into ``plot_dir`` (default ``out``)/curves.png. Returns how many seeds
-    each drawn (dataset, row name) curve averages."""
+    """Normalised score (or return: ``y_label``) of the high target against steps for each of
+    ``collect``'s rows: mean and min–max band over its finished seeds, into ``plot_dir`` (default
+    ``out``)/curves.png. Returns how many seeds each drawn (dataset, row name) curve averages."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
