@@ -253,6 +253,9 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         for writer in writers:
             writer.close()
 
+    if cfg.compile and rank == 0 and step < cfg.steps:
+        print("--compile: the first steps compile the members' loss (about 20-30 s on an H100, a minute or more on a "
+              "CPU) before the progress bar moves")
     t_log, n_log = time.perf_counter(), 0
     who = f"seed {seed_list[0]}" if len(seed_list) == 1 else f"seeds {' '.join(map(str, seed_list))}"
     bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.model} {who}", unit="step", mininterval=5, disable=rank != 0)

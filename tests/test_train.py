@@ -72,16 +72,18 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     np.testing.assert_array_equal(a["state_mean"], b["state_mean"])
 
 
-def test_compiled_training_gives_the_weights_of_eager_training(tmp_path):
+def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys):
     """--compile changes how the step runs, not what it computes (dropout 0: no random masks)."""
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=6, warmup_steps=2, batch_size=8, dropout=0.0,
                  eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=3)
     from torch._dynamo.utils import counters
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager")), data)
+    assert "--compile" not in capsys.readouterr().out
     counters.clear()
     train(dataclasses.replace(cfg, out=str(tmp_path / "compiled"), compile=True), data)
     assert counters["stats"]["unique_graphs"] >= 1  # the step really ran through torch.compile
+    assert "--compile: the first steps compile" in capsys.readouterr().out  # the silent first minute is explained
     a = torch.load(tmp_path / "eager" / "last.pt", weights_only=False)
     b = torch.load(tmp_path / "compiled" / "last.pt", weights_only=False)
     assert b["config"]["compile"] and not a["config"]["compile"]
