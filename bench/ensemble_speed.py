@@ -7,6 +7,7 @@ over them, the CPU path).
   python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
   python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
       --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
+  python bench/ensemble_speed.py --count-ops --members 1 3 18 --members-by loop vmap   # operations per update
   python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
 
 One update = every member draws its batch of 64 windows (K 20) and takes one AdamW step. Each
@@ -160,8 +161,8 @@ def main() -> None:
                          body, args.quick)
 
 
-
 def ops_section(args, data) -> None:
+    """``--count-ops``: the operations of one update for every setting asked for, as a section of docs/benchmarks.md."""
     records = [count_ops(data, size, m, precision, members_by, args.device) for size in args.sizes
                for precision in args.precisions for members_by in args.members_by for m in args.members]
     for r in records:
