@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from envs import Task
 
 MODELS = ("dt", "primal", "primalformer")
+EMBED_INITS = ("torch", "gpt2")
 
 # KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
 PAPER_S = {
@@ -41,6 +42,7 @@ class Config:
     max_ep_len: int | None = None  # timestep embedding rows; None: the task's episode limit (else 1000)
     s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
     eta: float = 0.05  # KSVD loss weight (eq. 10)
+    embed_init: str = "torch"  # the return/state/action embeddings and the action head: torch | gpt2 (model.py)
     # optimisation
     steps: int = 100_000
     batch_size: int = 64
@@ -88,6 +90,8 @@ class Config:
         problems = []
         if self.model not in MODELS:
             problems.append(f"--model must be one of {', '.join(MODELS)} (got {self.model!r})")
+        if self.embed_init not in EMBED_INITS:
+            problems.append(f"--embed-init must be one of {', '.join(EMBED_INITS)} (got {self.embed_init!r})")
         if self.d_model <= 0 or self.n_head <= 0 or self.d_model % self.n_head:
             problems.append(f"--d-model ({self.d_model}) must be a positive multiple of --n-head ({self.n_head})")
         for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "eval_episodes",
@@ -154,6 +158,9 @@ PRESETS = {
 
 
 HELP = {
+    "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
+                  "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
+                  "docs/results.md, \"Initialisation\")",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
            "hopper, walker2d",
     "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
@@ -181,6 +188,8 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
                                      "episode returns' range, halfway between the worst and the best)")
         elif f.name == "model":
             parser.add_argument(*flags, choices=MODELS, default=None, help=f"default {f.default}")
+        elif f.name == "embed_init":
+            parser.add_argument(*flags, choices=EMBED_INITS, default=None, help=HELP[f.name])
         else:
             kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
             parser.add_argument(*flags, type=kind, default=None, help=HELP.get(f.name, f"default {f.default}"))

@@ -54,11 +54,12 @@ class DecisionTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.predict_action = nn.Linear(d, act_dim)
         self.apply(self._init_weights)  # GPT-2 init; primal W_e, W_r, Λ keep their own (SPEC §1)
-        # the return, state and action embeddings and the action head keep PyTorch's default init, as in the
-        # DT paper's code and d3rlpy: with N(0, 0.02) there DT learnt far slower at the DT paper's lr 1e-4
-        # (docs/results.md, "DT baselines")
-        for layer in (self.embed_return, self.embed_state, self.embed_action, self.predict_action):
-            layer.reset_parameters()
+        # --embed-init torch (default): the return, state and action embeddings and the action head keep PyTorch's
+        # default init, as in the DT paper's code and d3rlpy: with N(0, 0.02) there DT learnt far slower at the DT
+        # paper's lr 1e-4 (docs/results.md, "DT baselines" and "Initialisation")
+        if cfg.embed_init == "torch":
+            for layer in (self.embed_return, self.embed_state, self.embed_action, self.predict_action):
+                layer.reset_parameters()
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:

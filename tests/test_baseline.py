@@ -44,6 +44,26 @@ def test_dt_paper_preset_is_the_dt_papers_settings_and_flags_override_it():
     assert (reduced.precision, reduced.steps, reduced.warmup_steps, reduced.lr, reduced.n_head) == ("bf16", 2500, 250, 3e-4, 1)
 
 
+def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start():
+    """torch (default): PyTorch's uniform init, bound 1/sqrt(fan_in), as the DT paper's code and d3rlpy;
+    gpt2: N(0, 0.02) with zero bias, as every other layer. The blocks start alike either way."""
+    from dt_primal.model import DecisionTransformer
+    nets = {}
+    for init in ("torch", "gpt2"):
+        torch.manual_seed(0)
+        nets[init] = DecisionTransformer(Config(embed_init=init, d_model=64, n_head=2), 11, 3)
+    with torch.no_grad():
+        for name in ("embed_state", "embed_action", "embed_return", "predict_action"):
+            default, gpt2 = getattr(nets["torch"], name), getattr(nets["gpt2"], name)
+            # uniform in ±1/sqrt(fan_in): std 1/sqrt(3 fan_in), at least 0.07 for these fan-ins (1 to 64)
+            assert default.weight.abs().max() <= default.in_features ** -0.5 and default.weight.std() > 0.05
+            assert abs(float(gpt2.weight.std()) - 0.02) < 0.006 and not gpt2.bias.any()
+        for net in nets.values():
+            assert abs(float(net.blocks[0].mlp[0].weight.std()) - 0.02) < 0.002
+    with pytest.raises(Exception, match="--embed-init"):
+        Config(embed_init="xavier").validate()
+
+
 def test_train_py_offers_the_dt_paper_preset():
     res = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "dt-paper" in res.stdout and "1 head, lr 1e-4" in " ".join(res.stdout.split())
