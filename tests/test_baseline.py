@@ -60,7 +60,8 @@ def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start()
             assert abs(float(gpt2.weight.std()) - 0.02) < 0.006 and not gpt2.bias.any()
         for net in nets.values():
             assert abs(float(net.blocks[0].mlp[0].weight.std()) - 0.02) < 0.002
-    with pytest.raises(Exception, match="--embed-init"):
+    from dt_primal.errors import UserError
+    with pytest.raises(UserError, match="--embed-init"):
         Config(embed_init="xavier").validate()
 
 

@@ -88,6 +88,7 @@ def test_members_draw_the_batches_of_their_seeds_alone(data, tmp_path, monkeypat
     cfg = dataclasses.replace(CFG, steps=5)  # dropout 0.1: only the batches must agree
     train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), data, seeds=[1, 2])
     ensemble = drawn[:]
+    assert len(ensemble) == 5 and ensemble[0].shape[0] == 2  # one gather per update for both members
     for i, seed in enumerate((1, 2)):
         drawn.clear()
         train(dataclasses.replace(cfg, seed=seed, out=str(tmp_path / f"alone{seed}")), data)
