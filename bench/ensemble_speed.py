@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import time
 
 import common
@@ -54,18 +55,37 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_ops(data, size: str, members: int, precision: str, members_by: str, device: str) -> dict:
-    """ATen operations (views aside) in one eager update, the second: what a CUDA graph of the step replays."""
-    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, **SIZES[size][1])
-    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=False)
+def library_step(data, size: str, members: int, precision: str, members_by: str, device: str, compile: bool = False,
+                 capture: bool = True):
+    """The library's training step for one setting; ``members_by`` vmap / loop forces how the members run."""
+    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile=compile,
+                      **SIZES[size][1])
+    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
     if members_by != "default":
         step.ensemble.vmap = members_by == "vmap"
-    seam = dt_primal.dropout.cheap_masks  # the GPU's dropout, whichever the device
-    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
-    step()
-    with OpCounter() as counter:
+    return step
+
+
+@contextlib.contextmanager
+def torch_dropout(on: bool):
+    """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU, and what vmap needs
+    (the cheap masks cannot be vmapped)."""
+    seam = dt_primal.dropout.cheap_masks
+    if on:
+        dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
+    try:
+        yield
+    finally:
+        dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
+
+
+def count_ops(data, size: str, members: int, precision: str, members_by: str, device: str) -> dict:
+    """ATen operations (views aside) in one eager update, the second: what a CUDA graph of the step replays."""
+    step = library_step(data, size, members, precision, members_by, device, capture=False)
+    with torch_dropout(True):
         step()
-    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
+        with OpCounter() as counter:
+            step()
     return {"size": size, "members": members, "precision": precision,
             "members_by": "vmap" if step.ensemble.vmap else "loop", "ops": sum(counter.ops.values()),
             "top": counter.ops.most_common(6)}
@@ -74,27 +94,20 @@ def count_ops(data, size: str, members: int, precision: str, members_by: str, de
 def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
                  warmup: int, updates: int) -> dict:
     torch._dynamo.reset()  # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
-    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile="compiled" in mode,
-                      **SIZES[size][1])
-    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture="captured" in mode)
-    if members_by != "default":
-        step.ensemble.vmap = members_by == "vmap"
-    # vmap draws its members' dropout masks with PyTorch's dropout, as on a GPU (the CPU's cheap masks cannot be vmapped)
-    seam = dt_primal.dropout.cheap_masks
-    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = \
-        (lambda x: False) if step.ensemble.vmap else seam
+    step = library_step(data, size, members, precision, members_by, device, compile="compiled" in mode,
+                        capture="captured" in mode)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    sync()
-    first = time.perf_counter() - t0
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(updates):
-        step()
-    sync()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
+    with torch_dropout(step.ensemble.vmap):
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            step()
+        sync()
+        first = time.perf_counter() - t0
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(updates):
+            step()
+        sync()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     how = members_by if members_by != "default" else ("vmap" if step.ensemble.vmap else "loop")
     return {"size": size, "members": members, "mode": mode, "precision": precision, "members_by": how,
             "ms_per_update": 1e3 * wall / updates, "updates_per_s": updates / wall,
