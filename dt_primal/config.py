@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 MODELS = ("dt", "primal", "primalformer")
 EMBED_INITS = ("torch", "gpt2")
+CHOICES = {"model": MODELS, "embed_init": EMBED_INITS}  # the fields that take one of a few names
 
 # KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
 PAPER_S = {
@@ -88,10 +89,10 @@ class Config:
 
     def validate(self) -> "Config":
         problems = []
-        if self.model not in MODELS:
-            problems.append(f"--model must be one of {', '.join(MODELS)} (got {self.model!r})")
-        if self.embed_init not in EMBED_INITS:
-            problems.append(f"--embed-init must be one of {', '.join(EMBED_INITS)} (got {self.embed_init!r})")
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                problems.append(f"--{name.replace('_', '-')} must be one of {', '.join(choices)} "
+                                f"(got {getattr(self, name)!r})")
         if self.d_model <= 0 or self.n_head <= 0 or self.d_model % self.n_head:
             problems.append(f"--d-model ({self.d_model}) must be a positive multiple of --n-head ({self.n_head})")
         for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "eval_episodes",
@@ -186,10 +187,8 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
                                 help="returns to condition on (default: the task's two for halfcheetah, hopper and "
                                      "walker2d; otherwise the dataset's best episode return and the middle of its "
                                      "episode returns' range, halfway between the worst and the best)")
-        elif f.name == "model":
-            parser.add_argument(*flags, choices=MODELS, default=None, help=f"default {f.default}")
-        elif f.name == "embed_init":
-            parser.add_argument(*flags, choices=EMBED_INITS, default=None, help=HELP[f.name])
+        elif f.name in CHOICES:
+            parser.add_argument(*flags, choices=CHOICES[f.name], default=None, help=HELP.get(f.name, f"default {f.default}"))
         else:
             kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
             parser.add_argument(*flags, type=kind, default=None, help=HELP.get(f.name, f"default {f.default}"))

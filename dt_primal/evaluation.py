@@ -142,7 +142,7 @@ def score(report: dict) -> float:
 
 def headline(report: dict) -> str:
     """``score`` as a run prints it: "return ..." where it is a return."""
-    return f"{score(report):.1f}" if report["normalized_mean"] is not None else f"return {score(report):.1f}"
+    return ("" if report["normalized_mean"] is not None else "return ") + f"{score(report):.1f}"
 
 
 def aggregate(results: list[dict]) -> dict:
