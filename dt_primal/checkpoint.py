@@ -76,6 +76,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if resume and "exp_avg" not in ckpt["optimizer"]:
         raise UserError(f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
                         f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
+    ckpt["config"].setdefault("activation", "gelu")  # written before the MLP activation was a field: GELU
     try:
         cfg = Config(**ckpt["config"]).validate()
         task = Task.from_record(ckpt["task"])

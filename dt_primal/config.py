@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 MODELS = ("dt", "primal", "primalformer")
 EMBED_INITS = ("torch", "gpt2")
-CHOICES = {"model": MODELS, "embed_init": EMBED_INITS}  # the fields that take one of a few names
+ACTIVATIONS = ("relu", "gelu")
+CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS}  # the fields that take one of a few names
 
 # KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
 PAPER_S = {
@@ -40,6 +41,7 @@ class Config:
     n_head: int = 4
     context: int = 20  # K timesteps, 3K tokens
     dropout: float = 0.1
+    activation: str = "relu"  # of every block's MLP: relu (both papers' code) | gelu
     max_ep_len: int | None = None  # timestep embedding rows; None: the task's episode limit (else 1000)
     s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
     eta: float = 0.05  # KSVD loss weight (eq. 10)
@@ -159,6 +161,8 @@ PRESETS = {
 
 
 HELP = {
+    "activation": "the MLP activation of every block: relu (default: both papers' code, d3rlpy) or gelu (GPT-2's; "
+                  "dt-primal's before 2026-11-25)",
     "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
                   "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
                   "docs/results.md, \"Initialisation\")",

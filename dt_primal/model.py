@@ -14,9 +14,12 @@ from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
 from dt_primal.config import DEFAULT_MAX_EP_LEN, Config
 from dt_primal.dropout import Dropout
 
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(LN(x)), then x + MLP(LN(x)) with MLP width 4·d_model."""
+    """Pre-LN transformer block: x + attn(LN(x)), then x + MLP(LN(x)) with MLP width 4·d_model and
+    the config's activation (ReLU in both papers' code)."""
 
     def __init__(self, cfg: Config, primal: bool):
         super().__init__()
@@ -24,7 +27,7 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = (CausalPrimalAttention(d, cfg.n_head, cfg.resolved_s(), cfg.dropout) if primal
                      else SoftmaxAttention(d, cfg.n_head, cfg.dropout))
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), Dropout(cfg.dropout))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), ACTIVATIONS[cfg.activation](), nn.Linear(4 * d, d), Dropout(cfg.dropout))
 
     def forward(self, x, valid, rows: slice | None = None, ksvd: bool = True):
         """Outputs at the positions ``rows`` only (None: all); attention still reads every token.

@@ -275,3 +275,33 @@ def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
     se = np.sqrt(np.var([10, 11, 12], ddof=1) / 3 + np.var([30, 32, 34], ddof=1) / 3)
     assert f"| hopper/medium-replay | 3600 | -21.0 (SE {se:.1f}, {-21 / se:+.1f} SE) |" in md
     assert json.loads((theirs / "crosscheck.json").read_text())["gaps"][0]["last"]["n_b"] == 3
+
+
+def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_keep_gelu(tmp_path):
+    """Both papers' code build every block's MLP with ReLU; --activation gelu gives GPT-2's. A checkpoint
+    written before the field existed was trained with GELU and loads as such."""
+    from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
+    from dt_primal.errors import UserError
+    from dt_primal.model import DecisionTransformer
+    assert Config().activation == "relu" and make_config("dt-paper").activation == "relu"
+    relu = DecisionTransformer(Config(d_model=32, n_head=2), 11, 3)
+    gelu = DecisionTransformer(Config(d_model=32, n_head=2, activation="gelu"), 11, 3)
+    assert isinstance(relu.blocks[0].mlp[1], torch.nn.ReLU) and isinstance(gelu.blocks[0].mlp[1], torch.nn.GELU)
+    with pytest.raises(UserError, match="--activation"):
+        Config(activation="tanh").validate()
+    from conftest import make_episodes
+    from datasets.synthetic import write_d4rl
+    from datasets.loaders import load_dataset
+    from dt_primal.training import train
+    write_d4rl(tmp_path / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
+    data = load_dataset(str(tmp_path / "hopper_tiny.hdf5"), env="hopper")
+    cfg = Config(dataset=str(tmp_path / "hopper_tiny.hdf5"), env="hopper", d_model=32, n_head=2, n_layer=1, s=8,
+                 steps=2, warmup_steps=1, eval_every=2, eval_episodes=1, eval_episodes_during=1, device="cpu",
+                 out=str(tmp_path / "run"), activation="gelu")
+    train(cfg, data)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
+    assert ckpt["config"]["activation"] == "gelu"
+    del ckpt["config"]["activation"]  # as written before the field existed
+    torch.save(ckpt, tmp_path / "old.pt")
+    model, cfg = model_from_checkpoint(load_checkpoint(tmp_path / "old.pt"))
+    assert cfg.activation == "gelu" and isinstance(model.blocks[0].mlp[1], torch.nn.GELU)
