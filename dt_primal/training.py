@@ -27,6 +27,7 @@ from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.model import DecisionTransformer
+from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
 from envs import Task
 
@@ -303,7 +304,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     t0 = time.perf_counter()
     per_member = evaluate(cfg.eval_episodes)
     seconds = time.perf_counter() - t0
-    results = []
+    results, made = [], provenance(device)
     for writer, d, last, seed, reports in zip(writers, dirs, lasts, seed_list, per_member):
         for r in reports:
             if r["normalized_mean"] is not None:
@@ -311,7 +312,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         writer.close()
         result = {"checkpoint": str(last), "step": step, "task": task.gym_id, "dataset": data.source,
                   "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports,
-                  "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed))}  # the record says how it was made
+                  "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed)),  # the record says how it was made
+                  "provenance": made}
         (d / "eval.json").write_text(json.dumps(result, indent=1))
         results.append(result)
     return results

@@ -36,6 +36,8 @@ def test_end_to_end_train_then_evaluate(tmp_path):
     assert res.returncode == 0, res.stderr
     result = json.loads((out / "eval.json").read_text())
     assert result["step"] == 30 and result["task"] == "Hopper-v5"
+    made = result["provenance"]  # the record says how it was made
+    assert len(made["commit"].removesuffix("-dirty")) == 40 and made["device"] and made["versions"]["torch"] == torch.__version__
     assert [r["target"] for r in result["targets"]] == [3600.0, 1800.0]
     for r in result["targets"]:
         assert r["episodes"] == 3 and math.isfinite(r["normalized_mean"]) and r["return_mean"] > 0

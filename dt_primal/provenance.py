@@ -1,0 +1,53 @@
+"""How a record was made: the commit, the device and the library versions, stored in every ``eval.json``."""
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+LIBRARIES = ("torch", "numpy", "gymnasium", "mujoco", "minari")
+
+
+def commit() -> str | None:
+    """The checkout's commit, with ``-dirty`` when tracked files differ from it; None outside a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name on CUDA, else the CPU's model name and core count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({torch.get_num_threads()} threads)"
+
+
+def provenance(device: torch.device | str) -> dict:
+    versions = {"python": platform.python_version(), "cuda": torch.version.cuda}
+    for lib in LIBRARIES:
+        try:
+            versions[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            versions[lib] = None
+    return {"commit": commit(), "device": device_name(device), "versions": versions,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
