@@ -143,7 +143,7 @@ def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capt
     for seed in seeds:
         torch.manual_seed(seed)
         gens.append(torch.Generator(device=device).manual_seed(seed))
-        models.append(DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device))
+        models.append(DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
     return TrainStep(cfg, models, sampler, gens, device, capture=capture, phase=phase)
 

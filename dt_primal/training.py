@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dt_primal.checkpoint import (check_same_dataset, env_sizes, load_members, model_from_checkpoint, rng_state,
-                                  save_checkpoints, set_rng_state)
+from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoint, rng_state, save_checkpoints,
+                                  set_rng_state)
+from dt_primal.checks import env_sizes
 from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
@@ -179,7 +180,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
         gens.append(torch.Generator(device=device).manual_seed(seed))
         models.append(model_from_checkpoint(ckpts[i], device)[0] if ckpts else
-                      DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device))
+                      DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, state_mean, state_std, device)
     train_step = TrainStep(cfg, models, sampler, gens, device, rank, world, capture=cfg.cuda_graph)
     ensemble = train_step.ensemble
@@ -202,7 +203,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             "model": ensemble.state_dict(i), "optimizer": train_step.member_optimizer_state(i), "step": step,
             "rng": rng_state(gens[i]), "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, out=str(d))),
             "task": dataclasses.asdict(task), "state_mean": state_mean, "state_std": state_std, "obs_dim": data.obs_dim,
-            "act_dim": data.act_dim, "dataset": data.source} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
+            "act_dim": data.act_dim, "dataset": data.source,
+            "model_config": dataclasses.asdict(ensemble.template.config)} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
         saved_step = step
 
     def evaluate(episodes: int) -> list[list[dict]]:
