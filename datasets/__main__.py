@@ -1,6 +1,11 @@
 """``python -m datasets``: the offline dataset suite (train behaviour policies, build, stats)."""
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 from pathlib import Path
 

@@ -8,6 +8,11 @@ cumulative explained variance Σ_{j≤k} σ_j² / Σ_j σ_j² is averaged over w
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 from pathlib import Path
 

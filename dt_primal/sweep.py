@@ -20,6 +20,11 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import contextlib
 import csv
@@ -111,8 +116,7 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
     """A Ray worker's trainer: ``train_command`` in this process, its output into the log and its exit
     status returned as the command line's would be (a bug's traceback goes to the log, status 1)."""
     def trainer(argv: list[str], log: TextIO) -> int:
-        import torch
-        torch.set_num_threads(threads)
+        configure_process(threads=threads)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             try:
                 run_main(lambda: train_command(argv, load_dataset))
