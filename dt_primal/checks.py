@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dt_primal.config import MAX_SEED, Config
+from dt_primal.config import MAX_SEED, PRECISIONS, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from envs import Task
@@ -295,8 +295,8 @@ def check_evaluate_args(args) -> None:
         except UserError:
             problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {device!r})")
     precision = getattr(args, "precision", None)
-    if precision is not None and precision not in ("fp32", "tf32", "bf16"):
-        problems.append(f"--precision must be fp32, tf32 or bf16 (got {precision!r})")
+    if precision is not None and precision not in PRECISIONS:
+        problems.append(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
     seed = getattr(args, "seed", None)
     if seed is not None and not 0 <= seed <= MAX_SEED:
         problems.append(f"--seed must be between 0 and {MAX_SEED} (got {seed})")

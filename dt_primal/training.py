@@ -22,11 +22,12 @@ from tqdm import tqdm
 
 from dt_primal.checkpoint import (check_same_dataset, env_sizes, load_members, model_from_checkpoint, rng_state,
                                   save_checkpoints, set_rng_state)
-from dt_primal.config import Config
+from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.model import DecisionTransformer
+from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
 from envs import Task
@@ -64,6 +65,19 @@ def distributed(device: str):
         yield dist.get_rank(), dist.get_world_size()
     finally:
         dist.destroy_process_group()
+
+
+def agreed_precision(cfg: Config, device: torch.device, rank: int) -> str:
+    """``cfg.precision`` resolved for ``device`` (``dt_primal.precision``: auto measures on a CPU),
+    printed once; under torchrun every process takes rank 0's."""
+    precision, why = resolve_precision(cfg.precision, device, cfg.d_model)
+    if dist.is_initialized():
+        agreed = torch.tensor([PRECISIONS.index(precision)], device=device)
+        dist.broadcast(agreed, 0)
+        precision = PRECISIONS[int(agreed)]
+    if rank == 0:
+        print(f"precision: {precision} ({why})")
+    return precision
 
 
 def check_env_matches(data: Trajectories, task: Task) -> None:
@@ -143,6 +157,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     dirs = member_dirs(Path(cfg.out), seeds)
     lasts = [d / "last.pt" for d in dirs]
     device = resolve_device(cfg.device)
+    cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
     check_env_matches(data, task)
     if not resume and any(p.exists() for p in lasts):
         held = next(p for p in lasts if p.exists())
