@@ -32,7 +32,8 @@ SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s",
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")
@@ -64,7 +65,7 @@ def main() -> None:
     results, precisions = [None] * len(ckpts), {}
     for (targets, *_), members in groups.items():
         models, cfgs = zip(*(model_from_checkpoint(ckpts[i], device) for i in members))
-        precision = resolved_precision(given.get("precision", "auto"), device, cfgs[0].d_model, precisions)
+        precision = resolved_precision(given.get("precision", "auto"), cfgs[0], device, precisions)
         for i, cfg in zip(members, cfgs):
             print(f"{args.checkpoints[i]}: {cfg.model} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
                   f"{args.episodes} episodes x {len(targets)} targets")
@@ -85,12 +86,19 @@ def main() -> None:
         print(f"target {r['target']:g}: normalised score {normalized_text(r)}")
 
 
-def resolved_precision(precision: str, device, d_model: int, done: dict) -> str:
-    """``--precision`` for models of ``d_model`` (auto: ``dt_primal.precision``), printed the first time."""
-    if d_model not in done:
-        done[d_model], why = resolve_precision(precision, device, d_model)
-        print(f"precision: {done[d_model]} ({why})")
-    return done[d_model]
+def resolved_precision(given: str, cfg, device, done: dict) -> str:
+    """``--precision`` for checkpoints of ``cfg``, printed the first time: as given, or for auto (the
+    default) the run's own, except that bf16 on a CPU becomes fp32 where bf16 is slow (``dt_primal.precision``)."""
+    key = (given, cfg.precision, cfg.d_model)
+    if key not in done:
+        if given != "auto":
+            done[key], why = given, "as set"
+        elif cfg.precision in ("bf16", "auto"):
+            done[key], why = resolve_precision("auto", device, cfg.d_model)
+        else:
+            done[key], why = cfg.precision, "auto: the run's own"
+        print(f"precision: {done[key]} ({why})")
+    return done[key]
 
 
 if __name__ == "__main__":

@@ -170,8 +170,8 @@ HELP = {
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
            "hopper, walker2d",
     "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
-                 "products faster, else fp32; fp32; tf32 (TF32 matrix products on CUDA); bf16 (autocast). "
-                 "docs/configuration.md, \"Precision\"",
+                 "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 "
+                 "(TF32 matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, \"Precision auto\"",
     "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
     "ref_min": "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
                "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",

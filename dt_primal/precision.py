@@ -4,7 +4,7 @@ fp32; tf32 (fp32 with TF32 matrix products on CUDA); bf16 (autocast: matrix prod
 weights and optimizer in fp32); auto, the default: bf16 on CUDA, and on a CPU bf16 only where a short
 measurement at start-up finds bf16 matrix products of the model's own shapes clearly faster than
 fp32 ones (CPUs with native bf16 units, AVX-512 BF16 or AMX), else fp32: where the CPU has no bf16
-units, bf16 products are emulated and about 100x slower (docs/configuration.md, "Precision").
+units, bf16 products are emulated and about 100x slower (docs/benchmarks.md, "Precision auto").
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import contextlib
 import time
 
 import torch
+
+from dt_primal.config import PRECISIONS
 
 # bf16 is chosen on a CPU when its matrix product takes at most this share of the fp32 one: the
 # autocast casts and the element-wise work around the products gain nothing from bf16.
@@ -67,6 +69,8 @@ def bf16_share(d_model: int) -> float:
 def autocast(precision: str, device_type: str, cache_casts: bool = True) -> torch.autocast:
     """The forward pass's autocast: bf16 for ``precision`` bf16, else disabled; ``cache_casts=False``
     for a step captured as a CUDA graph, which a cache of casts would outlive."""
+    if precision not in PRECISIONS or precision == "auto":
+        raise ValueError(f"precision {precision!r}: give fp32, tf32 or bf16 (resolve auto with resolve_precision)")
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=cache_casts)
 
 

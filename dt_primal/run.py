@@ -46,7 +46,8 @@ def application_loader() -> Loader:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
                    help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per "
                         "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "

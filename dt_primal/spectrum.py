@@ -54,7 +54,7 @@ def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m dt_primal.spectrum", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.spectrum", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--windows", type=int, default=256)

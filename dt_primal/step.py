@@ -20,7 +20,7 @@ from dt_primal.config import Config
 from dt_primal.data import WindowSampler
 from dt_primal.ensemble import Ensemble
 from dt_primal.model import DecisionTransformer, dt_loss
-from dt_primal.precision import autocast, tf32
+from dt_primal.precision import autocast, resolve_precision, tf32
 
 WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs
 
@@ -59,7 +59,8 @@ class TrainStep:
         self.opt = torch.optim.AdamW(list(self.ensemble.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,
                                      fused=True, capturable=self.capture)
         self.sums = torch.zeros(len(models), 3, device=device)  # per member: loss, action loss, mean J² since reset
-        self.autocast = autocast(cfg.precision, device.type, cache_casts=False)
+        self.precision = resolve_precision(cfg.precision, device, cfg.d_model)[0]  # train() gives it resolved
+        self.autocast = autocast(self.precision, device.type, cache_casts=False)
         self.losses = torch.compile(self._losses) if cfg.compile else self._losses
         self.graph, self.calls = None, 0
 
@@ -108,7 +109,7 @@ class TrainStep:
         if self.graph is not None:
             self.graph.replay()
             return
-        with tf32(self.cfg.precision):  # captured with the graph, so replays keep it
+        with tf32(self.precision):  # captured with the graph, so replays keep it
             self._eager_or_capture()
 
     def _eager_or_capture(self) -> None:

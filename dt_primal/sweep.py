@@ -240,7 +240,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     if not cmds or not any(map(command, cmds[-1])):
         return None
     argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:]
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     p.add_argument("--preset", default="paper")
     add_config_args(p)
     known, _ = p.parse_known_args(argv)
@@ -488,7 +488,7 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    p = argparse.ArgumentParser(prog="python -m dt_primal.sweep", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", nargs="+", required=True,
                    help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4")

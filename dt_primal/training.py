@@ -100,6 +100,17 @@ def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
                         f"and the data source may change).")
 
 
+def check_steps_left(step: int, steps: int, where: Path) -> None:
+    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
+    only runs the final evaluation (a run stopped during it), which is said."""
+    if step > steps:
+        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+    if step == steps:
+        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+              f"runs (give a larger --steps to train further)")
+
+
 class _StopSignal:
     """SIGINT/SIGTERM set a flag; the loop checkpoints at the end of the step and stops.
 
@@ -157,7 +168,6 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     dirs = member_dirs(Path(cfg.out), seeds)
     lasts = [d / "last.pt" for d in dirs]
     device = resolve_device(cfg.device)
-    cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
     check_env_matches(data, task)
     if not resume and any(p.exists() for p in lasts):
         held = next(p for p in lasts if p.exists())
@@ -177,6 +187,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     ckpts = load_members(lasts, device) if resume and all(found) else None
     if resume and ckpts is None:
         print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    if ckpts is not None:
+        check_steps_left(ckpts[0]["step"], cfg.steps, lasts[0] if len(lasts) == 1 else Path(cfg.out))
     targets = cfg.targets or list(task.targets)
     if ckpts is not None:
         for path, ckpt, seed in zip(lasts, ckpts, seed_list):
@@ -185,6 +197,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         state_mean, state_std = ckpts[0]["state_mean"], ckpts[0]["state_std"]
     else:
         state_mean, state_std = data.state_stats()
+
+    cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
 
     # each member as its seed alone: initialised and drawing batches from its seed; dropout draws from
     # the process's generator. Under torchrun every rank seeds alike and draws the same batches and
