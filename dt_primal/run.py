@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
-                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per "
+                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, 10 final episodes per "
                         "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "
                         "1 head, lr 1e-4; the rest as paper). Options given on the command line override the preset")
     p.add_argument("--seeds", type=int, nargs="+",
