@@ -23,11 +23,12 @@ from tqdm import tqdm
 from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoint, rng_state, save_checkpoints,
                                   set_rng_state)
 from dt_primal.checks import env_sizes
-from dt_primal.config import Config
+from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.model import DecisionTransformer
+from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
 from envs import Task
@@ -67,6 +68,19 @@ def distributed(device: str):
         dist.destroy_process_group()
 
 
+def agreed_precision(cfg: Config, device: torch.device, rank: int) -> str:
+    """``cfg.precision`` resolved for ``device`` (``dt_primal.precision``: auto measures on a CPU),
+    printed once; under torchrun every process takes rank 0's."""
+    precision, why = resolve_precision(cfg.precision, device, cfg.d_model)
+    if dist.is_initialized():
+        agreed = torch.tensor([PRECISIONS.index(precision)], device=device)
+        dist.broadcast(agreed, 0)
+        precision = PRECISIONS[int(agreed)]
+    if rank == 0:
+        print(f"precision: {precision} ({why})")
+    return precision
+
+
 def check_env_matches(data: Trajectories, task: Task) -> None:
     obs_dim, act_dim = env_sizes(task)
     if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
@@ -85,6 +99,17 @@ def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
                         f"started with. Leave these options out to continue it, or choose another --out to start a new "
                         f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
                         f"and the data source may change).")
+
+
+def check_steps_left(step: int, steps: int, where: Path) -> None:
+    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
+    only runs the final evaluation (a run stopped during it), which is said."""
+    if step > steps:
+        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+    if step == steps:
+        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+              f"runs (give a larger --steps to train further)")
 
 
 class _StopSignal:
@@ -163,6 +188,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     ckpts = load_members(lasts, device) if resume and all(found) else None
     if resume and ckpts is None:
         print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    if ckpts is not None:
+        check_steps_left(ckpts[0]["step"], cfg.steps, lasts[0] if len(lasts) == 1 else Path(cfg.out))
     targets = cfg.targets or list(task.targets)
     if ckpts is not None:
         for path, ckpt, seed in zip(lasts, ckpts, seed_list):
@@ -171,6 +198,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         state_mean, state_std = ckpts[0]["state_mean"], ckpts[0]["state_std"]
     else:
         state_mean, state_std = data.state_stats()
+
+    cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
 
     # each member as its seed alone: initialised and drawing batches from its seed; dropout draws from
     # the process's generator. Under torchrun every rank seeds alike and draws the same batches and

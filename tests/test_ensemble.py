@@ -23,7 +23,7 @@ from envs import TASKS
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from test_train import ROOT, TINY, hopper_file
 
-CFG = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
+CFG = Config(precision="fp32", dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
              eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu")
 
 

@@ -26,7 +26,7 @@ from test_train import ROOT, TINY, hopper_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers as below
 SMALL = dict(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, warmup_steps=5, batch_size=8, eval_every=1000,
-             eval_episodes=1, device="cpu")
+             eval_episodes=1, device="cpu", precision="fp32")
 
 
 def run(*args):
