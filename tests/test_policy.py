@@ -1,5 +1,4 @@
 """``dt_primal.load_policy``: a trained model that acts with torch and NumPy only, exactly as evaluation does."""
-import json
 import subprocess
 import sys
 
