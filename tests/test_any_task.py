@@ -75,7 +75,7 @@ def test_a_task_without_reference_scores_reports_returns_and_a_null_score(tmp_pa
     res, out = train(tmp_path, pendulum)
     assert f"targets {data.task.targets[0]:g}, {data.task.targets[1]:g} (from the dataset" in res.stdout
     assert res.stdout.count("InvertedPendulum-v5 is not a D4RL task") == 1
-    ckpt_cfg = __import__("torch").load(out / "last.pt", weights_only=False)["config"]
+    ckpt_cfg = __import__("torch").load(out / "last.pt", weights_only=True)["config"]
     assert ckpt_cfg["max_ep_len"] == 40  # the task's episode limit, stored resolved
     result = json.loads((out / "eval.json").read_text())
     assert result["task"] == "InvertedPendulum-v5"
