@@ -21,7 +21,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.model import DecisionTransformer, ModelConfig
+from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.untrusted import load_torch
 
 FORMAT = 2

@@ -1,4 +1,4 @@
-"""The run loop: trains the seeds of one (dataset, model) as one ensemble (``dt_primal.step``)
+"""The run loop: trains the seeds of one (dataset, model) as one ensemble (``dt_primal.training.step``)
 and, around the step, at their periods: logging to TensorBoard and the progress bar, divergence
 checks, batched evaluation of every member at once, atomic checkpoints (``dt_primal.checkpoint``),
 and SIGINT/SIGTERM handling with exact ``--resume``. Several processes or GPUs train data-parallel
@@ -22,16 +22,17 @@ from tqdm import tqdm
 
 from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoint, rng_state, save_checkpoints,
                                   set_rng_state)
-from dt_primal.checks import env_sizes
+from dt_primal.evaluation.checks import env_sizes
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
-from dt_primal.evaluation import headline, rollout
-from dt_primal.model import DecisionTransformer
+from dt_primal.evaluation.reports import headline
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
-from dt_primal.policy import Policy
+from dt_primal.evaluation.policy import Policy
 from dt_primal.provenance import provenance
-from dt_primal.step import TrainStep
+from dt_primal.training.step import TrainStep
 from envs import Task
 
 # what --resume may change; every other option is the run's own (architecture, optimisation, returns)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt_primal.dropout import Dropout, cheap_masks, drop
+from dt_primal.model.dropout import Dropout, cheap_masks, drop
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -23,9 +23,9 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> tor
 
 class SoftmaxAttention(nn.Module):
     """Canonical causal multi-head attention through ``scaled_dot_product_attention``. Where dropout
-    draws cheap masks (:func:`dt_primal.dropout.cheap_masks`: in training on a CPU, where SDPA's
+    draws cheap masks (:func:`dt_primal.model.dropout.cheap_masks`: in training on a CPU, where SDPA's
     dropout would run its unfused math path with PyTorch's slow CPU masks), the same math is
-    written out with :func:`dt_primal.dropout.drop`."""
+    written out with :func:`dt_primal.model.dropout.drop`."""
 
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dt_primal.checkpoint import model_from_checkpoint, read_checkpoint
-from dt_primal.ensemble import Ensemble
+from dt_primal.model.ensemble import Ensemble
 from dt_primal.precision import acting_precision, autocast, tf32
 
 

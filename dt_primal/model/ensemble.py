@@ -20,7 +20,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_map
 
-from dt_primal.model import DecisionTransformer
+from dt_primal.model.transformer import DecisionTransformer
 
 
 class Ensemble:

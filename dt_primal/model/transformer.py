@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
-from dt_primal.dropout import Dropout
+from dt_primal.model.attention import CausalPrimalAttention, SoftmaxAttention
+from dt_primal.model.dropout import Dropout
 
 MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
 EMBED_INITS = ("torch", "gpt2")

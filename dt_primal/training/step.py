@@ -6,7 +6,7 @@ sets the warm-up learning rate from the step counter, and takes an AdamW step; e
 its own moments (AdamW is element-wise, so stacked weights give every member its own optimizer).
 It reads and writes device tensors only: no host synchronisation and no Python-side state change,
 so on CUDA it is captured once into a CUDA graph and replayed. Everything periodic (logging,
-evaluation, checkpoints, signals) stays outside, in ``dt_primal.training``.
+evaluation, checkpoints, signals) stays outside, in ``dt_primal.training.loop``.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
-from dt_primal.ensemble import Ensemble
-from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.model.ensemble import Ensemble
+from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.precision import autocast, resolve_precision, tf32
 
 WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs
