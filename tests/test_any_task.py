@@ -11,10 +11,10 @@ import pytest
 
 from conftest import make_episodes
 from datasets.loaders import load_dataset
-from dt_primal.training.checks import check_run_inputs
 from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import aggregate, markdown, report
+from dt_primal.training.checks import check_run_inputs
 from envs import TASKS, derived_targets, task_for
 from test_data import write_d4rl
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from dt_primal.model.attention import CausalPrimalAttention, SoftmaxAttention, causal_mean, ksvd_objective
 from dt_primal.config import Config
+from dt_primal.model.attention import CausalPrimalAttention, SoftmaxAttention, causal_mean, ksvd_objective
 from dt_primal.model.transformer import DecisionTransformer
 
 D, H, S = 32, 4, 6

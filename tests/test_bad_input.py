@@ -21,13 +21,13 @@ from datasets import suite
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal import machine
-from dt_primal.evaluation import checks as evaluate_checks
-from dt_primal.training import checks, run_folder
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.evaluation import checks as evaluate_checks
 from dt_primal.run import train_command
+from dt_primal.training import checks, run_folder
 from test_data import write_minari, write_pickle
 from test_reliability import ENV, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file

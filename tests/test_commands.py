@@ -11,9 +11,9 @@ import evaluate
 from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision, run
+from dt_primal.config import Config, make_config
 from dt_primal.sweep import command as sweep
 from dt_primal.training import checks, loop as training
-from dt_primal.config import Config, make_config
 from test_reliability import ENV, SMALL, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 

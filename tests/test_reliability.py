@@ -16,12 +16,12 @@ from conftest import make_episodes
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint
-from dt_primal.training import loop as training, step
 from dt_primal.cli import run_main
 from dt_primal.config import make_config
 from dt_primal.data import WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
+from dt_primal.training import loop as training, step
 from test_data import write_pickle
 from test_train import ROOT, TINY, hopper_file
 

@@ -22,15 +22,15 @@ from tqdm import tqdm
 
 from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoint, rng_state, save_checkpoints,
                                   set_rng_state)
-from dt_primal.evaluation.checks import env_sizes
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
+from dt_primal.evaluation.checks import env_sizes
+from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
-from dt_primal.evaluation.policy import Policy
 from dt_primal.provenance import provenance
 from dt_primal.training.step import TrainStep
 from envs import Task
