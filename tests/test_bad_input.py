@@ -467,7 +467,7 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
         suite.build(suite.TASKS["hopper"], "random", steps=10)
 
 
-# --- evaluate.py's options (dt_primal.evaluation.evaluate_checks.check_evaluate_args / check_evaluate_run) ---
+# --- evaluate.py's options (dt_primal.evaluation.checks.check_evaluate_args / check_evaluate_run) ---
 
 def _args(tmp_path, **change):
     ckpt = tmp_path / "last.pt"

@@ -19,11 +19,11 @@ from dt_primal.errors import UserError
 from dt_primal.machine import check_device, gib, memory_bytes
 from envs import Task
 
-
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
 # embedding and a layer norm whose squares overflow float32 from about 1e19 on (every action is then
 # NaN); 1e9 leaves a wide margin and is far beyond any meaningful return of these tasks.
 SCALED_RETURN_LIMIT = 1e9
+
 # What one evaluation episode costs besides its buffers: a MuJoCo environment (about 1.1 MB measured
 # for Hopper-v5 and HalfCheetah-v5) and its share of the bookkeeping.
 ENV_BYTES = 2 << 20

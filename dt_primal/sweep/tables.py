@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
+from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, LABELS, LABEL_NOTES
 
 
 def short(dataset: str) -> str:

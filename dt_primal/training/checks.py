@@ -23,15 +23,16 @@ from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_me
 from dt_primal.machine import available_bytes, check_device, gib
 from envs import Task
 
-
 # A target counts as far above the data when it exceeds the best episode's return by more than this
 # many times the data's return scale (the largest of |best|, best - worst and --reward-scale).
 FAR_ABOVE = 10
+
 # --max-ep-len only sizes the timestep embedding and the evaluation buffers: beyond this many times
 # what the data and the task need it only costs memory.
 MAX_EP_LEN_FACTOR = 10
 # Actions this far (relative to the half-width of the bounds) beyond the action space are rounding.
 ACTION_TOLERANCE = 1e-3
+
 
 def note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
