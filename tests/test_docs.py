@@ -70,3 +70,26 @@ def test_no_documented_command_writes_into_results():
     writes = re.compile(r"--(out|report-dir)[ =]+results/")
     docs = [f for f in tracked() if f.suffix in (".md", ".py")]
     assert lines_matching(writes, docs) == []
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_documents_resolve():
+    """Every relative link in a tracked Markdown file names a file that exists, and a heading there."""
+    broken = []
+    for md in (f for f in tracked() if f.suffix == ".md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", md.read_text()):
+            if "://" in target or target.startswith("#"):
+                continue
+            path, _, frag = target.partition("#")
+            dest = (md.parent / path).resolve()
+            if not dest.exists():
+                broken.append(f"{md.relative_to(ROOT)}: {target}")
+            elif frag and dest.suffix == ".md":
+                heads = [anchor(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)]
+                if frag not in heads:
+                    broken.append(f"{md.relative_to(ROOT)}: {target}")
+    assert broken == []
