@@ -3,6 +3,7 @@ it was made, no tracked file names a path of the machine it was written on or ci
 does not hold, and no documented command writes into the committed results/."""
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,20 @@ def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
     assert "average of 1 dataset**" in md
     assert "Missing (no record): halfcheetah/medium-expert DT (matched settings)" in md
     assert md.count("| missing | missing |") == 16
+
+
+def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
+    """Records moved under results/legacy/table4-* show as a marked legacy section below the current table."""
+    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-v0"
+    if not src.exists():
+        pytest.skip("no Table 4 records of hopper medium")
+    shutil.copytree(src, tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-v0",
+                    ignore=shutil.ignore_patterns("events.out.tfevents.*"))
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    md = tables.table4_sections()
+    current, legacy = md.split("### Legacy: `results/legacy/table4-old`")
+    assert current.startswith("No records in `results/table4-cpu` yet: all 18 rows are missing.")
+    assert "| hopper/medium (3600 / 1800) | Primal.+DT | 3 |" in legacy
 
 
 def test_every_record_says_how_it_was_made():
