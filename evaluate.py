@@ -5,6 +5,11 @@ report and a Markdown table (per checkpoint and target, then mean ± std across 
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import dataclasses
 from pathlib import Path
@@ -18,6 +23,7 @@ from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.ensemble import Ensemble
 from dt_primal.errors import UserError
 from dt_primal.evaluation import normalized_text, rollout, scoring
+from dt_primal.precision import resolve_precision
 from dt_primal.training import resolve_device
 from envs import Task
 
@@ -26,7 +32,8 @@ SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s",
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")
@@ -55,9 +62,10 @@ def main() -> None:
         targets = tuple(given.get("targets") or cfg["targets"] or tasks[i].targets)
         groups.setdefault((targets, *(cfg[k] for k in SHARED)), []).append(i)
     print(scoring(task, given.get("targets")))
-    results = [None] * len(ckpts)
+    results, precisions = [None] * len(ckpts), {}
     for (targets, *_), members in groups.items():
         models, cfgs = zip(*(model_from_checkpoint(ckpts[i], device) for i in members))
+        precision = resolved_precision(given.get("precision", "auto"), cfgs[0], device, precisions)
         for i, cfg in zip(members, cfgs):
             print(f"{args.checkpoints[i]}: {cfg.model} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
                   f"{args.episodes} episodes x {len(targets)} targets")
@@ -66,15 +74,31 @@ def main() -> None:
                              np.stack([ckpts[i]["state_mean"] for i in members]),
                              np.stack([ckpts[i]["state_std"] for i in members]), cfgs[0].reward_scale, cfgs[0].context,
                              device, seeds=[(cfg.seed if seed is None else seed) + 100_000 for cfg in cfgs],
-                             precision=given.get("precision", cfgs[0].precision), env_workers=args.env_workers,
+                             precision=precision, env_workers=args.env_workers,
                              progress=True)
         for i, cfg, reports in zip(members, cfgs, per_member):
             results[i] = {"checkpoint": str(args.checkpoints[i]), "model": cfg.model, "dataset": ckpts[i]["dataset"],
-                          "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg.seed, "targets": reports}
+                          "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg.seed, "precision": precision,
+                          "targets": reports}
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:
         print(f"target {r['target']:g}: normalised score {normalized_text(r)}")
+
+
+def resolved_precision(given: str, cfg, device, done: dict) -> str:
+    """``--precision`` for checkpoints of ``cfg``, printed the first time: as given, or for auto (the
+    default) the run's own, except that bf16 on a CPU becomes fp32 where bf16 is slow (``dt_primal.precision``)."""
+    key = (given, cfg.precision, cfg.d_model)
+    if key not in done:
+        if given != "auto":
+            done[key], why = given, "as set"
+        elif cfg.precision in ("bf16", "auto"):
+            done[key], why = resolve_precision("auto", device, cfg.d_model)
+        else:
+            done[key], why = cfg.precision, "auto: the run's own"
+        print(f"precision: {done[key]} ({why})")
+    return done[key]
 
 
 if __name__ == "__main__":

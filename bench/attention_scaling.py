@@ -174,7 +174,8 @@ def report(results: list[dict], args, skipped: list[str]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--lengths", type=int, nargs="+", default=[60, 120, 240, 480, 960, 1920, 3840, 6000, 12000])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--d-model", type=int, default=256)

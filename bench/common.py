@@ -1,9 +1,10 @@
 """What the benchmarks share: machine description, timing, a Hopper-shaped dataset, the library's
 training step, and writing one section of docs/benchmarks.md.
 
-Import this module before torch: it sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the environment
-already sets it), as bench/peers.py does, so dt-primal and the peers are timed under the same
-OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
+Import this module before torch: it makes the commands' process-wide settings
+(``dt_primal.process.configure_process``: ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
+already sets it, as bench/peers.py does, and glibc's malloc keeping freed blocks), so dt-primal and
+the peers are timed under the same OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
 several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
 """
 from __future__ import annotations
@@ -21,11 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-if os.environ.get("DT_PRIMAL_BENCH_OMP") != "unset":  # "unset": leave OpenMP's default, for comparison
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch's OpenMP runtime loads
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from dt_primal.process import configure_process  # noqa: E402
+
+# as the commands do, before torch loads; DT_PRIMAL_BENCH_OMP=unset leaves OpenMP's default, for comparison
+configure_process(wait_policy=None if os.environ.get("DT_PRIMAL_BENCH_OMP") == "unset" else "PASSIVE")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -143,7 +146,7 @@ def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capt
     for seed in seeds:
         torch.manual_seed(seed)
         gens.append(torch.Generator(device=device).manual_seed(seed))
-        models.append(DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device))
+        models.append(DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
     return TrainStep(cfg, models, sampler, gens, device, capture=capture, phase=phase)
 

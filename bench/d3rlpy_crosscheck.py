@@ -336,10 +336,11 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="bench/d3rlpy_crosscheck.py", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="bench/d3rlpy_crosscheck.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation")
+    t = sub.add_parser("train", allow_abbrev=False,
+                       help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation")
     from dt_primal.config import PRESETS, add_config_args
     t.add_argument("--preset", choices=list(PRESETS), default="dt-paper", help="dt-primal's preset (default dt-paper)")
     t.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
                              "eval_episodes"))
     t.add_argument("--out", type=Path, default=Path("runs/d3rlpy-crosscheck"),
                    help="runs go to OUT/<dataset slug>/d3rlpy-dt/seed_N, as the sweep lays out its runs")
-    r = sub.add_parser("report", help="per dataset: both implementations' scores, and the gap in standard errors")
+    r = sub.add_parser("report", allow_abbrev=False,
+                       help="per dataset: both implementations' scores, and the gap in standard errors")
     r.add_argument("--d3rlpy", type=Path, required=True, help="the train command's --out (the report goes there)")
     r.add_argument("--dt-primal", type=Path, required=True,
                    help="a sweep folder with dt-primal's DT runs (--models dt -- --preset dt-paper ...)")

@@ -116,7 +116,8 @@ def time_setting(data, size: str, members: int, mode: str, precision: str, membe
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, nargs="+", default=[1, 3])
     p.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],

@@ -379,7 +379,8 @@ def timing(args) -> list[list]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--envs", type=int, nargs="+", default=[200, 600], help="numbers of environments timed (default 200 600)")
     p.add_argument("--steps", type=int, default=200, help="steps timed per repeat (default 200)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per row, median reported (default 5)")

@@ -30,6 +30,7 @@ import torch
 from dt_primal.config import make_config
 from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
+from dt_primal.precision import resolve_precision
 from dt_primal.model import DecisionTransformer
 from envs import TASKS, Task
 
@@ -104,14 +105,16 @@ def models_to_run(args) -> list[dict]:
                           ("quick preset size (d_model 128, 4 heads, 3 layers, K 20)", "quick")):
         cfg = make_config(preset, model="primal", s=64)
         torch.manual_seed(0)
-        model = DecisionTransformer(cfg, 11, 3)
+        model = DecisionTransformer(cfg.model_config(11, 3))
+        chosen = args.precision or resolve_precision(cfg.precision, torch.device("cpu"), cfg.d_model)[0]
         runs.append(dict(label=label + f", untrained {cfg.model}", model=model, cfg=cfg,
-                         precision=args.precision or cfg.precision, mean=np.zeros(11), std=np.ones(11), base=TASKS["hopper"]))
+                         precision=chosen, mean=np.zeros(11), std=np.ones(11), base=TASKS["hopper"]))
     return runs
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--checkpoint", help="a dt-primal DIR/last.pt to evaluate instead of untrained models")
     p.add_argument("--episodes", type=int, default=100, help="episodes of the batched run (default 100)")
     p.add_argument("--seq-episodes", type=int, default=2, help="episodes timed one at a time (then extrapolated)")
@@ -119,7 +122,7 @@ def main() -> None:
     p.add_argument("--seq-repeats", type=int, default=3, help="repeat the sequential timing and take the median")
     p.add_argument("--max-steps", type=int, default=1000, help="episode time limit (default Hopper's 1000)")
     p.add_argument("--full-length", action="store_true", help="with --checkpoint: no termination either")
-    p.add_argument("--precision", choices=("fp32", "bf16"), help="default: the model's config (quick preset: bf16)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), help="default: the model's config (auto: resolved for this CPU)")
     p.add_argument("--target", type=float, default=3600.0, help="return to condition on (Hopper's high target)")
     p.add_argument("--quick", action="store_true", help="smoke check: 10 episodes of 50 steps")
     p.add_argument("--replot", action="store_true", help="rewrite the section from the last full run's saved results")

@@ -341,7 +341,7 @@ def build_d3rlpy(args: argparse.Namespace, data: Dataset) -> Peer:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--make-hdf5", metavar="PATH", help="write a synthetic Hopper-like file and exit")
     p.add_argument("--peer", choices=("hf", "d3rlpy"))
     p.add_argument("--hdf5", metavar="PATH", help="D4RL-style dataset")

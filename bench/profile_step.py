@@ -32,7 +32,7 @@ from dt_primal.config import make_config
 VARIANTS = {
     "baseline": ({}, {}, {}, "as training.py runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
     "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
-                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (dt_primal sets PASSIVE on import "
+                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (the commands set PASSIVE "
                     "unless the environment names a policy)"),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
     "torch-dropout": ({}, {"torch_dropout": True}, {},
@@ -49,7 +49,7 @@ def load_data():
 
 
 def spec_config(**changes):
-    return make_config("paper", model="primal", s=64, device="cpu", **changes)
+    return make_config("paper", model="primal", s=64, device="cpu", **{"precision": "fp32", **changes})
 
 
 def profile(steps: int, precision: str) -> tuple[str, str, str]:
@@ -115,7 +115,8 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median)")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))

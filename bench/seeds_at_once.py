@@ -67,7 +67,8 @@ def separate(n: int, hdf5: Path, args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--seeds", type=int, default=3, help="seeds (default 3)")
     p.add_argument("--steps", type=int, default=300, help="training steps per seed")
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")

@@ -74,7 +74,8 @@ def fmt(r: dict | None, key: str = "updates_per_s") -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--updates", type=int, default=30, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first")
     p.add_argument("--rounds", type=int, default=3, help="time every setting this many times, report medians")

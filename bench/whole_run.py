@@ -67,7 +67,8 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--steps", type=int, default=300, help="training steps of the measured run")
     p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (SPEC §4)")
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")

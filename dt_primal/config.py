@@ -9,14 +9,14 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
+from dt_primal.model import ACTIVATIONS, EMBED_INITS, MODELS, ModelConfig
 
 if TYPE_CHECKING:
     from envs import Task
 
-MODELS = ("dt", "primal", "primalformer")
-EMBED_INITS = ("torch", "gpt2")
-ACTIVATIONS = ("relu", "gelu")
-CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS}  # the fields that take one of a few names
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")  # dt_primal.precision
+# the fields that take one of a few names
+CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS, "precision": PRECISIONS}
 
 # KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
 PAPER_S = {
@@ -26,6 +26,7 @@ PAPER_S = {
 }
 DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
+OWN_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")  # the ModelConfig fields that are not a Config field as it is
 
 
 @dataclass
@@ -53,7 +54,8 @@ class Config:
     weight_decay: float = 1e-4
     warmup_steps: int = 10_000
     grad_clip: float = 0.25
-    precision: str = "fp32"  # fp32 | tf32 (fp32 with TF32 matrix products on CUDA) | bf16 (autocast)
+    precision: str = "auto"  # auto | fp32 | tf32 (TF32 matrix products on CUDA) | bf16 (autocast); runs record
+    #                          the one auto resolved to (dt_primal.precision)
     compile: bool = False  # torch.compile the members' loss (forward; its backward follows)
     cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
     # returns and evaluation (SPEC §5)
@@ -89,6 +91,13 @@ class Config:
         return dataclasses.replace(self, s=self.resolved_s(),
                                    max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN)
 
+    def model_config(self, state_dim: int, act_dim: int) -> ModelConfig:
+        """The architecture this run trains for observations of size ``state_dim`` and actions of size
+        ``act_dim`` (``s`` and ``max_ep_len`` as ``resolved`` gives them, else their defaults)."""
+        same = {f.name: getattr(self, f.name) for f in fields(ModelConfig) if f.name not in OWN_FIELDS}
+        return ModelConfig(state_dim=state_dim, act_dim=act_dim, s=self.resolved_s(),
+                           max_ep_len=self.max_ep_len or DEFAULT_MAX_EP_LEN, **same)
+
     def validate(self) -> "Config":
         problems = []
         for name, choices in CHOICES.items():
@@ -107,8 +116,6 @@ class Config:
             problems.append(f"--steps and --warmup-steps cannot be negative (got {self.steps}, {self.warmup_steps})")
         if self.targets is not None and len(self.targets) == 0:
             problems.append("--targets needs at least one return to condition on")
-        if self.precision not in ("fp32", "tf32", "bf16"):
-            problems.append(f"--precision must be fp32, tf32 or bf16 (got {self.precision!r})")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", str(self.device)):
             problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         # one condition that must hold, so that NaN (which fails every comparison) fails it
@@ -155,7 +162,7 @@ MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 PRESETS = {
     "paper": {},
     "quick": dict(d_model=128, steps=2000, warmup_steps=200, eval_every=1000, eval_episodes_during=5,
-                  eval_episodes=10, checkpoint_every=500, precision="bf16"),
+                  eval_episodes=10, checkpoint_every=500),
     "dt-paper": dict(model="dt", d_model=128, n_head=1, lr=1e-4),
 }
 
@@ -168,6 +175,9 @@ HELP = {
                   "docs/results.md, \"Initialisation\")",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
            "hopper, walker2d",
+    "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
+                 "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 "
+                 "(TF32 matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, \"Precision auto\"",
     "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
     "ref_min": "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
                "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",

@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from dt_primal.ensemble import Ensemble
+from dt_primal.precision import autocast, tf32
 from envs import TASKS, Episodes, Task
 
 
@@ -48,13 +49,13 @@ def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, s
     timesteps = torch.arange(T, device=device)
     returns, lengths = np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    arithmetic = autocast(precision, torch.device(device).type)
     bar = tqdm(total=T, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2)
     for t in range(T):
         states[:, :, t] = (torch.as_tensor(obs, dtype=torch.float32, device=device).view(M, n, obs_dim) - mean) / std
         lo = max(0, t + 1 - context)
         window = (states[:, :, lo:t + 1], actions[:, :, lo:t + 1], rtg[:, :, lo:t + 1])
-        with autocast:
+        with arithmetic, tf32(precision):
             if policy.vmap:  # one batched forward over every member's episodes, live or not
                 pred = policy.map(lambda member, s, a, r: member(s, a, r, timesteps[lo:t + 1].expand(n, -1),
                                                                  last_only=True)[0], *window)

@@ -12,9 +12,13 @@ call it. ``python -m dt_primal.run ARGS`` is ``python train.py ARGS``.
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import dataclasses
-import importlib
 import sys
 from pathlib import Path
 from typing import Callable
@@ -35,15 +39,17 @@ Loader = Callable[..., Trajectories]
 
 def application_loader() -> Loader:
     """The loader of the application above the library (``datasets/``: the offline suite, Minari, D4RL
-    and pickle files), looked up by name when a ``python -m dt_primal.*`` command starts: the library
-    itself takes the loader as an argument and imports nothing from ``datasets/``."""
-    return importlib.import_module("datasets.loaders").load_dataset
+    and pickle files), imported when a ``python -m dt_primal.*`` command starts: the library itself
+    takes the loader as an argument and imports nothing from ``datasets/`` on import."""
+    from datasets.loaders import load_dataset
+    return load_dataset
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
-                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per "
+                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, 10 final episodes per "
                         "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "
                         "1 head, lr 1e-4; the rest as paper). Options given on the command line override the preset")
     p.add_argument("--seeds", type=int, nargs="+",

@@ -8,6 +8,11 @@ cumulative explained variance Σ_{j≤k} σ_j² / Σ_j σ_j² is averaged over w
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 from pathlib import Path
 
@@ -49,7 +54,7 @@ def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m dt_primal.spectrum", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.spectrum", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--windows", type=int, default=256)
@@ -67,7 +72,7 @@ def main() -> None:
         ckpt = load_checkpoint(path)
         model, cfg = model_from_checkpoint(ckpt)
         model.eval()
-        ksvd = f", s {cfg.resolved_s()}, η {cfg.eta:g}" if cfg.model != "dt" else ""
+        ksvd = f", s {model.config.s}, η {cfg.eta:g}" if cfg.model != "dt" else ""
         curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, application_loader()))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):
             kind = "primal K" if hasattr(block.attn, "Lambda") else "softmax"

@@ -20,6 +20,11 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import contextlib
 import csv
@@ -111,8 +116,7 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
     """A Ray worker's trainer: ``train_command`` in this process, its output into the log and its exit
     status returned as the command line's would be (a bug's traceback goes to the log, status 1)."""
     def trainer(argv: list[str], log: TextIO) -> int:
-        import torch
-        torch.set_num_threads(threads)
+        configure_process(threads=threads)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             try:
                 run_main(lambda: train_command(argv, load_dataset))
@@ -236,7 +240,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     if not cmds or not any(map(command, cmds[-1])):
         return None
     argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:]
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     p.add_argument("--preset", default="paper")
     add_config_args(p)
     known, _ = p.parse_known_args(argv)
@@ -484,7 +488,7 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    p = argparse.ArgumentParser(prog="python -m dt_primal.sweep", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", nargs="+", required=True,
                    help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4")

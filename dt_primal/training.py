@@ -20,13 +20,15 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dt_primal.checkpoint import (check_same_dataset, env_sizes, load_members, model_from_checkpoint, rng_state,
-                                  save_checkpoints, set_rng_state)
-from dt_primal.config import Config
+from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoint, rng_state, save_checkpoints,
+                                  set_rng_state)
+from dt_primal.checks import env_sizes
+from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.model import DecisionTransformer
+from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
 from envs import Task
@@ -66,6 +68,19 @@ def distributed(device: str):
         dist.destroy_process_group()
 
 
+def agreed_precision(cfg: Config, device: torch.device, rank: int) -> str:
+    """``cfg.precision`` resolved for ``device`` (``dt_primal.precision``: auto measures on a CPU),
+    printed once; under torchrun every process takes rank 0's."""
+    precision, why = resolve_precision(cfg.precision, device, cfg.d_model)
+    if dist.is_initialized():
+        agreed = torch.tensor([PRECISIONS.index(precision)], device=device)
+        dist.broadcast(agreed, 0)
+        precision = PRECISIONS[int(agreed)]
+    if rank == 0:
+        print(f"precision: {precision} ({why})")
+    return precision
+
+
 def check_env_matches(data: Trajectories, task: Task) -> None:
     obs_dim, act_dim = env_sizes(task)
     if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
@@ -84,6 +99,17 @@ def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
                         f"started with. Leave these options out to continue it, or choose another --out to start a new "
                         f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
                         f"and the data source may change).")
+
+
+def check_steps_left(step: int, steps: int, where: Path) -> None:
+    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
+    only runs the final evaluation (a run stopped during it), which is said."""
+    if step > steps:
+        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+    if step == steps:
+        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+              f"runs (give a larger --steps to train further)")
 
 
 class _StopSignal:
@@ -162,6 +188,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     ckpts = load_members(lasts, device) if resume and all(found) else None
     if resume and ckpts is None:
         print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    if ckpts is not None:
+        check_steps_left(ckpts[0]["step"], cfg.steps, lasts[0] if len(lasts) == 1 else Path(cfg.out))
     targets = cfg.targets or list(task.targets)
     if ckpts is not None:
         for path, ckpt, seed in zip(lasts, ckpts, seed_list):
@@ -171,6 +199,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     else:
         state_mean, state_std = data.state_stats()
 
+    cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
+
     # each member as its seed alone: initialised and drawing batches from its seed; dropout draws from
     # the process's generator. Under torchrun every rank seeds alike and draws the same batches and
     # masks, so a checkpoint holds the state of all of them and --resume is exact with any number of processes.
@@ -179,7 +209,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
         gens.append(torch.Generator(device=device).manual_seed(seed))
         models.append(model_from_checkpoint(ckpts[i], device)[0] if ckpts else
-                      DecisionTransformer(cfg, data.obs_dim, data.act_dim).to(device))
+                      DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, state_mean, state_std, device)
     train_step = TrainStep(cfg, models, sampler, gens, device, rank, world, capture=cfg.cuda_graph)
     ensemble = train_step.ensemble
@@ -202,7 +232,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             "model": ensemble.state_dict(i), "optimizer": train_step.member_optimizer_state(i), "step": step,
             "rng": rng_state(gens[i]), "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, out=str(d))),
             "task": dataclasses.asdict(task), "state_mean": state_mean, "state_std": state_std, "obs_dim": data.obs_dim,
-            "act_dim": data.act_dim, "dataset": data.source} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
+            "act_dim": data.act_dim, "dataset": data.source,
+            "model_config": dataclasses.asdict(ensemble.template.config)} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
         saved_step = step
 
     def evaluate(episodes: int) -> list[list[dict]]:

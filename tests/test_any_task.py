@@ -19,8 +19,8 @@ from envs import TASKS, derived_targets, task_for
 from test_data import write_d4rl
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--steps", "20",
-        "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000", "--eval-episodes", "2"]
+TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32",
+        "--steps", "20", "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000", "--eval-episodes", "2"]
 
 
 def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed: int = 0, **metadata) -> None:

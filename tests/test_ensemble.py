@@ -23,7 +23,7 @@ from envs import TASKS
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from test_train import ROOT, TINY, hopper_file
 
-CFG = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
+CFG = Config(precision="fp32", dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
              eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu")
 
 
@@ -46,7 +46,7 @@ def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
     """TrainStep against the update written out with PyTorch's own AdamW, LambdaLR and clip_grad_norm_."""
     cfg = dataclasses.replace(CFG, dropout=0.0, warmup_steps=4)
     torch.manual_seed(0)
-    model = DecisionTransformer(cfg, data.obs_dim, data.act_dim)
+    model = DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim))
     reference = copy.deepcopy(model)
     sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
     step = TrainStep(cfg, [model], sampler, [torch.Generator().manual_seed(0)], torch.device("cpu"))
@@ -185,7 +185,7 @@ def test_vmap_over_members_trains_and_acts_as_the_loop(data, tmp_path, monkeypat
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
-    policy = Ensemble([DecisionTransformer(cfg, 11, 3), DecisionTransformer(cfg, 11, 3)])
+    policy = Ensemble([DecisionTransformer(cfg.model_config(11, 3)), DecisionTransformer(cfg.model_config(11, 3))])
     args = (TASKS["hopper"], [3600.0, 1800.0], 3, np.zeros(11), np.ones(11), 1000.0, cfg.context, "cpu")
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
     assert one == three
@@ -214,7 +214,7 @@ def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data, vm
     to the host, and changes no Python-side state (only tensors), so a replay is a real step."""
     cfg = dataclasses.replace(CFG, dropout=0.0 if vmap else 0.1)
     torch.manual_seed(0)
-    models = [DecisionTransformer(cfg, data.obs_dim, data.act_dim) for _ in range(2)]
+    models = [DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)) for _ in range(2)]
     sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
     step = TrainStep(cfg, models, sampler, [torch.Generator().manual_seed(s) for s in (0, 1)], torch.device("cpu"))
     step.ensemble.vmap = vmap

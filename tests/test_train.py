@@ -15,7 +15,7 @@ from dt_primal.config import Config
 from dt_primal.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu"]
+TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
 
 
 def hopper_file(tmp_path) -> Path:
@@ -78,7 +78,7 @@ def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys)
     """--compile changes how the step runs, not what it computes (dropout 0: no random masks)."""
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=6, warmup_steps=2, batch_size=8, dropout=0.0,
-                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=3)
+                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=3, precision="fp32")
     from torch._dynamo.utils import counters
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager")), data)
     assert "--compile" not in capsys.readouterr().out
