@@ -4,11 +4,11 @@ them) and is evaluated by dt-primal's own batched evaluation (``dt_primal.evalua
 the same targets, episodes, environment seeds and normalisation), so that only the learner differs.
 
   # d3rlpy DT, DT-paper settings, the reduced CPU protocol of docs/results.md, 3 seeds
-  /work/d3rlpy-venv/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
-      --seeds 0 1 2 --out results/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
+  ~/.venvs/d3rlpy/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
+      --seeds 0 1 2 --out runs/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
       --eval-every 500 --eval-episodes-during 5 --eval-episodes 100
   # compare with dt-primal's DT (a sweep folder) per dataset; writes OUT/crosscheck.{md,json}
-  python bench/d3rlpy_crosscheck.py report --d3rlpy results/d3rlpy-crosscheck-cpu --dt-primal results/dt-paper-cpu \\
+  python bench/d3rlpy_crosscheck.py report --d3rlpy runs/d3rlpy-crosscheck-cpu --dt-primal runs/dt-paper-cpu \\
       --datasets dt-primal/hopper/medium-replay-v0 ...
 
 ``train`` needs d3rlpy 2.8.1 next to the project's own packages: see bench/crosscheck-requirements.txt

@@ -341,7 +341,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             if r["normalized_mean"] is not None:
                 writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
         writer.close()
-        result = {"checkpoint": str(last), "step": step, "task": task.gym_id, "dataset": data.source,
+        result = {"checkpoint": os.path.relpath(last, cfg.out),  # relative to --out: the record names no machine path
+                  "step": step, "task": task.gym_id, "dataset": data.source,
                   "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports,
                   "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed)),  # the record says how it was made
                   "provenance": made}
