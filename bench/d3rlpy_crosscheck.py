@@ -133,19 +133,19 @@ class D3rlpyMember:
 
 class D3rlpyPolicies:
     """Trained d3rlpy DTs (one per seed) with the interface ``rollout`` takes of an ``Ensemble``:
-    ``size``, ``vmap`` (False: member by member, on live episodes only), ``max_ep_len``,
-    ``template.training``, ``train(mode)`` and ``member_call(m)``."""
+    ``size``, ``vmap`` (False: member by member, on live episodes only), ``device``, ``act_dim``,
+    ``max_ep_len``, ``template.training``, ``train(mode)`` and ``member_call(m)``."""
 
-    vmap = False
+    vmap, device = False, torch.device("cpu")
 
-    def __init__(self, members: list[D3rlpyMember], max_ep_len: int = 1000):
-        self.members, self.size, self.max_ep_len = members, len(members), max_ep_len
+    def __init__(self, members: list[D3rlpyMember], act_dim: int, max_ep_len: int = 1000):
+        self.members, self.size, self.act_dim, self.max_ep_len = members, len(members), act_dim, max_ep_len
         self.template = SimpleNamespace(training=False)
         self.train(False)
 
     @classmethod
     def from_algos(cls, algos, max_ep_len: int = 1000) -> "D3rlpyPolicies":
-        return cls([D3rlpyMember.from_algo(a) for a in algos], max_ep_len)
+        return cls([D3rlpyMember.from_algo(a) for a in algos], algos[0].impl.action_size, max_ep_len)
 
     def train(self, mode: bool = True) -> "D3rlpyPolicies":
         for m in self.members:
@@ -226,10 +226,11 @@ def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list
     """dt-primal's batched evaluation of d3rlpy policies: raw observations and returns go in, d3rlpy's
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
     from dt_primal.evaluation import rollout
-    policies = D3rlpyPolicies.from_algos(algos, cfg.max_ep_len)
+    from dt_primal.policy import Policy
     obs_dim = algos[0].impl.observation_shape[0]
-    return rollout(policies, task, targets, episodes, np.zeros(obs_dim, np.float32), np.ones(obs_dim, np.float32),
-                   1.0, cfg.context, "cpu", seeds=[s + 100_000 for s in seeds], precision="fp32")
+    policy = Policy(D3rlpyPolicies.from_algos(algos, cfg.max_ep_len), np.zeros(obs_dim, np.float32),
+                    np.ones(obs_dim, np.float32), 1.0, cfg.context)
+    return rollout(policy, task, targets, episodes, seeds=[s + 100_000 for s in seeds])
 
 
 def train_seed(cfg, data, task, targets, seed: int, run: Path, activation: str, log_every: int = 100) -> dict:

@@ -31,6 +31,7 @@ from dt_primal.config import make_config
 from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
 from dt_primal.precision import resolve_precision
+from dt_primal.policy import Policy
 from dt_primal.model import DecisionTransformer
 from envs import TASKS, Task
 
@@ -94,8 +95,9 @@ def models_to_run(args) -> list[dict]:
     """(label, model, precision, normalisation, task) for each model size to compare."""
     if args.checkpoint:
         from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
-        ckpt = load_checkpoint(args.checkpoint, "cpu")
-        model, cfg = model_from_checkpoint(ckpt, "cpu")
+        from dt_primal.config import Config
+        ckpt = load_checkpoint(args.checkpoint)
+        model, cfg = model_from_checkpoint(ckpt, "cpu"), Config(**ckpt["config"])
         base = Task.from_record(ckpt["task"])
         return [dict(label=f"{args.checkpoint} ({cfg.model}, d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers)",
                      model=model, cfg=cfg, precision=args.precision or cfg.precision, mean=ckpt["state_mean"],
@@ -142,11 +144,11 @@ def main() -> None:
         common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
         warm_up(model, args.episodes, cfg.context, run["precision"])
         batched, batched_cpu, forward_share = [], [], []
-        policy = Ensemble([model])
+        policy = Policy(Ensemble([model]), *common_args, run["precision"])
         for _ in range(args.repeats):
-            forward_s, hooks = forward_clock(policy.template)
+            forward_s, hooks = forward_clock(policy.ensemble.template)
             t0, c0 = time.perf_counter(), time.process_time()
-            reports = rollout(policy, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"])[0]
+            reports = rollout(policy, task, [args.target], args.episodes)[0]
             batched.append(time.perf_counter() - t0); batched_cpu.append(time.process_time() - c0)
             forward_share.append(forward_s[0] / batched[-1])
             for h in hooks:
@@ -168,14 +170,14 @@ def main() -> None:
             row += [f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"]
         rows.append(row)
-        async_runs.append((policy, task, common_args, run["precision"], b_s))
+        async_runs.append((policy, task, b_s))
         print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
     # The batched run with the environments in one worker process per core (`evaluate.py --env-workers N`), after
     # every other timing: its worker processes keep the load raised for a while after they exit.
     workers = os.cpu_count() or 1
-    for row, (policy, task, common_args, precision, b_s) in zip(rows, async_runs):
+    for row, (policy, task, b_s) in zip(rows, async_runs):
         t0 = time.perf_counter()
-        rollout(policy, task, [args.target], args.episodes, *common_args, "cpu", precision=precision, env_workers=workers)
+        rollout(policy, task, [args.target], args.episodes, env_workers=workers)
         a_s = time.perf_counter() - t0
         row.insert(4, f"{a_s:.0f} s: {b_s / a_s:.2f}× the speed of the in-process run")
         print(row[0], f"| {workers} env workers:", row[4], f"(load {common.load_avg():.2f})", flush=True)

@@ -33,6 +33,7 @@ import torch
 from dt_primal.config import make_config
 from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
+from dt_primal.policy import Policy
 from dt_primal.model import DecisionTransformer
 from envs import TASKS
 
@@ -53,14 +54,13 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
     consecutive forward passes of ``rollout`` over ``probe`` steps after the first K, untrained model."""
     cfg = make_config("paper", model="primal", s=64, precision=precision)
     torch.manual_seed(0)
-    model = StepClock(cfg, 11, 3).to(device)
+    model = StepClock(cfg.model_config(11, 3)).to(device)
     model.calls = []
-    policy = Ensemble([model])
+    policy = Policy(Ensemble([model]), np.zeros(11), np.ones(11), cfg.reward_scale, context, precision)
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
     targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]
-    rollout(policy, task, targets, episodes // len(targets), np.zeros(11), np.ones(11), cfg.reward_scale, context,
-            device, precision=precision)
-    calls = policy.template.calls  # the forward passes run the ensemble's copy of the model
+    rollout(policy, task, targets, episodes // len(targets))
+    calls = policy.ensemble.template.calls  # the forward passes run the ensemble's copy of the model
     full = [t1 - t0 for (t0, w), (t1, _) in zip(calls, calls[1:]) if w == context]
     return float(np.median(full))
 

@@ -94,7 +94,7 @@ def check_run_inputs(data: Trajectories, cfg: Config, seeds: list[int] | None = 
     members = len(seeds or [cfg.seed])
     check_batch_memory(cfg, members)
     for episodes, flag in ((cfg.eval_episodes, "--eval-episodes"), (cfg.eval_episodes_during, "--eval-episodes-during")):
-        check_evaluation_memory(episodes * len(targets) * members, cfg.max_ep_len, data.obs_dim, data.act_dim,
+        check_evaluation_memory(episodes * len(targets) * members, cfg.context, data.obs_dim, data.act_dim,
                                 cfg.device, f"{flag} {episodes} x {len(targets)} targets x {members} "
                                             f"seed{'s' if members > 1 else ''}",
                                 f"Lower {flag} (it may change when a run continues with --resume).")
@@ -284,11 +284,11 @@ def check_batch_memory(cfg: Config, members: int) -> None:
                         f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once.")
 
 
-def check_evaluation_memory(episodes: int, max_ep_len: int, obs_dim: int, act_dim: int, device: str, what: str,
+def check_evaluation_memory(episodes: int, context: int, obs_dim: int, act_dim: int, device: str, what: str,
                             fix: str) -> None:
-    """All evaluation episodes run at once: an environment each and buffers of max_ep_len steps on the
-    device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
-    buffers = episodes * max_ep_len * (obs_dim + act_dim + 1) * 4
+    """All evaluation episodes run at once: an environment each and buffers of their last ``context``
+    steps on the device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
+    buffers = episodes * context * (obs_dim + act_dim + 1) * 4
     host = episodes * ENV_BYTES
     on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     problems = []
@@ -392,7 +392,7 @@ def check_evaluate_run(args, ckpts: list[dict]) -> None:
         episodes_total += args.episodes * len(targets)
     cfg = ckpts[0]["config"]
     arch = ckpts[0]["model_config"]
-    check_evaluation_memory(episodes_total, max(c["model_config"]["max_ep_len"] for c in ckpts), arch["state_dim"],
+    check_evaluation_memory(episodes_total, max(c["model_config"]["context"] for c in ckpts), arch["state_dim"],
                             arch["act_dim"], getattr(args, "device", None) or "auto",
                             f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
                             "Lower --episodes, or evaluate fewer checkpoints per command.")

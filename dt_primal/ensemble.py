@@ -37,6 +37,10 @@ class Ensemble:
     def max_ep_len(self) -> int:
         return self.template.max_ep_len
 
+    @property
+    def act_dim(self) -> int:
+        return self.template.config.act_dim
+
     def train(self, mode: bool = True) -> "Ensemble":
         self.template.train(mode)
         return self

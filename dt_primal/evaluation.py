@@ -9,8 +9,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dt_primal.ensemble import Ensemble
-from dt_primal.precision import autocast, tf32
+from dt_primal.policy import Policy
 from envs import TASKS, Episodes, Task
 
 
@@ -22,65 +21,37 @@ def default_env_workers(device: torch.device | str, num_envs: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_envs // 8))
 
 
-@torch.no_grad()
-def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, state_mean: np.ndarray,
-            state_std: np.ndarray, reward_scale: float, context: int, device: torch.device | str = "cpu",
-            seeds: list[int] | None = None, precision: str = "fp32", env_workers: int | None = None,
-            progress: bool = False) -> list[list[dict]]:
+def rollout(policy: Policy, task: Task, targets: list[float], episodes: int, seeds: list[int] | None = None,
+            env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
-    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all). Returns per member one report
-    per target with the keys ``target, return_mean, return_std, normalized_mean, normalized_std,
-    episodes`` (+ raw returns and lengths). The conditioning return drops by reward / scale after
-    each step. ``state_mean``/``state_std``: (obs_dim,) or one row per member."""
-    was_training = policy.template.training
-    policy.train(False)
-    M, n = policy.size, episodes * len(targets)
-    seeds = seeds or [0] * M
-    workers = env_workers or default_env_workers(device, M * n)
+    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
+    Returns per member one report per target with the keys ``target, return_mean, return_std,
+    normalized_mean, normalized_std, episodes`` (+ raw returns and lengths)."""
+    ensemble = policy.ensemble
+    was_training = ensemble.template.training
+    ensemble.train(False)
+    M, n = policy.members, episodes * len(targets)
+    workers = env_workers or default_env_workers(policy.device, M * n)
     env = Episodes(task, M * n, workers)
-    obs = env.reset([s + j for s in seeds for j in range(n)])
-    obs_dim, act_dim = env.observation_shape[0], env.action_shape[0]
-    mean, std = (torch.as_tensor(np.asarray(a, np.float32), device=device).reshape(-1, 1, obs_dim)
-                 for a in (state_mean, state_std))
-    T = policy.max_ep_len
-    states = torch.zeros(M, n, T, obs_dim, device=device)
-    actions = torch.zeros(M, n, T, act_dim, device=device)
-    rtg = torch.zeros(M, n, T, 1, device=device)
-    rtg[:, :, 0, 0] = torch.tensor(np.repeat(targets, episodes), dtype=torch.float32, device=device) / reward_scale
-    timesteps = torch.arange(T, device=device)
-    returns, lengths = np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
+    obs = env.reset([s + j for s in seeds or [0] * M for j in range(n)])
+    policy.reset(np.repeat(targets, episodes))
+    rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
-    arithmetic = autocast(precision, torch.device(device).type)
-    bar = tqdm(total=T, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2)
-    for t in range(T):
-        states[:, :, t] = (torch.as_tensor(obs, dtype=torch.float32, device=device).view(M, n, obs_dim) - mean) / std
-        lo = max(0, t + 1 - context)
-        window = (states[:, :, lo:t + 1], actions[:, :, lo:t + 1], rtg[:, :, lo:t + 1])
-        with arithmetic, tf32(precision):
-            if policy.vmap:  # one batched forward over every member's episodes, live or not
-                pred = policy.map(lambda member, s, a, r: member(s, a, r, timesteps[lo:t + 1].expand(n, -1),
-                                                                 last_only=True)[0], *window)
-                actions[:, :, t] = pred[:, :, -1].float()
-            else:  # member by member, on its live episodes only
-                for m in range(M):
-                    live = torch.as_tensor(np.flatnonzero(alive[m]), device=device)
-                    if len(live):
-                        pred, _ = policy.member_call(m)(*(w[m, live] for w in window),
-                                                        timesteps[lo:t + 1].expand(len(live), -1), last_only=True)
-                        actions[m, live, t] = pred[:, -1].float()
-        obs, rewards, terms, truncs = env.step(actions[:, :, t].reshape(M * n, act_dim).cpu().numpy(), alive.reshape(-1))
+    bar = tqdm(total=ensemble.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step",
+               mininterval=2)
+    for _ in range(ensemble.max_ep_len):
+        actions = policy.act(obs.reshape(M, n, -1), rewards, live=alive)
+        obs, rewards, terms, truncs = env.step(actions.reshape(M * n, -1), alive.reshape(-1))
         rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
         returns[alive] += rewards[alive]
         lengths[alive] += 1
-        if t + 1 < T:
-            rtg[:, :, t + 1, 0] = rtg[:, :, t, 0] - torch.as_tensor(rewards, dtype=torch.float32, device=device) / reward_scale
         alive &= ~ended
         bar.update(1)
         if not alive.any():
             break
     bar.close()
     env.close()
-    policy.train(was_training)
+    ensemble.train(was_training)
     return [[report(task, target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
              for i, target in enumerate(targets)] for m in range(M)]
 

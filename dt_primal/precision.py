@@ -39,6 +39,16 @@ def resolve_precision(precision: str, device: torch.device, d_model: int) -> tup
                     f"(measured in {time.perf_counter() - t0:.2f} s)")
 
 
+def acting_precision(given: str | None, trained: str, device: torch.device, d_model: int) -> tuple[str, str]:
+    """``(precision, why)`` for acting with a run trained at ``trained``: ``given`` unless it is auto or
+    None, which keep the run's own, except that bf16 on a CPU becomes fp32 where bf16 is slow there."""
+    if given not in (None, "auto"):
+        return given, "as set"
+    if trained in ("bf16", "auto"):
+        return resolve_precision("auto", torch.device(device), d_model)
+    return trained, "auto: the run's own"
+
+
 def bf16_share(d_model: int) -> float:
     """The time of a bf16-autocast matrix product over that of the same fp32 product, for the shape of
     the MLP's first product (rows x d_model @ d_model x 4 d_model, 64 to 512 rows): the best of a few

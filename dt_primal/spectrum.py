@@ -70,8 +70,8 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(args.checkpoints), figsize=(4.5 * len(args.checkpoints), 3.6), squeeze=False)
     for ax, path in zip(axes[0], args.checkpoints):
         ckpt = load_checkpoint(path)
-        model, cfg = model_from_checkpoint(ckpt)
-        model.eval()
+        model = model_from_checkpoint(ckpt).eval()
+        cfg = model.config
         ksvd = f", s {model.config.s}, η {cfg.eta:g}" if cfg.model != "dt" else ""
         curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, application_loader()))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):

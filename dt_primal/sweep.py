@@ -231,8 +231,8 @@ def run_settings(group: Path, seed: int) -> dict | None:
         return {k: cfg[k] for k in RECORDED}
     ckpt = group / f"seed_{seed}" / "last.pt"
     if ckpt.exists():
-        import torch
-        cfg = torch.load(ckpt, map_location="cpu", weights_only=False).get("config", {})
+        from dt_primal.checkpoint import read_checkpoint
+        cfg = read_checkpoint(ckpt)["config"]
         return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
     log = group / "train.log"
     cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []

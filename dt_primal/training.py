@@ -29,6 +29,7 @@ from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.model import DecisionTransformer
 from dt_primal.precision import resolve_precision
+from dt_primal.policy import Policy
 from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
 from envs import Task
@@ -185,7 +186,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     if resume and not seeds and not any(found) and members:
         listed = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in members), key=int))
         raise UserError(f"{cfg.out} holds the seeds {listed} of an ensemble; resume them with --seeds {listed}.")
-    ckpts = load_members(lasts, device) if resume and all(found) else None
+    ckpts = load_members(lasts) if resume and all(found) else None
     if resume and ckpts is None:
         print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
     if ckpts is not None:
@@ -208,7 +209,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     for i, seed in enumerate(seed_list):
         random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
         gens.append(torch.Generator(device=device).manual_seed(seed))
-        models.append(model_from_checkpoint(ckpts[i], device)[0] if ckpts else
+        models.append(model_from_checkpoint(ckpts[i], device) if ckpts else
                       DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, state_mean, state_std, device)
     train_step = TrainStep(cfg, models, sampler, gens, device, rank, world, capture=cfg.cuda_graph)
@@ -231,14 +232,14 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         save_checkpoints(lasts, [{
             "model": ensemble.state_dict(i), "optimizer": train_step.member_optimizer_state(i), "step": step,
             "rng": rng_state(gens[i]), "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, out=str(d))),
-            "task": dataclasses.asdict(task), "state_mean": state_mean, "state_std": state_std, "obs_dim": data.obs_dim,
-            "act_dim": data.act_dim, "dataset": data.source,
+            "task": dataclasses.asdict(task), "state_mean": state_mean, "state_std": state_std, "dataset": data.source,
             "model_config": dataclasses.asdict(ensemble.template.config)} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
         saved_step = step
 
+    policy = Policy(ensemble, state_mean, state_std, cfg.reward_scale, cfg.context, cfg.precision)
+
     def evaluate(episodes: int) -> list[list[dict]]:
-        return rollout(ensemble, task, targets, episodes, state_mean, state_std, cfg.reward_scale, cfg.context,
-                       device, seeds=eval_seeds, precision=cfg.precision)
+        return rollout(policy, task, targets, episodes, seeds=eval_seeds)
 
     writers, curve_paths = [], [d / "evals.jsonl" for d in dirs]
     if rank == 0:

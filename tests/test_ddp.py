@@ -23,7 +23,7 @@ ARGS = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--ksvd-rank", "8"
 
 
 def saved(out):
-    return torch.load(out / "last.pt", weights_only=False)
+    return torch.load(out / "last.pt", weights_only=True)
 
 
 def one_process(out, ckpt, data, resume=False, **change):

@@ -17,6 +17,7 @@ from dt_primal.config import Config
 from dt_primal.ensemble import Ensemble
 from dt_primal.evaluation import rollout
 from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.policy import Policy
 from dt_primal.step import TrainStep
 from dt_primal.training import train
 from envs import TASKS
@@ -33,7 +34,7 @@ def data(tmp_path_factory):
 
 
 def weights(path):
-    return torch.load(path, weights_only=False)["model"]
+    return torch.load(path, weights_only=True)["model"]
 
 
 def assert_same(a, b, atol=1e-6):
@@ -72,7 +73,7 @@ def test_each_member_ends_with_the_weights_of_its_seed_trained_alone(data, tmp_p
     for seed in (4, 0, 7):
         train(dataclasses.replace(cfg, seed=seed, out=str(tmp_path / f"alone{seed}")), data)
         assert_same(weights(tmp_path / "ens" / f"seed_{seed}" / "last.pt"), weights(tmp_path / f"alone{seed}" / "last.pt"))
-    seeds = [torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=False)["config"]["seed"] for s in (4, 0, 7)]
+    seeds = [torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=True)["config"]["seed"] for s in (4, 0, 7)]
     assert seeds == [4, 0, 7]
 
 
@@ -125,7 +126,7 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
     with pytest.raises(SystemExit):
         train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, seeds=[0, 1])
     monkeypatch.undo()
-    steps = [torch.load(tmp_path / "run" / f"seed_{s}" / "last.pt", weights_only=False)["step"] for s in (0, 1)]
+    steps = [torch.load(tmp_path / "run" / f"seed_{s}" / "last.pt", weights_only=True)["step"] for s in (0, 1)]
     assert steps == [10, 5]
     train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, resume=True, seeds=[0, 1])
     for s in (0, 1):
@@ -186,8 +187,9 @@ def test_vmap_over_members_trains_and_acts_as_the_loop(data, tmp_path, monkeypat
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
-    policy = Ensemble([DecisionTransformer(cfg.model_config(11, 3)), DecisionTransformer(cfg.model_config(11, 3))])
-    args = (TASKS["hopper"], [3600.0, 1800.0], 3, np.zeros(11), np.ones(11), 1000.0, cfg.context, "cpu")
+    policy = Policy(Ensemble([DecisionTransformer(cfg.model_config(11, 3)), DecisionTransformer(cfg.model_config(11, 3))]),
+                    np.zeros(11), np.ones(11), 1000.0, cfg.context)
+    args = (TASKS["hopper"], [3600.0, 1800.0], 3)
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
     assert one == three
     assert one[0][0]["episodes"] == 3 and one[0] != one[1]  # members differ

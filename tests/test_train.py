@@ -66,8 +66,8 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=10), data)  # "interrupted" at step 10
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True)
-    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=False)
-    b = torch.load(tmp_path / "split" / "last.pt", weights_only=False)
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "last.pt", weights_only=True)
     assert a["step"] == b["step"] == 24
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
@@ -86,8 +86,8 @@ def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys)
     train(dataclasses.replace(cfg, out=str(tmp_path / "compiled"), compile=True), data)
     assert counters["stats"]["unique_graphs"] >= 1  # the step really ran through torch.compile
     assert "--compile: the first steps compile" in capsys.readouterr().out  # the silent first minute is explained
-    a = torch.load(tmp_path / "eager" / "last.pt", weights_only=False)
-    b = torch.load(tmp_path / "compiled" / "last.pt", weights_only=False)
+    a = torch.load(tmp_path / "eager" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "compiled" / "last.pt", weights_only=True)
     assert b["config"]["compile"] and not a["config"]["compile"]
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
