@@ -4,11 +4,11 @@ them) and is evaluated by dt-primal's own batched evaluation (``dt_primal.evalua
 the same targets, episodes, environment seeds and normalisation), so that only the learner differs.
 
   # d3rlpy DT, DT-paper settings, the reduced CPU protocol of docs/results.md, 3 seeds
-  /work/d3rlpy-venv/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
-      --seeds 0 1 2 --out results/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
+  ~/.venvs/d3rlpy/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
+      --seeds 0 1 2 --out runs/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
       --eval-every 500 --eval-episodes-during 5 --eval-episodes 100
   # compare with dt-primal's DT (a sweep folder) per dataset; writes OUT/crosscheck.{md,json}
-  python bench/d3rlpy_crosscheck.py report --d3rlpy results/d3rlpy-crosscheck-cpu --dt-primal results/dt-paper-cpu \\
+  python bench/d3rlpy_crosscheck.py report --d3rlpy runs/d3rlpy-crosscheck-cpu --dt-primal runs/dt-paper-cpu \\
       --datasets dt-primal/hopper/medium-replay-v0 ...
 
 ``train`` needs d3rlpy 2.8.1 next to the project's own packages: see bench/crosscheck-requirements.txt
@@ -225,8 +225,8 @@ def prepare(algo, dataset) -> None:
 def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list[list[dict]]:
     """dt-primal's batched evaluation of d3rlpy policies: raw observations and returns go in, d3rlpy's
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
+    from dt_primal.evaluation import rollout
     from dt_primal.evaluation.policy import Policy
-    from dt_primal.evaluation.rollout import rollout
     obs_dim = algos[0].impl.observation_shape[0]
     policy = Policy(D3rlpyPolicies.from_algos(algos, cfg.max_ep_len), np.zeros(obs_dim, np.float32),
                     np.ones(obs_dim, np.float32), 1.0, cfg.context)

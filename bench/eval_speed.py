@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from dt_primal.config import make_config
+from dt_primal.evaluation import rollout
 from dt_primal.evaluation.policy import Policy
-from dt_primal.evaluation.rollout import rollout
 from dt_primal.model.ensemble import Ensemble
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
@@ -103,7 +103,7 @@ def models_to_run(args) -> list[dict]:
                      model=model, cfg=cfg, precision=args.precision or cfg.precision, mean=ckpt["state_mean"],
                      std=ckpt["state_std"], base=base)]
     runs = []
-    for label, preset in (("SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20)", "paper"),
+    for label, preset in (("the Primal.+DT paper's size (d_model 256, 4 heads, 3 layers, K 20)", "paper"),
                           ("quick preset size (d_model 128, 4 heads, 3 layers, K 20)", "quick")):
         cfg = make_config(preset, model="primal", s=64)
         torch.manual_seed(0)
@@ -210,7 +210,8 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         common.md_table(["model", "precision", "episodes × mean length", "batched (measured)", "batched, env workers",
                          "sequential, full forward (measured → extrapolated)", "speed-up over it, wall (CPU)",
                          "sequential, newest-step forward", "speed-up over it, wall (CPU)"], rows), "",
-        "Why the factor is small at SPEC §4 size in fp32: both methods do the same arithmetic, a forward pass over "
+        "Why the factor is small at the Primal.+DT paper's size in fp32: both methods do the same arithmetic, a "
+        "forward pass over "
         "the last K = 20 steps (60 tokens) for every env-step of every episode, and there that arithmetic is the "
         "cost. A batch-1 forward over 60 tokens already feeds 60-row matrix products to the CPU, which run at a "
         "good fraction of the speed a 100-episode batch gets; batching removes the per-call overhead (Python, "

@@ -1,4 +1,5 @@
-"""The one config object shared by ``train.py`` and ``evaluate.py`` (defaults: SPEC §4)."""
+"""The one config object shared by ``train.py`` and ``evaluate.py`` (defaults: the paper's, docs/method.md,
+"Hyper-parameters")."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ PRECISIONS = ("auto", "fp32", "tf32", "bf16")  # dt_primal.precision
 # the fields that take one of a few names
 CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS, "precision": PRECISIONS}
 
-# KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
+# KSVD rank s of the paper's run script, per D4RL dataset (docs/method.md, "Hyper-parameters"; hopper-medium: 64).
 PAPER_S = {
     ("halfcheetah", "medium"): 64, ("halfcheetah", "medium-replay"): 32, ("halfcheetah", "medium-expert"): 96,
     ("hopper", "medium"): 64, ("hopper", "medium-replay"): 64, ("hopper", "medium-expert"): 64,
@@ -35,7 +36,7 @@ class Config:
     dataset: str = "dt-primal/halfcheetah/medium-replay-v0"
     env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, Ant-v5, ...)
     download: bool = False  # let Minari download a hosted dataset that is not present locally
-    # model (SPEC §3)
+    # model (docs/method.md, "The model")
     model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal
     n_layer: int = 3
     d_model: int = 256
@@ -58,7 +59,7 @@ class Config:
     #                          the one auto resolved to (dt_primal.precision)
     compile: bool = False  # torch.compile the members' loss (forward; its backward follows)
     cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
-    # returns and evaluation (SPEC §5)
+    # returns and evaluation (docs/method.md, "Evaluation protocol")
     reward_scale: float = 1000.0
     targets: list[float] | None = None  # None: the task's defaults, else derived from the dataset
     ref_min: float | None = None  # reference returns of the normalised score; None: the dataset's, else D4RL's
@@ -74,7 +75,7 @@ class Config:
     log_every: int = 200
 
     def resolved_s(self) -> int:
-        """``s`` if set, else the paper's value for this dataset (SPEC §4), else 64."""
+        """``s`` if set, else the paper's value for this dataset (the paper's run script), else 64."""
         if self.s is not None:
             return self.s
         from envs import find_task
@@ -154,11 +155,12 @@ def _more_problems(cfg: Config) -> list[str]:
 MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 
 
-# paper: the defaults (SPEC §4, the Primal.+DT paper's run script).
+# paper: the defaults (the Primal.+DT paper's, docs/method.md, "Hyper-parameters").
 # quick: small settings for the newcomer's first run, minutes on a 2-core CPU instead of hours.
-# dt-paper: the DT baseline as the original Decision Transformer paper trained it, the DT row of the
-#   Primal.+DT paper's Table 4 (SPEC §4, last line): d_model 128, 1 head, lr 1e-4; K, batch, steps,
-#   warm-up and the rest as the defaults. `--model dt` at the defaults is the matched baseline instead.
+# dt-paper: the DT baseline as the original Decision Transformer paper trained it, the settings the
+#   Primal.+DT paper's Table 4 compares with (its DT row is Flowformer's reproduction of DT): d_model 128,
+#   1 head, lr 1e-4; K, batch, steps, warm-up and the rest as the defaults. `--model dt` at the defaults
+#   is the matched baseline instead.
 PRESETS = {
     "paper": {},
     "quick": dict(d_model=128, steps=2000, warmup_steps=200, eval_every=1000, eval_episodes_during=5,

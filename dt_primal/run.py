@@ -5,7 +5,7 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
   python train.py --dataset dt-primal/hopper/medium-replay-v0 --model primal --seeds 0 1 2 --out runs/hmr
   python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
   (--seeds trains the seeds in one process as one ensemble; each as it would train alone)
-  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (README: Multi-GPU)
+  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/sweeps.md)
 
 ``train_command`` is that command as a function of the library: ``train.py`` and the sweep's workers
 call it. ``python -m dt_primal.run ARGS`` is ``python train.py ARGS``.
@@ -49,9 +49,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
-                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, 10 final episodes per "
-                        "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "
-                        "1 head, lr 1e-4; the rest as paper). Options given on the command line override the preset")
+                   help="paper: the Primal.+DT paper's settings (default); quick: d_model 128, 2000 steps, 10 final "
+                        "episodes per target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, "
+                        "d_model 128, 1 head, lr 1e-4; the rest as paper). Options given on the command line override "
+                        "the preset")
     p.add_argument("--seeds", type=int, nargs="+",
                    help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json")
     p.add_argument("--resume", action="store_true",

@@ -2,8 +2,9 @@
 its reference scores and its target returns; env factories.
 
 Reference scores (random and expert policy returns) give the normalised score
-``100 * (return - ref_min) / (ref_max - ref_min)`` (SPEC §5). The three D4RL tasks (``TASKS``) have
-aliases, D4RL's reference scores and default targets; any other task has what its dataset says.
+``100 * (return - ref_min) / (ref_max - ref_min)`` (docs/method.md, "Normalisation"). The three D4RL
+tasks (``TASKS``) have aliases, D4RL's reference scores and default targets; any other task has what
+its dataset says.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ class Task:
             check_spec(self.spec)
 
     def normalize(self, returns):
-        """D4RL normalised score (SPEC §5) of floats or numpy arrays; None without reference scores."""
+        """D4RL normalised score (docs/method.md, "Normalisation") of floats or numpy arrays; None without reference
+        scores."""
         if self.ref_min is None or self.ref_max is None:
             return None
         return 100.0 * (returns - self.ref_min) / (self.ref_max - self.ref_min)

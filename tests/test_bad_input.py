@@ -153,7 +153,7 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
 def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dt_primal.training.run_folder import hold_run_folder\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dt_primal.runfolder import hold_run_folder\n"
                                f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)"],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

@@ -15,8 +15,8 @@ import torch
 
 from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
 from dt_primal.config import PRESETS, Config, make_config
+from dt_primal.evaluation import rollout
 from dt_primal.evaluation.policy import Policy
-from dt_primal.evaluation.rollout import rollout
 from dt_primal.sweep.grid import group_dir, run_dir
 from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
 from dt_primal.sweep.tables import gap_rows, write_tables
@@ -37,7 +37,7 @@ needs_d3rlpy = pytest.mark.skipif(not HAVE_D3RLPY, reason="d3rlpy is not importa
 
 def test_dt_paper_preset_is_the_dt_papers_settings_and_flags_override_it():
     cfg, paper = make_config("dt-paper"), Config()
-    assert (cfg.model, cfg.d_model, cfg.n_head, cfg.lr) == ("dt", 128, 1, 1e-4)  # SPEC §4, last line
+    assert (cfg.model, cfg.d_model, cfg.n_head, cfg.lr) == ("dt", 128, 1, 1e-4)  # docs/method.md, "Hyper-parameters"
     same = ("n_layer", "context", "batch_size", "steps", "warmup_steps", "weight_decay", "grad_clip", "dropout",
             "reward_scale", "max_ep_len", "eval_episodes", "precision")  # "same K, batch and step count"
     assert {k: getattr(cfg, k) for k in same} == {k: getattr(paper, k) for k in same}

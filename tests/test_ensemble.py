@@ -14,8 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, data as data_module
 from dt_primal.config import Config
+from dt_primal.evaluation import rollout
 from dt_primal.evaluation.policy import Policy
-from dt_primal.evaluation.rollout import rollout
 from dt_primal.model.ensemble import Ensemble
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training.loop import train
@@ -145,6 +145,7 @@ def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path
     for s in (3, 5):
         result = json.loads((out / f"seed_{s}" / "eval.json").read_text())
         assert result["seed"] == s and result["step"] == 6 and result["ensemble"] == [3, 5]
+        assert result["checkpoint"] == f"seed_{s}/last.pt"  # relative to --out, where report.md lists it
         assert [json.loads(l)["step"] for l in (out / f"seed_{s}" / "evals.jsonl").read_text().splitlines()] == [3]
         assert f"seed {s} target 3600" in res.stdout
     assert (out / "report.md").exists()

@@ -1,5 +1,6 @@
-"""Batched evaluation (SPEC §5): every episode of every target of every ensemble member runs at once,
-with one forward pass of the ensemble per environment step for all live episodes."""
+"""Batched evaluation (docs/method.md, "Evaluation protocol"): every episode of every target of every
+ensemble member runs at once, with one forward pass of the ensemble per environment step for all live
+episodes."""
 from __future__ import annotations
 
 import os

@@ -13,12 +13,12 @@ from dt_primal.evaluation.reports import mean_std, score
 from dt_primal.sweep.grid import group_dir, run_dir
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
-DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the DT row of the paper's Table 4 (SPEC §4)
+DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
 LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalFormer"}
 LABEL_NOTES = {
     DT_MATCHED: "`--model dt` at the same settings as Primal.+DT (the controlled comparison)",
     DT_PAPER: "`--model dt --preset dt-paper`: the original DT paper's d_model 128, 1 head, lr 1e-4, as the "
-              "paper's Table 4 compared (SPEC §4, last line)",
+              "paper's Table 4 compared (docs/method.md, Hyper-parameters)",
 }
 SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
 RECORDED = SETTINGS + ("precision",)  # what run_settings reports

@@ -25,10 +25,10 @@ from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_c
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
+from dt_primal.evaluation import rollout
 from dt_primal.evaluation.checks import env_sizes
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline
-from dt_primal.evaluation.rollout import rollout
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
@@ -343,7 +343,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             if r["normalized_mean"] is not None:
                 writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
         writer.close()
-        result = {"checkpoint": str(last), "step": step, "task": task.gym_id, "dataset": data.source,
+        result = {"checkpoint": os.path.relpath(last, cfg.out),  # relative to --out: the record names no machine path
+                  "step": step, "task": task.gym_id, "dataset": data.source,
                   "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports,
                   "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed)),  # the record says how it was made
                   "provenance": made}

@@ -98,7 +98,7 @@ class TrainStep:
         with self.phase("clip gradients"):
             clip_per_member(grads, self.cfg.grad_clip)
         with self.phase("AdamW"):
-            warmup = (self.step + 1) / max(1, self.cfg.warmup_steps)  # linear warm-up, then constant (SPEC §4)
+            warmup = (self.step + 1) / max(1, self.cfg.warmup_steps)  # linear warm-up, then constant (docs/method.md)
             self.lr.copy_(self.cfg.lr * warmup.clamp(max=1.0))
             self.opt.step()
             self.step += 1
