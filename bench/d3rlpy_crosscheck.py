@@ -225,8 +225,8 @@ def prepare(algo, dataset) -> None:
 def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list[list[dict]]:
     """dt-primal's batched evaluation of d3rlpy policies: raw observations and returns go in, d3rlpy's
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
-    from dt_primal.evaluation import rollout
     from dt_primal.evaluation.policy import Policy
+    from dt_primal.evaluation.rollout import rollout
     obs_dim = algos[0].impl.observation_shape[0]
     policy = Policy(D3rlpyPolicies.from_algos(algos, cfg.max_ep_len), np.zeros(obs_dim, np.float32),
                     np.ones(obs_dim, np.float32), 1.0, cfg.context)

@@ -14,8 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, data as data_module
 from dt_primal.config import Config
-from dt_primal.evaluation import rollout
 from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import rollout
 from dt_primal.model.ensemble import Ensemble
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training.loop import train

@@ -25,10 +25,10 @@ from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_c
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
-from dt_primal.evaluation import rollout
 from dt_primal.evaluation.checks import env_sizes
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline
+from dt_primal.evaluation.rollout import rollout
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
