@@ -153,9 +153,9 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
 def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dt_primal.runfolder import hold_run_folder\n"
-                               f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)"],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    code = ("import sys, time; from dt_primal.training.run_folder import hold_run_folder\n"
+            f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with raises("in use by another train.py run"):
         with run_folder.hold_run_folder(out):
