@@ -139,11 +139,12 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
     from datasets.suite import SUITE_NAMESPACE, build_if_missing, is_built, parse_suite_id
 
     if dataset_id.startswith(SUITE_NAMESPACE + "/"):
-        task, level = parse_suite_id(dataset_id)
+        task, level, version = parse_suite_id(dataset_id)
         if not build and not is_built(dataset_id):
             raise UserError(f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
                             f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
-                            f"(on every node, unless $MINARI_DATASETS_PATH is shared), then start the run again.")
+                            f"--version {version} (on every node, unless $MINARI_DATASETS_PATH is shared), then start "
+                            f"the run again.")
         build_if_missing(dataset_id)
     elif dataset_id not in minari.list_local_datasets():
         if not download:
