@@ -72,12 +72,15 @@ def policy_name(level: str, version: int) -> str:
 
 def policy_file(task: Task, name: str) -> Path:
     path = POLICY_DIR / task.name / name
-    if not path.exists():
-        raise UserError(f"{path} is missing: the {task.name} behaviour learner has not exported it yet (or, for an "
-                        f"older expert, it left the tree: `git log -- datasets/policies/{task.name}/{name}` "
-                        f"names the commits that hold it). Train it with `python -m datasets train-policy --env "
-                        f"{task.name}` (hours of CPU; it resumes), or use the random level, which needs no policy.")
-    return path
+    if path.exists():
+        return path
+    if name.startswith("expert-") and name != expert_file(EXPERT_VERSION):  # an older expert, no longer trained
+        raise UserError(f"{path} is missing: this older expert left the tree. `git log -- datasets/policies/"
+                        f"{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
+                        f"datasets/policies/{task.name}/{name} > datasets/policies/{task.name}/{name}`.")
+    raise UserError(f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "
+                    f"`python -m datasets train-policy --env {task.name}` (hours of CPU; it resumes), or use the "
+                    f"random level, which needs no policy.")
 
 
 def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, progress: bool) -> list[dict]:
@@ -208,6 +211,7 @@ def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, se
         algorithm, seeds = f"{algo} replay buffer, learner steps 0-{meta['step']}", f"learner seed {meta['train_seed']}"
     elif level == "medium-expert":
         episodes = []
+        policy_file(task, expert_file(version))  # before building the medium part: a missing expert stops here
         for part, part_version in (("medium", 0), ("expert", version)):
             part_id = build_if_missing(suite_id(task.name, part, part_version), steps=steps, seed=seed)
             episodes += _minari_episodes(part_id)

@@ -84,7 +84,7 @@ def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies, version
 
 def test_each_expert_version_is_its_own_dataset_rolled_out_with_its_own_policy(policies):
     import minari
-    old, new = (load_dataset(f"dt-primal/hopper/expert-v{v}") for v in (0, 1))  # built on first use, by name
+    old, new = (load_dataset(suite.build(HOPPER, "expert", steps=STEPS, version=v)) for v in (0, 1))
     assert not np.array_equal(old.actions, new.actions)
     descriptions = [minari.load_dataset(f"dt-primal/hopper/expert-v{v}").storage.metadata["description"] for v in (0, 1)]
     assert "learner step 2000" in minari.load_dataset("dt-primal/hopper/expert-v0").storage.metadata["algorithm_name"]
@@ -102,8 +102,12 @@ def test_a_suite_id_with_a_version_that_does_not_exist_is_refused(bad):
 def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, monkeypatch, tmp_path):
     from dt_primal.errors import UserError
     monkeypatch.setattr(suite, "POLICY_DIR", tmp_path)
-    with pytest.raises(UserError, match=r"expert-v0.pt is missing.*git log -- .*expert-v0.pt"):
+    with pytest.raises(UserError, match=r"expert-v0.pt is missing: this older expert left the tree. `git log -- "
+                                        r"datasets/policies/hopper/expert-v0.pt`"):
         suite.build(HOPPER, "expert", steps=STEPS, version=0)
+    with pytest.raises(UserError, match=r"expert-v1.pt is missing: the hopper behaviour learner has not exported it"):
+        suite.build(HOPPER, "medium-expert", steps=STEPS, version=1)
+    assert not suite.is_built("dt-primal/hopper/medium-v0")  # stopped before building its first part
 
 
 def test_medium_replay_keeps_the_learners_history(policies):
