@@ -146,8 +146,9 @@ def new_progress(task: Task, seed: int) -> dict:
 
 def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
     """The SB3 learner and its history: from ``work_dir`` (model, optimisers and the full replay
-    buffer), else from the committed snapshot ``learner.zip`` with the replay buffer refilled from
-    the committed transitions (``history.npz`` until medium level, then ``medium_replay.npz``), else new."""
+    buffer), else from the snapshot ``learner.zip`` with the replay buffer refilled from the committed
+    transitions (``history.npz`` until medium level, then ``medium_replay.npz``) and the history cut
+    back to the snapshot's step, else new."""
     from stable_baselines3 import SAC
     from sb3_contrib import TQC
 
@@ -166,6 +167,10 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
         n = restore_replay(model.replay_buffer, dict(np.load(transitions)))
         print(f"resumed {task.name} at step {model.num_timesteps} from the committed learner ({n} transitions of "
               f"{transitions.name})")
+        # the history may go past the snapshot: those steps are done again (their CPU time stays counted)
+        progress["evals"] = [e for e in progress["evals"] if e["step"] <= model.num_timesteps]
+        if not (out / "best.pt").exists():  # not committed: the best export so far is found again
+            progress["best_step"], progress["best_score"] = None, -float("inf")
     else:
         model = algo("MlpPolicy", env, learning_starts=10_000, buffer_size=BUFFER_SIZE, seed=seed, device="cpu",
                      verbose=0)

@@ -158,6 +158,27 @@ def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
     assert [e["step"] for e in learner["evals"]] == [300, 600, 900] and learner["cpu_seconds"] > 0
 
 
+def test_a_learner_resumed_from_an_older_snapshot_drops_the_history_after_it(tmp_path):
+    """The committed history may be newer than the last committed snapshot: the steps after the
+    snapshot are done again, once each in the history, and the best export (never committed) is
+    found again."""
+    import shutil
+    from datasets.behaviour import train_behaviour
+    policy_dir, work, folder = tmp_path / "policies", tmp_path / "work", tmp_path / "policies" / "hopper"
+    train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
+    shutil.copyfile(folder / "learner.zip", tmp_path / "snapshot-600.zip")
+    train_behaviour(HOPPER, work, total_steps=900, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
+    learner = json.loads((folder / "learner.json").read_text())
+    learner["best_step"], learner["best_score"] = 900, 50.0  # as if the lost steps had made a best export
+    (folder / "learner.json").write_text(json.dumps(learner))
+    shutil.rmtree(work)  # another machine: the newer history is committed, the snapshot is the one of step 600
+    shutil.copyfile(tmp_path / "snapshot-600.zip", folder / "learner.zip")
+    train_behaviour(HOPPER, work, total_steps=1200, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
+    learner = json.loads((folder / "learner.json").read_text())
+    assert [e["step"] for e in learner["evals"]] == [300, 600, 900, 1200]
+    assert learner["best_step"] is None and learner["best_score"] == -float("inf")  # below medium: none yet
+
+
 def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
     """A learner resumed mid-episode starts a new episode in the same replay buffer without any
     done flag in between: the export must not merge the two."""
