@@ -105,6 +105,8 @@ def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, mon
     with pytest.raises(UserError, match=r"expert-v0.pt is missing: this older expert left the tree. `git log -- "
                                         r"datasets/policies/hopper/expert-v0.pt`"):
         suite.build(HOPPER, "expert", steps=STEPS, version=0)
+    import shutil
+    shutil.rmtree(suite.dataset_dir("dt-primal/hopper/medium-v0"), ignore_errors=True)
     with pytest.raises(UserError, match=r"expert-v1.pt is missing: the hopper behaviour learner has not exported it"):
         suite.build(HOPPER, "medium-expert", steps=STEPS, version=1)
     assert not suite.is_built("dt-primal/hopper/medium-v0")  # stopped before building its first part
