@@ -89,7 +89,8 @@ def learner_curves(path: Path) -> bool:
             ax.axhline(targets[name], ls="--", lw=0.8, color=f"C{version + 1}", label=f"expert-v{version} target")
         for version, promoted in learner["experts"].items():
             if promoted.get("measured"):
-                ax.plot(promoted["step"], promoted["measured"][0], "o", color=f"C{int(version) + 1}")
+                ax.plot(promoted["step"], promoted["measured"][0], "o", color=f"C{int(version) + 1}",
+                        label=f"expert-v{version}, 100 episodes")
         ax.set(title=f"{name} ({learner['algo']}, {learner['cpu_seconds'] / 3600:.1f} CPU h)", xlabel="learner step",
                ylabel="normalised return")
         ax.grid(alpha=0.3)
