@@ -67,3 +67,12 @@ def test_parts_with_different_reference_returns_give_a_dataset_without_any(parts
     assert "different reference returns" in capsys.readouterr().out
     both = load_dataset("mujoco/hopper/medium-expert-v0")
     assert (both.task.ref_min, both.task.ref_max) == (HOPPER.ref_min, HOPPER.ref_max)  # the task's own (D4RL's)
+
+
+def test_a_medium_expert_that_is_not_local_says_how_to_make_it():
+    with pytest.raises(UserError, match="mujoco/walker2d/medium-expert-v0 is not a local Minari dataset. Minari's hosted "
+                                        "MuJoCo datasets have no medium-expert level: make it from its parts with minari "
+                                        "download mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0, then python -m "
+                                        "datasets combine mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0 --into "
+                                        "mujoco/walker2d/medium-expert-v0"):
+        load_dataset("mujoco/walker2d/medium-expert-v0")
