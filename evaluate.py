@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from dt_primal.checks import check_evaluate_args, check_evaluate_run
-from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
+from dt_primal.checkpoint import load_checkpoint, model_from_checkpoints
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, add_config_args, overrides
-from dt_primal.ensemble import Ensemble
 from dt_primal.errors import UserError
 from dt_primal.evaluation import normalized_text, rollout, scoring
 from dt_primal.training import resolve_device
 from envs import Task
 
 # checkpoints that agree on these run as one ensemble (one batched forward pass for all of them)
-SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s", "reward_scale")
+SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s", "activation", "reward_scale")
 
 
 def main() -> None:
@@ -57,12 +56,13 @@ def main() -> None:
     print(scoring(task, given.get("targets")))
     results = [None] * len(ckpts)
     for (targets, *_), members in groups.items():
-        models, cfgs = zip(*(model_from_checkpoint(ckpts[i], device) for i in members))
+        cfgs = [Config(**ckpts[i]["config"]) for i in members]
         for i, cfg in zip(members, cfgs):
             print(f"{args.checkpoints[i]}: {cfg.model} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
                   f"{args.episodes} episodes x {len(targets)} targets")
         seed = given.get("seed")
-        per_member = rollout(Ensemble(list(models)), task, list(targets), args.episodes,
+        policy = model_from_checkpoints([ckpts[i] for i in members], device)
+        per_member = rollout(policy, task, list(targets), args.episodes,
                              np.stack([ckpts[i]["state_mean"] for i in members]),
                              np.stack([ckpts[i]["state_std"] for i in members]), cfgs[0].reward_scale, cfgs[0].context,
                              device, seeds=[(cfg.seed if seed is None else seed) + 100_000 for cfg in cfgs],

@@ -1,13 +1,12 @@
 """Training throughput of ensembles: updates/s and member-updates/s of the library's training step
 (``dt_primal.step.TrainStep``, what ``train.py --seeds`` runs) for ensembles of several sizes, run
 eagerly, compiled (``--compile``) or captured as a CUDA graph, at SPEC §4 size and at the DT paper's
-size, in fp32 / tf32 / bf16; and how the members run (``vmap`` over them, the CUDA path, or a loop
-over them, the CPU path).
+size, in fp32 / tf32 / bf16. The members are one tensor dimension of the model (``dt_primal.members``).
 
   python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
   python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
       --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
-  python bench/ensemble_speed.py --count-ops --members 1 3 18 --members-by loop vmap   # operations per update
+  python bench/ensemble_speed.py --count-ops --members 1 4 --sizes spec --precisions fp32   # operations per update
   python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
 
 One update = every member draws its batch of 64 windows (K 20) and takes one AdamW step. Each
@@ -55,21 +54,17 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def library_step(data, size: str, members: int, precision: str, members_by: str, device: str, compile: bool = False,
+def library_step(data, size: str, members: int, precision: str, device: str, compile: bool = False,
                  capture: bool = True):
-    """The library's training step for one setting; ``members_by`` vmap / loop forces how the members run."""
+    """The library's training step for one setting."""
     cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile=compile,
                       **SIZES[size][1])
-    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
-    if members_by != "default":
-        step.ensemble.vmap = members_by == "vmap"
-    return step
+    return common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
 
 
 @contextlib.contextmanager
 def torch_dropout(on: bool):
-    """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU, and what vmap needs
-    (the cheap masks cannot be vmapped)."""
+    """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU."""
     seam = dt_primal.dropout.cheap_masks
     if on:
         dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
@@ -79,37 +74,33 @@ def torch_dropout(on: bool):
         dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
 
 
-def count_ops(data, size: str, members: int, precision: str, members_by: str, device: str) -> dict:
+def count_ops(data, size: str, members: int, precision: str, device: str) -> dict:
     """ATen operations (views aside) in one eager update, the second: what a CUDA graph of the step replays."""
-    step = library_step(data, size, members, precision, members_by, device, capture=False)
+    step = library_step(data, size, members, precision, device, capture=False)
     with torch_dropout(True):
         step()
         with OpCounter() as counter:
             step()
-    return {"size": size, "members": members, "precision": precision,
-            "members_by": "vmap" if step.ensemble.vmap else "loop", "ops": sum(counter.ops.values()),
+    return {"size": size, "members": members, "precision": precision, "ops": sum(counter.ops.values()),
             "top": counter.ops.most_common(6)}
 
 
-def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
-                 warmup: int, updates: int) -> dict:
+def time_setting(data, size: str, members: int, mode: str, precision: str, device: str, warmup: int,
+                 updates: int) -> dict:
     torch._dynamo.reset()  # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
-    step = library_step(data, size, members, precision, members_by, device, compile="compiled" in mode,
-                        capture="captured" in mode)
+    step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    with torch_dropout(step.ensemble.vmap):
-        t0 = time.perf_counter()
-        for _ in range(warmup):
-            step()
-        sync()
-        first = time.perf_counter() - t0
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(updates):
-            step()
-        sync()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    how = members_by if members_by != "default" else ("vmap" if step.ensemble.vmap else "loop")
-    return {"size": size, "members": members, "mode": mode, "precision": precision, "members_by": how,
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    first = time.perf_counter() - t0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(updates):
+        step()
+    sync()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"size": size, "members": members, "mode": mode, "precision": precision,
             "ms_per_update": 1e3 * wall / updates, "updates_per_s": updates / wall,
             "member_updates_per_s": members * updates / wall, "cpu_ms_per_update": 1e3 * cpu / updates,
             "warmup_s": first}
@@ -124,8 +115,6 @@ def main() -> None:
                         "compiled+captured (--compile)")
     p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
-    p.add_argument("--members-by", nargs="+", choices=("default", "vmap", "loop"), default=["default"],
-                   help="how the members run: the device's default (vmap on CUDA, a loop elsewhere), or forced")
     p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (at least 5 when capturing)")
     p.add_argument("--count-ops", action="store_true",
@@ -142,33 +131,32 @@ def main() -> None:
     for size in args.sizes:
         for precision in args.precisions:
             for mode in args.modes:
-                for members_by in args.members_by:
-                    for m in args.members:
-                        r = time_setting(data, size, m, mode, precision, members_by, args.device,
-                                         max(args.warmup, 5 if "captured" in mode else 1), args.updates)
-                        records.append(r)
-                        print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {r['members_by']:4s} {m:2d} members: "
-                              f"{r['ms_per_update']:.1f} ms, {r['updates_per_s']:.1f} updates/s, "
-                              f"{r['member_updates_per_s']:.1f} member-updates/s (load {common.load_avg():.2f})", flush=True)
+                for m in args.members:
+                    r = time_setting(data, size, m, mode, precision, args.device,
+                                     max(args.warmup, 5 if "captured" in mode else 1), args.updates)
+                    records.append(r)
+                    print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
+                          f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
+                          f"(load {common.load_avg():.2f})", flush=True)
     section = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + \
         ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     if not args.quick:
         common.save_results(section, {"records": records, "args": vars(args)})
-    rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members_by"], r["members"], f"{r['ms_per_update']:.1f}",
+    rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members"], f"{r['ms_per_update']:.1f}",
              f"{r['cpu_ms_per_update']:.0f}", f"{r['updates_per_s']:.1f}", f"**{r['member_updates_per_s']:.1f}**",
              f"{r['warmup_s']:.1f}"] for r in records]
-    single = {(r["size"], r["precision"], r["mode"], r["members_by"]): r["ms_per_update"] for r in records if r["members"] == 1}
-    notes = [f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}, {r['members_by']}: {r['members']} members take "
+    single = {(r["size"], r["precision"], r["mode"]): r["ms_per_update"] for r in records if r["members"] == 1}
+    notes = [f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: {r['members']} members take "
              f"{r['ms_per_update'] / single[key]:.2f}× the time of one per update, i.e. "
              f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
-             for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"], r["members_by"])) in single]
+             for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"])) in single]
     body = "\n".join([
         f"The library's training step (`dt_primal.step.TrainStep`) on `--device {args.device}`, Primal.+DT "
         f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} untimed "
-        f"ones (capture and compilation happen there: see the warm-up column). *members by*: `vmap` runs the members "
-        f"as one batched model, `loop` one after another (the library's default on a CPU).", "",
-        common.md_table(["size", "precision", "mode", "members by", "members", "ms per update (wall)",
-                         "CPU ms per update", "updates/s", "member-updates/s", "warm-up s"], rows), "",
+        f"ones (capture and compilation happen there: see the warm-up column). The members are one tensor dimension "
+        f"of the model (docs/ensembles.md).", "",
+        common.md_table(["size", "precision", "mode", "members", "ms per update (wall)", "CPU ms per update",
+                         "updates/s", "member-updates/s", "warm-up s"], rows), "",
         *[f"- {n}" for n in notes]])
     common.write_section(section, f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
                          body, args.quick)
@@ -176,12 +164,11 @@ def main() -> None:
 
 def ops_section(args, data) -> None:
     """``--count-ops``: the operations of one update for every setting asked for, as a section of docs/benchmarks.md."""
-    records = [count_ops(data, size, m, precision, members_by, args.device) for size in args.sizes
-               for precision in args.precisions for members_by in args.members_by for m in args.members]
+    records = [count_ops(data, size, m, precision, args.device) for size in args.sizes
+               for precision in args.precisions for m in args.members]
     for r in records:
-        print(f"{SIZES[r['size']][0]:32s} {r['precision']} {r['members_by']:4s} {r['members']:2d} members: {r['ops']} ops",
-              flush=True)
-    rows = [[SIZES[r["size"]][0], r["precision"], r["members_by"], r["members"], f"**{r['ops']}**",
+        print(f"{SIZES[r['size']][0]:32s} {r['precision']} {r['members']:2d} members: {r['ops']} ops", flush=True)
+    rows = [[SIZES[r["size"]][0], r["precision"], r["members"], f"**{r['ops']}**",
              ", ".join(f"`{name}` {n}" for name, n in r["top"])] for r in records]
     body = "\n".join([
         f"ATen operations in one eager update of the library's training step (`dt_primal.step.TrainStep`) on "
@@ -189,7 +176,7 @@ def ops_section(args, data) -> None:
         f"`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, and a "
         f"CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer kernels "
         f"(sampling, clipping and AdamW stay outside it).", "",
-        common.md_table(["size", "precision", "members by", "members", "operations per update", "most frequent"], rows)])
+        common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows)])
     common.write_section("ensemble_ops" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
                          f"Ensembles: operations per update ({args.device})", body, args.quick)
 

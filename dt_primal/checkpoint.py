@@ -15,6 +15,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.members import stack_members
 from dt_primal.model import DecisionTransformer
 from envs import Task
 
@@ -110,16 +111,22 @@ def load_members(paths: list[Path], device: torch.device | str) -> list[dict]:
     return ckpts
 
 
-def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> tuple[DecisionTransformer, Config]:
-    cfg = Config(**ckpt["config"])
-    model = DecisionTransformer(cfg, ckpt["obs_dim"], ckpt["act_dim"]).to(device)
+def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> DecisionTransformer:
+    """The checkpoints' models as the members of one model (``dt_primal.members``); they share the
+    first one's architecture."""
+    cfg = Config(**ckpts[0]["config"])
+    build = lambda n: DecisionTransformer(cfg, ckpts[0]["obs_dim"], ckpts[0]["act_dim"], members=n)
     try:
-        model.load_state_dict(ckpt["model"])
+        return stack_members(build, [c["model"] for c in ckpts], device)
     except RuntimeError as exc:
         raise UserError(f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
                         f"{cfg.n_layer} layers and {cfg.n_head} heads (its config disagrees with its weights: "
                         f"{str(exc).splitlines()[0]}). The file is incompatible or damaged.") from exc
-    return model, cfg
+
+
+def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> tuple[DecisionTransformer, Config]:
+    """The checkpoint's model (one member) and config."""
+    return model_from_checkpoints([ckpt], device), Config(**ckpt["config"])
 
 
 def env_sizes(task: Task) -> tuple[int, int]:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dt_primal.ensemble import Ensemble
+from dt_primal.model import DecisionTransformer
 from envs import TASKS, Episodes, Task
 
 
@@ -21,21 +21,25 @@ def default_env_workers(device: torch.device | str, num_envs: int) -> int:
 
 
 @torch.no_grad()
-def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, state_mean: np.ndarray,
-            state_std: np.ndarray, reward_scale: float, context: int, device: torch.device | str = "cpu",
-            seeds: list[int] | None = None, precision: str = "fp32", env_workers: int | None = None,
-            progress: bool = False) -> list[list[dict]]:
+def rollout(policy: DecisionTransformer, task: Task | list[Task], targets: list[float] | list[list[float]],
+            episodes: int, state_mean: np.ndarray, state_std: np.ndarray, reward_scale: float, context: int,
+            device: torch.device | str = "cpu", seeds: list[int] | None = None, precision: str = "fp32",
+            env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
-    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all). Returns per member one report
-    per target with the keys ``target, return_mean, return_std, normalized_mean, normalized_std,
-    episodes`` (+ raw returns and lengths). The conditioning return drops by reward / scale after
-    each step. ``state_mean``/``state_std``: (obs_dim,) or one row per member."""
-    was_training = policy.template.training
+    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all). ``task`` and ``targets``: one for
+    all members, or one per member (tasks of one environment, as many targets each). Returns per
+    member one report per target with the keys ``target, return_mean, return_std, normalized_mean,
+    normalized_std, episodes`` (+ raw returns and lengths). The conditioning return drops by reward /
+    scale after each step. ``state_mean``/``state_std``: (obs_dim,) or one row per member."""
+    was_training = policy.training
     policy.train(False)
-    M, n = policy.size, episodes * len(targets)
+    M = policy.members
+    tasks = task if isinstance(task, list) else [task] * M
+    targets = targets if isinstance(targets[0], list) else [targets] * M
+    n = episodes * len(targets[0])
     seeds = seeds or [0] * M
     workers = env_workers or default_env_workers(device, M * n)
-    env = Episodes(task, M * n, workers)
+    env = Episodes(tasks[0], M * n, workers)
     obs = env.reset([s + j for s in seeds for j in range(n)])
     obs_dim, act_dim = env.observation_shape[0], env.action_shape[0]
     mean, std = (torch.as_tensor(np.asarray(a, np.float32), device=device).reshape(-1, 1, obs_dim)
@@ -44,28 +48,15 @@ def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, s
     states = torch.zeros(M, n, T, obs_dim, device=device)
     actions = torch.zeros(M, n, T, act_dim, device=device)
     rtg = torch.zeros(M, n, T, 1, device=device)
-    rtg[:, :, 0, 0] = torch.tensor(np.repeat(targets, episodes), dtype=torch.float32, device=device) / reward_scale
-    timesteps = torch.arange(T, device=device)
+    rtg[:, :, 0, 0] = torch.tensor(np.repeat(targets, episodes, axis=1), dtype=torch.float32, device=device) / reward_scale
     returns, lengths = np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
     bar = tqdm(total=T, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2)
     for t in range(T):
         states[:, :, t] = (torch.as_tensor(obs, dtype=torch.float32, device=device).view(M, n, obs_dim) - mean) / std
-        lo = max(0, t + 1 - context)
-        window = (states[:, :, lo:t + 1], actions[:, :, lo:t + 1], rtg[:, :, lo:t + 1])
         with autocast:
-            if policy.vmap:  # one batched forward over every member's episodes, live or not
-                pred = policy.map(lambda member, s, a, r: member(s, a, r, timesteps[lo:t + 1].expand(n, -1),
-                                                                 last_only=True)[0], *window)
-                actions[:, :, t] = pred[:, :, -1].float()
-            else:  # member by member, on its live episodes only
-                for m in range(M):
-                    live = torch.as_tensor(np.flatnonzero(alive[m]), device=device)
-                    if len(live):
-                        pred, _ = policy.member_call(m)(*(w[m, live] for w in window),
-                                                        timesteps[lo:t + 1].expand(len(live), -1), last_only=True)
-                        actions[m, live, t] = pred[:, -1].float()
+            actions[:, :, t] = act(policy, states, actions, rtg, t, context, alive)
         obs, rewards, terms, truncs = env.step(actions[:, :, t].reshape(M * n, act_dim).cpu().numpy(), alive.reshape(-1))
         rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
         returns[alive] += rewards[alive]
@@ -79,8 +70,27 @@ def rollout(policy: Ensemble, task: Task, targets: list[float], episodes: int, s
     bar.close()
     env.close()
     policy.train(was_training)
-    return [[report(task, target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
-             for i, target in enumerate(targets)] for m in range(M)]
+    return [[report(tasks[m], target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
+             for i, target in enumerate(targets[m])] for m in range(M)]
+
+
+def act(policy: DecisionTransformer, states: torch.Tensor, actions: torch.Tensor, rtg: torch.Tensor, t: int,
+        context: int, alive: np.ndarray) -> torch.Tensor:
+    """Every member's action at step ``t`` of its live episodes (M, n, act_dim) from their last
+    ``context`` steps, in one forward pass; ended episodes get zeros. The pass runs on as many
+    episodes per member as the member with the most live ones has (the others' lists padded with a
+    repeat), so that finished episodes cost nothing once every member has some."""
+    M, n = alive.shape
+    live = [np.flatnonzero(a) for a in alive]
+    width = max(map(len, live))
+    rows = torch.as_tensor(np.stack([np.resize(ix if len(ix) else [0], width) for ix in live]), device=states.device)
+    lo = max(0, t + 1 - context)
+    pick = lambda x: x[torch.arange(M, device=x.device)[:, None], rows, lo:t + 1]
+    timesteps = torch.arange(lo, t + 1, device=states.device).expand(M, width, -1)
+    pred, _ = policy(pick(states), pick(actions), pick(rtg), timesteps, last_only=True)
+    out = torch.zeros(M, n, actions.shape[-1], device=actions.device)
+    out[torch.arange(M, device=out.device)[:, None], rows] = pred[:, :, -1].float()
+    return out * torch.as_tensor(alive, device=out.device)[..., None]
 
 
 def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:
