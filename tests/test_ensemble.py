@@ -203,6 +203,29 @@ def test_datasets_whose_models_differ_are_refused_as_one_ensemble(data, tmp_path
               {"dt-primal/halfcheetah/medium-v0": data, "dt-primal/halfcheetah/medium-replay-v0": data}, seeds=[0])
 
 
+def test_operations_per_update_do_not_grow_with_the_members(data):
+    """Members are a tensor dimension: an update of 4 members runs as many operations as one of a
+    single member (a member's own batch draw aside), where a loop over members ran 4x as many."""
+    import collections
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ensemble_speed import OpCounter  # what bench/ensemble_speed.py --count-ops counts
+
+    def ops(members: int) -> collections.Counter:
+        torch.manual_seed(0)
+        model = DecisionTransformer(CFG, data.obs_dim, data.act_dim, members=members)
+        sampler = data_module.WindowSampler(data, CFG.context, CFG.reward_scale, *data.state_stats())
+        step = TrainStep(CFG, model, sampler, [torch.Generator().manual_seed(s) for s in range(members)],
+                         torch.device("cpu"))
+        step()
+        with OpCounter() as counter:
+            step()
+        return counter.ops
+    one, four = ops(1), ops(4)
+    assert four["randint"] - one["randint"] == 3  # each member draws its own batch from its own generator
+    assert sum(four.values()) <= 1.02 * sum(one.values())  # and every other operation runs once for all members
+    assert four["bmm"] + four["baddbmm"] == one["bmm"] + one["baddbmm"]
+
+
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
