@@ -188,8 +188,9 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
                                 help=f"default {'on' if f.default else 'off'}")
         elif f.name == "dataset":
             parser.add_argument(*flags, nargs="+", default=None,
-                                help=f"the dataset (default {f.default}); train.py takes several of one task, trained as "
-                                     f"one ensemble, each member on its own dataset (docs/ensembles.md)")
+                                help=f"the dataset (default {f.default}); train.py takes several whose models share "
+                                     f"an architecture, trained as one ensemble, each member on its own dataset "
+                                     f"(docs/ensembles.md)")
         elif f.name == "targets":
             parser.add_argument(*flags, type=float, nargs="+", default=None,
                                 help="returns to condition on (default: the task's two for halfcheetah, hopper and "

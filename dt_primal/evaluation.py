@@ -27,7 +27,8 @@ def rollout(policy: DecisionTransformer, task: Task | list[Task], targets: list[
             env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
     seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all). ``task`` and ``targets``: one for
-    all members, or one per member (tasks of one environment, as many targets each). Returns per
+    all members, or one per member (tasks with the same observation and action sizes, as many
+    targets each). Returns per
     member one report per target with the keys ``target, return_mean, return_std, normalized_mean,
     normalized_std, episodes`` (+ raw returns and lengths). The conditioning return drops by reward /
     scale after each step. ``state_mean``/``state_std``: (obs_dim,) or one row per member."""
@@ -39,7 +40,7 @@ def rollout(policy: DecisionTransformer, task: Task | list[Task], targets: list[
     n = episodes * len(targets[0])
     seeds = seeds or [0] * M
     workers = env_workers or default_env_workers(device, M * n)
-    env = Episodes(tasks[0], M * n, workers)
+    env = Episodes([t for t in tasks for _ in range(n)], M * n, workers)
     obs = env.reset([s + j for s in seeds for j in range(n)])
     obs_dim, act_dim = env.observation_shape[0], env.action_shape[0]
     mean, std = (torch.as_tensor(np.asarray(a, np.float32), device=device).reshape(-1, 1, obs_dim)

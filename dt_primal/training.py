@@ -147,13 +147,17 @@ class Member:
         return self.folder / "last.pt"
 
 
-ARCHITECTURE = ("s", "max_ep_len")  # resolved per dataset; members of one ensemble must agree on them
+def architecture(sizes: tuple[int, int], task: Task, cfg: Config) -> tuple:
+    """What a dataset's model and evaluation depend on beyond the run's options, for ``cfg`` resolved
+    for its ``task``: observation and action ``sizes``, episode length, the KSVD rank (resolved per
+    dataset; of no matter without primal layers) and the number of targets. Datasets that agree on
+    it train as one ensemble; the tasks themselves may differ (docs/ensembles.md)."""
+    return tuple(sizes), cfg.max_ep_len, None if cfg.model == "dt" else cfg.s, len(cfg.targets or task.targets)
 
 
 def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list[int] | None) -> list[Member]:
     """The members of a run, dataset by dataset and seed by seed, in their folders (``member_folders``).
-    Datasets whose architecture (observation and action sizes, KSVD rank, episode length) or task
-    differs cannot share an ensemble: a UserError says to train them apart."""
+    Datasets whose ``architecture`` differs cannot share an ensemble: a UserError says to train them apart."""
     folders = iter(member_folders(Path(cfg.out), seeds or ([cfg.seed] if len(datasets) > 1 else None), list(datasets), cfg.model))
     members = [Member(i, data, dataclasses.replace(cfg, dataset=spec, seed=seed).resolved(data.task), data.task,
                       next(folders)) for i, (spec, data) in enumerate(datasets.items()) for seed in seeds or [cfg.seed]]
@@ -162,15 +166,15 @@ def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list
     for data in datasets.values():
         check_env_matches(data, data.task)
     first = members[0]
-    key = lambda m: ((m.data.obs_dim, m.data.act_dim), *(getattr(m.cfg, f) for f in ARCHITECTURE),
-                     m.task.gym_id, m.task.spec, len(m.targets))
+    key = lambda m: architecture((m.data.obs_dim, m.data.act_dim), m.task, m.cfg)
     odd = [m for m in members if key(m) != key(first)]
     if odd:
+        (a, *_), (b, *_) = key(odd[0]), key(first)
         raise UserError(f"{odd[0].cfg.dataset} and {first.cfg.dataset} cannot train as one ensemble: their models differ "
-                        f"(observation and action sizes {key(odd[0])[0]} and {key(first)[0]}, KSVD rank s "
-                        f"{odd[0].cfg.s} and {first.cfg.s}, episode length {odd[0].cfg.max_ep_len} and "
-                        f"{first.cfg.max_ep_len}) or their tasks or numbers of targets do. Train them in separate runs "
-                        f"(python -m dt_primal.sweep groups the datasets that can share one).")
+                        f"(observation and action sizes {a} and {b}, KSVD rank s {odd[0].cfg.s} and {first.cfg.s}, "
+                        f"episode length {odd[0].cfg.max_ep_len} and {first.cfg.max_ep_len}) or their numbers of "
+                        f"targets do. Train them in separate runs (python -m dt_primal.sweep groups the datasets that "
+                        f"can share one).")
     return members
 
 
