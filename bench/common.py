@@ -139,7 +139,7 @@ def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capt
     from dt_primal.training import fresh_model
 
     device = torch.device(device)
-    model = fresh_model(cfg, data.obs_dim, data.act_dim, list(seeds), device)
+    model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), device)
     gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
     return TrainStep(cfg, model, sampler, gens, device, capture=capture, phase=phase)

@@ -105,7 +105,7 @@ def models_to_run(args) -> list[dict]:
                           ("quick preset size (d_model 128, 4 heads, 3 layers, K 20)", "quick")):
         cfg = make_config(preset, model="primal", s=64)
         torch.manual_seed(0)
-        model = DecisionTransformer(cfg, 11, 3)
+        model = DecisionTransformer(cfg.model_config(11, 3))
         runs.append(dict(label=label + f", untrained {cfg.model}", model=model, cfg=cfg,
                          precision=args.precision or cfg.precision, mean=np.zeros(11), std=np.ones(11), base=TASKS["hopper"]))
     return runs

@@ -53,7 +53,7 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
     consecutive forward passes of ``rollout`` over ``probe`` steps after the first K, untrained model."""
     cfg = make_config("paper", model="primal", s=64, precision=precision)
     torch.manual_seed(0)
-    model = StepClock(cfg, 11, 3).to(device)
+    model = StepClock(cfg.model_config(11, 3)).to(device)
     model.calls = []
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
     targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]

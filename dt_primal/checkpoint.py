@@ -1,5 +1,5 @@
-"""Checkpoint I/O. A checkpoint (``DIR/last.pt``) is one seed's run, self-describing: its weights,
-its config with every architecture field resolved (``s``, ``max_ep_len``), the task (its environment,
+"""Checkpoint I/O. A checkpoint (``DIR/last.pt``) is one seed's run, self-describing: its weights and
+their architecture (``ModelConfig``, every field resolved), the run's config, the task (its environment,
 reference scores and targets), the normalisation
 statistics and, for ``--resume``, its AdamW moments and random generator states. A member of an
 ensemble writes the same file as a run of that seed alone, so either can evaluate or resume it."""
@@ -16,7 +16,7 @@ from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.members import stack_members
-from dt_primal.model import DecisionTransformer
+from dt_primal.model import DecisionTransformer, ModelConfig
 from envs import Task
 
 CHECKPOINT_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
@@ -77,21 +77,29 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if resume and "exp_avg" not in ckpt["optimizer"]:
         raise UserError(f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
                         f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
-    ckpt["config"].setdefault("activation", "gelu")  # written before the MLP activation was a field: GELU
     try:
-        cfg = Config(**ckpt["config"]).validate()
-        task = Task.from_record(ckpt["task"])
-    except (TypeError, ValueError, UserError) as exc:
+        ckpt.setdefault("model_config", _older_model_config(ckpt))
+        ModelConfig.from_record(ckpt["model_config"])
+        Config(**ckpt["config"]).validate()
+        Task.from_record(ckpt["task"])
+    except (TypeError, ValueError, KeyError, UserError) as exc:
         raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
                         f"the version that wrote it, or retrain.") from exc
-    if cfg.s is None:  # written before checkpoints stored the resolved rank: as it was trained
-        ckpt["config"]["s"] = cfg.resolved_s()
-    obs_dim, act_dim = env_sizes(task)
-    if (ckpt["obs_dim"], ckpt["act_dim"]) != (obs_dim, act_dim):
-        raise UserError(f"{path} holds a model for observations of size {ckpt['obs_dim']} and actions of size "
-                        f"{ckpt['act_dim']}, but its task {task.gym_id} has {obs_dim} and {act_dim}: the file is "
-                        f"damaged. Use an earlier copy or retrain.")
     return ckpt
+
+
+def _older_model_config(ckpt: dict) -> dict:
+    """The architecture of a checkpoint written before checkpoints stored it: from its config, its
+    sizes and, for fields its config left unresolved, its weights' shapes; the config gets them too,
+    so that --resume continues with them. Written before the MLP activation was a field: GELU."""
+    cfg, weights = ckpt["config"], ckpt["model"]
+    cfg.setdefault("activation", "gelu")
+    if cfg["s"] is None:  # the KSVD rank is Λ's width; a softmax-only model has no rank (any value builds it)
+        cfg["s"] = next((v.shape[-1] for k, v in weights.items() if k.endswith("attn.Lambda")), 64)
+    if cfg["max_ep_len"] is None:
+        cfg["max_ep_len"] = weights["embed_timestep.weight"].shape[0]
+    own = {"state_dim": ckpt["obs_dim"], "act_dim": ckpt["act_dim"]}
+    return {**own, **{k: cfg[k] for k in ModelConfig.__dataclass_fields__ if k not in own}}
 
 
 def load_members(paths: list[Path], device: torch.device | str) -> list[dict]:
@@ -112,10 +120,10 @@ def load_members(paths: list[Path], device: torch.device | str) -> list[dict]:
 
 
 def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> DecisionTransformer:
-    """The checkpoints' models as the members of one model (``dt_primal.members``); they share the
-    first one's architecture."""
+    """The checkpoints' models, with their weights, as the members of one model (``dt_primal.members``);
+    they share the first one's architecture."""
     cfg = Config(**ckpts[0]["config"])
-    build = lambda n: DecisionTransformer(cfg, ckpts[0]["obs_dim"], ckpts[0]["act_dim"], members=n)
+    build = lambda n: DecisionTransformer(ModelConfig.from_record(ckpts[0]["model_config"]), members=n)
     try:
         return stack_members(build, [c["model"] for c in ckpts], device)
     except RuntimeError as exc:
@@ -125,16 +133,8 @@ def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu"
 
 
 def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> tuple[DecisionTransformer, Config]:
-    """The checkpoint's model (one member) and config."""
+    """The checkpoint's model (one member), with its weights, and its run's config."""
     return model_from_checkpoints([ckpt], device), Config(**ckpt["config"])
-
-
-def env_sizes(task: Task) -> tuple[int, int]:
-    """Observation and action sizes of the task's environment."""
-    env = task.make()
-    sizes = env.observation_space.shape[0], env.action_space.shape[0]
-    env.close()
-    return sizes
 
 
 def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:

@@ -329,18 +329,32 @@ def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
                         f"path in a folder you can write to.")
 
 
+def env_sizes(task: Task) -> tuple[int, int]:
+    """Observation and action sizes of the task's environment."""
+    env = task.make()
+    sizes = env.observation_space.shape[0], env.action_space.shape[0]
+    env.close()
+    return sizes
+
+
 def check_evaluate_run(args, ckpts: list[dict]) -> None:
-    """evaluate.py once its checkpoints are loaded: the targets against each checkpoint's --reward-scale,
-    and whether all the episodes fit in memory at once."""
+    """evaluate.py once its checkpoints are loaded: each model's sizes against its task's environment,
+    the targets against each checkpoint's --reward-scale, and whether all the episodes fit in memory at once."""
     episodes_total = 0
-    for ckpt in ckpts:
-        cfg = ckpt["config"]
+    for path, ckpt in zip(args.checkpoints, ckpts):
+        cfg, arch = ckpt["config"], ckpt["model_config"]
         task = Task.from_record(ckpt["task"])
+        sizes = env_sizes(task)
+        if (arch["state_dim"], arch["act_dim"]) != sizes:
+            raise UserError(f"{path} holds a model for observations of size {arch['state_dim']} and actions of size "
+                            f"{arch['act_dim']}, but its task {task.gym_id} has {sizes[0]} and {sizes[1]}: the file is "
+                            f"damaged. Use an earlier copy or retrain.")
         targets = list(getattr(args, "targets", None) or cfg["targets"] or task.targets)
         check_targets(targets, cfg["reward_scale"])
         episodes_total += args.episodes * len(targets)
     cfg = ckpts[0]["config"]
-    check_evaluation_memory(episodes_total, max(c["config"]["max_ep_len"] for c in ckpts), ckpts[0]["obs_dim"],
-                            ckpts[0]["act_dim"], getattr(args, "device", None) or "auto",
+    arch = ckpts[0]["model_config"]
+    check_evaluation_memory(episodes_total, max(c["model_config"]["max_ep_len"] for c in ckpts), arch["state_dim"],
+                            arch["act_dim"], getattr(args, "device", None) or "auto",
                             f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
                             "Lower --episodes, or evaluate fewer checkpoints per command.")

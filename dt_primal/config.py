@@ -9,13 +9,11 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
+from dt_primal.model import ACTIVATIONS, EMBED_INITS, MODELS, ModelConfig
 
 if TYPE_CHECKING:
     from envs import Task
 
-MODELS = ("dt", "primal", "primalformer")
-EMBED_INITS = ("torch", "gpt2")
-ACTIVATIONS = ("relu", "gelu")
 CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS}  # the fields that take one of a few names
 
 # KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
@@ -26,6 +24,7 @@ PAPER_S = {
 }
 DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
+OWN_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")  # the ModelConfig fields that are not a Config field as it is
 
 
 @dataclass
@@ -88,6 +87,13 @@ class Config:
         """This config with ``s`` and ``max_ep_len`` resolved for ``task``, as checkpoints store them."""
         return dataclasses.replace(self, s=self.resolved_s(),
                                    max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN)
+
+    def model_config(self, state_dim: int, act_dim: int) -> ModelConfig:
+        """The architecture this run trains for observations of size ``state_dim`` and actions of size
+        ``act_dim`` (``s`` and ``max_ep_len`` as ``resolved`` gives them, else their defaults)."""
+        same = {f.name: getattr(self, f.name) for f in fields(ModelConfig) if f.name not in OWN_FIELDS}
+        return ModelConfig(state_dim=state_dim, act_dim=act_dim, s=self.resolved_s(),
+                           max_ep_len=self.max_ep_len or DEFAULT_MAX_EP_LEN, **same)
 
     def validate(self) -> "Config":
         problems = []

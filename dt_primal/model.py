@@ -10,27 +10,63 @@ is M = 1; members never mix.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
-from dt_primal.config import DEFAULT_MAX_EP_LEN, Config
 from dt_primal.dropout import Dropout
 from dt_primal.members import MemberEmbedding, MemberLayerNorm, MemberLinear, init_
 
+MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
+EMBED_INITS = ("torch", "gpt2")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a DecisionTransformer, every field resolved; a checkpoint stores it as a
+    plain dict (``dataclasses.asdict``) beside the weights. ``eta`` weighs the KSVD loss (eq. 10)."""
+    state_dim: int
+    act_dim: int
+    model: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    context: int  # K timesteps, 3K tokens
+    dropout: float
+    activation: str  # of every block's MLP
+    max_ep_len: int  # timestep embedding rows
+    s: int  # KSVD rank
+    eta: float
+    embed_init: str  # the return/state/action embeddings and the action head: torch | gpt2
+
+    def __post_init__(self):
+        sizes = (self.state_dim, self.act_dim, self.n_layer, self.d_model, self.n_head, self.context, self.max_ep_len, self.s)
+        if not all(isinstance(v, int) and v > 0 for v in sizes) or self.d_model % self.n_head \
+                or self.model not in MODELS or self.activation not in ACTIVATIONS or self.embed_init not in EMBED_INITS:
+            raise ValueError(f"not a valid architecture: {self}")
+
+    @classmethod
+    def from_record(cls, record: dict) -> "ModelConfig":
+        """The config a checkpoint stored; ValueError when it is not one."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(record, dict) or set(record) != names:
+            raise ValueError(f"an architecture needs exactly the fields {', '.join(sorted(names))}")
+        return cls(**record)
 
 
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(LN(x)), then x + MLP(LN(x)) with MLP width 4·d_model and
     the config's activation (ReLU in both papers' code)."""
 
-    def __init__(self, cfg: Config, primal: bool, members: int):
+    def __init__(self, cfg: ModelConfig, primal: bool, members: int):
         super().__init__()
         d, M = cfg.d_model, members
         self.ln1, self.ln2 = MemberLayerNorm(M, d), MemberLayerNorm(M, d)
-        self.attn = (CausalPrimalAttention(M, d, cfg.n_head, cfg.resolved_s(), cfg.dropout) if primal
+        self.attn = (CausalPrimalAttention(M, d, cfg.n_head, cfg.s, cfg.dropout) if primal
                      else SoftmaxAttention(M, d, cfg.n_head, cfg.dropout))
         self.mlp = nn.Sequential(MemberLinear(M, d, 4 * d), ACTIVATIONS[cfg.activation](), MemberLinear(M, 4 * d, d),
                                  Dropout(cfg.dropout))
@@ -43,28 +79,28 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x)), J
 
 
-def primal_layers(cfg: Config) -> list[bool]:
+def primal_layers(cfg: ModelConfig) -> list[bool]:
     """Which blocks are primal: none (dt), the last (primal, the paper's Primal.+DT), all (primalformer)."""
     return [cfg.model == "primalformer" or (cfg.model == "primal" and i == cfg.n_layer - 1) for i in range(cfg.n_layer)]
 
 
 class DecisionTransformer(nn.Module):
-    """``members`` Decision Transformers of one architecture (``dt_primal.members``)."""
+    """``members`` Decision Transformers of the architecture ``cfg`` (``dt_primal.members``)."""
 
-    def __init__(self, cfg: Config, state_dim: int, act_dim: int, members: int = 1):
+    def __init__(self, cfg: ModelConfig, members: int = 1):
         super().__init__()
         d, M = cfg.d_model, members
-        self.members = M
-        self.max_ep_len = cfg.max_ep_len or DEFAULT_MAX_EP_LEN  # unresolved only for a model built without a task
+        self.config, self.members = cfg, M
+        self.max_ep_len = cfg.max_ep_len
         self.embed_return = MemberLinear(M, 1, d)
-        self.embed_state = MemberLinear(M, state_dim, d)
-        self.embed_action = MemberLinear(M, act_dim, d)
+        self.embed_state = MemberLinear(M, cfg.state_dim, d)
+        self.embed_action = MemberLinear(M, cfg.act_dim, d)
         self.embed_timestep = MemberEmbedding(M, self.max_ep_len, d)
         self.embed_ln = MemberLayerNorm(M, d)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, primal, M) for primal in primal_layers(cfg))
         self.ln_f = MemberLayerNorm(M, d)
-        self.predict_action = MemberLinear(M, d, act_dim)
+        self.predict_action = MemberLinear(M, d, cfg.act_dim)
         self.apply(self._init_weights)  # GPT-2 init; primal W_e, W_r, Λ keep their own (SPEC §1)
         # --embed-init torch (default): the return, state and action embeddings and the action head keep PyTorch's
         # default init, as in the DT paper's code and d3rlpy: with N(0, 0.02) there DT learnt far slower at the DT

@@ -68,7 +68,7 @@ def main() -> None:
         ckpt = load_checkpoint(path)
         model, cfg = model_from_checkpoint(ckpt)
         model.eval()
-        ksvd = f", s {cfg.resolved_s()}, η {cfg.eta:g}" if cfg.model != "dt" else ""
+        ksvd = f", s {model.config.s}, η {cfg.eta:g}" if cfg.model != "dt" else ""
         curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, application_loader()))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):
             kind = "primal K" if hasattr(block.attn, "Lambda") else "softmax"

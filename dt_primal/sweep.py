@@ -128,7 +128,7 @@ def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) ->
     share an architecture (``dt_primal.training.architecture``; in Table 4 the three datasets of a task,
     except halfcheetah's with Primal.+DT, whose KSVD rank differs per dataset). A dataset whose task
     its name does not tell trains alone."""
-    from dt_primal.checkpoint import env_sizes
+    from dt_primal.checks import env_sizes
     from dt_primal.config import make_config
     from dt_primal.training import architecture
     from envs import find_task

@@ -20,14 +20,15 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dt_primal.checkpoint import (check_same_dataset, env_sizes, load_members, model_from_checkpoints, rng_state,
-                                  save_checkpoints, set_rng_state)
+from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoints, rng_state, save_checkpoints,
+                                  set_rng_state)
+from dt_primal.checks import env_sizes
 from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.members import all_finite, member_state, stack_members
-from dt_primal.model import DecisionTransformer
+from dt_primal.model import DecisionTransformer, ModelConfig
 from dt_primal.runfolder import member_folders, member_name
 from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
@@ -155,6 +156,12 @@ def architecture(sizes: tuple[int, int], task: Task, cfg: Config) -> tuple:
     return tuple(sizes), cfg.max_ep_len, None if cfg.model == "dt" else cfg.s, len(cfg.targets or task.targets)
 
 
+def model_config(m: Member) -> ModelConfig:
+    """Member m's architecture (all members' agree, ``ensemble_members`` checks; a softmax-only model's
+    rank ``s`` is its dataset's, though no weight depends on it)."""
+    return m.cfg.model_config(m.data.obs_dim, m.data.act_dim)
+
+
 def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list[int] | None) -> list[Member]:
     """The members of a run, dataset by dataset and seed by seed, in their folders (``member_folders``).
     Datasets whose ``architecture`` differs cannot share an ensemble: a UserError says to train them apart."""
@@ -198,11 +205,11 @@ def check_folders(members: list[Member], cfg: Config, seeds: list[int] | None, r
     return resume and all(found)
 
 
-def fresh_model(cfg: Config, obs_dim: int, act_dim: int, seeds: list[int], device: torch.device | str) -> DecisionTransformer:
+def fresh_model(cfg: ModelConfig, seeds: list[int], device: torch.device | str) -> DecisionTransformer:
     """A model of ``len(seeds)`` members, member m initialised as a run of ``seeds[m]`` alone (a model
     of one member built after seeding Python, NumPy and torch with it). Leaves the process's
     generators seeded by the last seed (dropout draws from them)."""
-    build = lambda n: DecisionTransformer(cfg, obs_dim, act_dim, members=n)
+    build = lambda n: DecisionTransformer(cfg, members=n)
     states = []
     for seed in seeds:
         random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
@@ -243,7 +250,7 @@ def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: boo
     # the process's generator. Under torchrun every rank seeds alike and draws the same batches and
     # masks, so a checkpoint holds the state of all of them and --resume is exact with any number of processes.
     model = (model_from_checkpoints(ckpts, device) if ckpts else
-             fresh_model(cfg, members[0].data.obs_dim, members[0].data.act_dim, [m.cfg.seed for m in members], device))
+             fresh_model(model_config(members[0]), [m.cfg.seed for m in members], device))
     gens = [torch.Generator(device=device).manual_seed(m.cfg.seed) for m in members]
     parts = {m.index: m for m in members}.values()  # one member of each dataset
     sampler = WindowSampler([m.data for m in parts], cfg.context, cfg.reward_scale, [m.state_mean for m in parts],
@@ -270,7 +277,7 @@ def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: boo
             "model": member_state(model, i), "optimizer": train_step.member_optimizer_state(i), "step": step,
             "rng": rng_state(gens[i]), "config": dataclasses.asdict(m.cfg), "task": dataclasses.asdict(m.task),
             "state_mean": m.state_mean, "state_std": m.state_std, "obs_dim": m.data.obs_dim, "act_dim": m.data.act_dim,
-            "dataset": m.data.source} for i, m in enumerate(members)])
+            "dataset": m.data.source, "model_config": dataclasses.asdict(model_config(m))} for i, m in enumerate(members)])
         saved_step = step
 
     def evaluate(episodes: int) -> list[list[dict]]:

@@ -54,7 +54,7 @@ def test_sweep_trains_each_group_of_seeds_once_as_one_ensemble_and_aggregates(tm
 def test_spectrum_curves_are_cumulative_fractions():
     torch.manual_seed(0)
     cfg = Config(model="primal", d_model=32, n_head=2, n_layer=2, s=8, dropout=0.0)
-    net = DecisionTransformer(cfg, 11, 3).eval()
+    net = DecisionTransformer(cfg.model_config(11, 3)).eval()
     K = 5
     batch = {"states": torch.randn(4, K, 11), "actions": torch.rand(4, K, 3), "returns_to_go": torch.randn(4, K, 1),
              "timesteps": torch.arange(K).repeat(4, 1)}  # windows of one model: (B, K, ...)

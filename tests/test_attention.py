@@ -90,7 +90,7 @@ def test_primal_scores_are_the_running_means_of_the_projected_queries_and_keys()
 def test_model_newest_step_only_matches_the_full_forward():
     torch.manual_seed(0)
     cfg = Config(model="primal", d_model=32, n_head=2, n_layer=2, s=4, dropout=0.0, max_ep_len=50, context=5)
-    net = DecisionTransformer(cfg, state_dim=3, act_dim=2).eval()
+    net = DecisionTransformer(cfg.model_config(3, 2)).eval()
     args = torch.randn(1, 4, 5, 3), torch.randn(1, 4, 5, 2), torch.randn(1, 4, 5, 1), torch.arange(5).expand(1, 4, -1)
     full, Js = net(*args)
     last, no_Js = net(*args, last_only=True)
@@ -139,7 +139,7 @@ def test_primal_uses_the_papers_parameters():
 def test_action_prediction_ignores_own_and_future_actions(model):
     torch.manual_seed(0)
     cfg = Config(model=model, d_model=32, n_head=4, n_layer=3, s=8, dropout=0.0)
-    net = DecisionTransformer(cfg, 11, 3).eval()
+    net = DecisionTransformer(cfg.model_config(11, 3)).eval()
     primal = [type(b.attn).__name__ == "CausalPrimalAttention" for b in net.blocks]
     assert primal == {"dt": [False] * 3, "primal": [False, False, True], "primalformer": [True] * 3}[model]
     s, a, R = torch.randn(1, 2, 6, 11), torch.rand(1, 2, 6, 3), torch.randn(1, 2, 6, 1)

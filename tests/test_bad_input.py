@@ -495,13 +495,15 @@ def test_evaluate_options(tmp_path):
 
 
 def test_evaluate_targets_and_episodes_against_the_checkpoints(tmp_path):
-    ckpt = {"config": dataclasses.asdict(Config(dataset="tiny", max_ep_len=1000)), "task": "hopper", "obs_dim": 11,
-            "act_dim": 3}
+    cfg = Config(dataset="tiny", max_ep_len=1000)
+    ckpt = {"config": dataclasses.asdict(cfg), "task": "hopper", "model_config": dataclasses.asdict(cfg.model_config(11, 3))}
     with raises("--targets 1e+30 divided by --reward-scale 1000"):
         checks.check_evaluate_run(_args(tmp_path, targets=[1e30]), [ckpt])
     with raises("--episodes 10000000 per target of 2 checkpoints"):
         checks.check_evaluate_run(_args(tmp_path, episodes=10**7), [ckpt, ckpt])
     checks.check_evaluate_run(_args(tmp_path, targets=[3600.0]), [ckpt])
+    with raises("holds a model for observations of size 11 and actions of size 3, but its task HalfCheetah-v5 has 17 and 6"):
+        checks.check_evaluate_run(_args(tmp_path), [{**ckpt, "task": "halfcheetah"}])
 
 
 def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(tmp_path):

@@ -51,7 +51,7 @@ def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start()
     nets = {}
     for init in ("torch", "gpt2"):
         torch.manual_seed(0)
-        nets[init] = DecisionTransformer(Config(embed_init=init, d_model=64, n_head=2), 11, 3)
+        nets[init] = DecisionTransformer(Config(embed_init=init, d_model=64, n_head=2).model_config(11, 3))
     with torch.no_grad():
         for name in ("embed_state", "embed_action", "embed_return", "predict_action"):
             default, gpt2 = getattr(nets["torch"], name), getattr(nets["gpt2"], name)
@@ -284,8 +284,8 @@ def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_k
     from dt_primal.errors import UserError
     from dt_primal.model import DecisionTransformer
     assert Config().activation == "relu" and make_config("dt-paper").activation == "relu"
-    relu = DecisionTransformer(Config(d_model=32, n_head=2), 11, 3)
-    gelu = DecisionTransformer(Config(d_model=32, n_head=2, activation="gelu"), 11, 3)
+    relu = DecisionTransformer(Config(d_model=32, n_head=2).model_config(11, 3))
+    gelu = DecisionTransformer(Config(d_model=32, n_head=2, activation="gelu").model_config(11, 3))
     assert isinstance(relu.blocks[0].mlp[1], torch.nn.ReLU) and isinstance(gelu.blocks[0].mlp[1], torch.nn.GELU)
     with pytest.raises(UserError, match="--activation"):
         Config(activation="tanh").validate()

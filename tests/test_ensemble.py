@@ -55,7 +55,7 @@ def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
     """TrainStep against the update written out with PyTorch's own AdamW, LambdaLR and clip_grad_norm_."""
     cfg = dataclasses.replace(CFG, dropout=0.0, warmup_steps=4)
     torch.manual_seed(0)
-    model = DecisionTransformer(cfg, data.obs_dim, data.act_dim)
+    model = DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim))
     reference = copy.deepcopy(model)
     sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
     step = TrainStep(cfg, model, sampler, [torch.Generator().manual_seed(0)], torch.device("cpu"))
@@ -212,7 +212,7 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
 
     def ops(members: int) -> collections.Counter:
         torch.manual_seed(0)
-        model = DecisionTransformer(CFG, data.obs_dim, data.act_dim, members=members)
+        model = DecisionTransformer(CFG.model_config(data.obs_dim, data.act_dim), members=members)
         sampler = data_module.WindowSampler(data, CFG.context, CFG.reward_scale, *data.state_stats())
         step = TrainStep(CFG, model, sampler, [torch.Generator().manual_seed(s) for s in range(members)],
                          torch.device("cpu"))
@@ -229,8 +229,8 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
-    policy = stack_members(lambda n: DecisionTransformer(cfg, 11, 3, members=n),
-                           [member_state(DecisionTransformer(cfg, 11, 3), 0) for _ in range(2)])
+    policy = stack_members(lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
+                           [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)])
     args = (TASKS["hopper"], [3600.0, 1800.0], 3, np.zeros(11), np.ones(11), 1000.0, cfg.context, "cpu")
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
     assert one == three
@@ -258,7 +258,7 @@ def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data):
     to the host, and changes no Python-side state (only tensors), so a replay is a real step."""
     cfg = dataclasses.replace(CFG, dropout=0.1)
     torch.manual_seed(0)
-    model = DecisionTransformer(cfg, data.obs_dim, data.act_dim, members=2)
+    model = DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim), members=2)
     sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
     step = TrainStep(cfg, model, sampler, [torch.Generator().manual_seed(s) for s in (0, 1)], torch.device("cpu"))
     step()  # the optimizer's state exists from here on, as before a capture

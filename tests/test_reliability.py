@@ -201,7 +201,7 @@ def test_single_step_episodes_are_valid_training_data(tmp_path):
     assert data.lengths.tolist() == [1] * 6 + [5]
     batch = WindowSampler(data, 4, 1.0, *data.state_stats()).sample(64, torch.Generator().manual_seed(0))
     assert (batch["valid"].sum(1) == 1).any()  # windows with a single real step
-    model = DecisionTransformer(make_config(**SMALL), data.obs_dim, data.act_dim)
+    model = DecisionTransformer(make_config(**SMALL).model_config(data.obs_dim, data.act_dim))
     loss, _, _ = dt_loss(model, {k: v[None] for k, v in batch.items()}, 0.05)  # one member
     loss.sum().backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
@@ -220,7 +220,7 @@ def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
              (tmp_path / "missing.pt", "does not exist"),
              (tmp_path / "other.pt", "not a dt-primal checkpoint"),
              (save("newer.pt", config={**ckpt["config"], "flash": True}), "incompatible version"),
-             (save("sizes.pt", obs_dim=17), "observations of size 17")]
+             (save("arch.pt", model_config={**ckpt["model_config"], "flash": True}), "incompatible version")]
     for path, phrase in cases:
         with raises(phrase):
             checkpoint.load_checkpoint(path)
@@ -228,8 +228,8 @@ def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
     checkpoint.load_checkpoint(tmp_path / "weights.pt")  # enough to evaluate, not to resume
     with raises("lacks optimizer"):
         checkpoint.load_checkpoint(tmp_path / "weights.pt", resume=True)
-    for change in (dict(model="dt"), dict(d_model=64)):  # another model kind, other dimensions
-        bad = checkpoint.load_checkpoint(save("bad.pt", config={**ckpt["config"], **change}))
+    for change in (dict(model="dt"), dict(d_model=64), dict(state_dim=17)):  # another model kind, other dimensions
+        bad = checkpoint.load_checkpoint(save("bad.pt", model_config={**ckpt["model_config"], **change}))
         with raises("do not fit"):
             checkpoint.model_from_checkpoint(bad)
 
