@@ -41,4 +41,4 @@ def test_checkpoint_stores_the_resolved_architecture(run):
     ckpt = checkpoint.load_checkpoint(run / "last.pt")
     assert ckpt["model_config"] == dataclasses.asdict(make_config(**SMALL, max_ep_len=50).model_config(11, 3))
     model, _ = checkpoint.model_from_checkpoint(ckpt)
-    assert model.config.s == 8 and model.embed_timestep.num_embeddings == 50
+    assert model.config.s == 8 and model.embed_timestep.weight.shape[1] == 50  # (members, rows, d_model)
