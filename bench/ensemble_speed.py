@@ -107,6 +107,15 @@ def time_setting(data, size: str, members: int, mode: str, precision: str, devic
             "warmup_s": first}
 
 
+def settings(args):
+    """(size, precision, mode, members, untimed updates) of every setting asked for."""
+    for size in args.sizes:
+        for precision in args.precisions:
+            for mode in args.modes:
+                for m in args.members:
+                    yield size, precision, mode, m, max(args.warmup, 5 if "captured" in mode else 1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -136,16 +145,12 @@ def main() -> None:
     if args.profile:
         return profile_section(args, data)
     records = []
-    for size in args.sizes:
-        for precision in args.precisions:
-            for mode in args.modes:
-                for m in args.members:
-                    r = time_setting(data, size, m, mode, precision, args.device,
-                                     max(args.warmup, 5 if "captured" in mode else 1), args.updates)
-                    records.append(r)
-                    print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
-                          f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
-                          f"(load {common.load_avg():.2f})", flush=True)
+    for size, precision, mode, m, warmup in settings(args):
+        r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates)
+        records.append(r)
+        print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
+              f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
+              f"(load {common.load_avg():.2f})", flush=True)
     section = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + \
         ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     if not args.quick:
@@ -202,16 +207,12 @@ def profile_setting(data, size: str, members: int, mode: str, precision: str, de
 def profile_section(args, data) -> None:
     """``--profile``: FLOPs, model-FLOPs utilisation and the largest kernels per setting, as a section."""
     rows = []
-    for size in args.sizes:
-        for precision in args.precisions:
-            for mode in args.modes:
-                for m in args.members:
-                    r = profile_setting(data, size, m, mode, precision, args.device,
-                                        max(args.warmup, 5 if "captured" in mode else 1), args.updates, args.peak_tflops)
-                    rows.append([SIZES[size][0], precision, mode, m, f"{r['gflop_per_member_update']:.1f}",
-                                 f"{r['member_updates_per_s']:.1f}", f"**{r['mfu']:.1%}**",
-                                 "; ".join(f"`{name[:60]}` {share:.0%}" for name, share in r["top"])])
-                    print(" | ".join(map(str, rows[-1])), flush=True)
+    for size, precision, mode, m, warmup in settings(args):
+        r = profile_setting(data, size, m, mode, precision, args.device, warmup, args.updates, args.peak_tflops)
+        rows.append([SIZES[size][0], precision, mode, m, f"{r['gflop_per_member_update']:.1f}",
+                     f"{r['member_updates_per_s']:.1f}", f"**{r['mfu']:.1%}**",
+                     "; ".join(f"`{name[:60]}` {share:.0%}" for name, share in r["top"])])
+        print(" | ".join(map(str, rows[-1])), flush=True)
     body = "\n".join([
         f"The library's training step on `--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, "
         f"s 64): GFLOP per member-update (counted by `torch.utils.flop_counter.FlopCounterMode` on an eager update), "

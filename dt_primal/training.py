@@ -165,7 +165,8 @@ def model_config(m: Member) -> ModelConfig:
 def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list[int] | None) -> list[Member]:
     """The members of a run, dataset by dataset and seed by seed, in their folders (``member_folders``).
     Datasets whose ``architecture`` differs cannot share an ensemble: a UserError says to train them apart."""
-    folders = iter(member_folders(Path(cfg.out), seeds or ([cfg.seed] if len(datasets) > 1 else None), list(datasets), cfg.model))
+    several = len(datasets) > 1  # then the folders are OUT/DATASET/MODEL/seed_N, also for one seed
+    folders = iter(member_folders(Path(cfg.out), seeds or ([cfg.seed] if several else None), list(datasets), cfg.model))
     members = [Member(i, data, dataclasses.replace(cfg, dataset=spec, seed=seed).resolved(data.task), data.task,
                       next(folders)) for i, (spec, data) in enumerate(datasets.items()) for seed in seeds or [cfg.seed]]
     for m in members:

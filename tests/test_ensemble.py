@@ -144,6 +144,23 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
         assert not (tmp_path / "run" / f"seed_{s}" / "prev.pt").exists()
 
 
+def test_several_datasets_on_the_command_line_train_resume_and_report_per_dataset(data, other, tmp_path):
+    out, both = tmp_path / "run", [data.source, other.source]
+    common = [sys.executable, "train.py", "--dataset", *both, *TINY, "--seeds", "0", "1", "--warmup-steps", "2",
+              "--eval-every", "1000", "--eval-episodes", "1", "--out", str(out)]
+    res = subprocess.run([*common, "--steps", "3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([*common, "--steps", "5", "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and f"resumed from {out} at step 3" in res.stdout, res.stderr
+    for source in both:
+        folder = out / source.replace("/", "_").removesuffix(".hdf5") / "primal"
+        assert json.loads((folder / "report.json").read_text())["across_checkpoints"][0]["checkpoints"] == 2
+        for s in (0, 1):
+            result = json.loads((folder / f"seed_{s}" / "eval.json").read_text())
+            assert (result["dataset"], result["seed"], result["step"]) == (source, s, 5)
+
+
 def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path):
     out = tmp_path / "run"
     res = subprocess.run([sys.executable, "train.py", "--dataset", data.source, *TINY, "--seeds", "3", "5",
