@@ -5,27 +5,38 @@ report and a Markdown table (per checkpoint and target, then mean ± std across 
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+def resolved_precision(given: str | None, cfg: dict, model_config: dict, device, done: dict) -> str:
+    """``--precision`` for checkpoints of run config ``cfg``, printed the first time (``acting_precision``)."""
+    key = (given, cfg["precision"], model_config["d_model"])
+    if key not in done:
+        done[key], why = acting_precision(given, cfg["precision"], device, model_config["d_model"])
+        print(f"precision: {done[key]} ({why})")
+    return done[key]
+
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 from dt_primal.checks import check_evaluate_args, check_evaluate_run
-from dt_primal.checkpoint import load_checkpoint, model_from_checkpoints
+from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError
 from dt_primal.evaluation import normalized_text, rollout, scoring
+from dt_primal.policy import policy_from_checkpoints
+from dt_primal.precision import acting_precision
 from dt_primal.training import resolve_device
 from envs import Task
 
-# checkpoints that agree on these run as one ensemble (one batched forward pass for all of them)
-SHARED = ("model", "n_layer", "d_model", "n_head", "context", "max_ep_len", "s", "activation", "reward_scale")
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")
@@ -38,7 +49,7 @@ def main() -> None:
     given = overrides(args)
     refs = Config(ref_min=given.get("ref_min"), ref_max=given.get("ref_max")).validate().ref_scores
     device = resolve_device(given.get("device", "auto"))
-    ckpts = [load_checkpoint(path, device) for path in args.checkpoints]
+    ckpts = [load_checkpoint(path) for path in args.checkpoints]
     check_evaluate_run(args, ckpts)
     tasks = [Task.from_record(c["task"]) for c in ckpts]
     if refs is not None:
@@ -52,25 +63,25 @@ def main() -> None:
     for i, ckpt in enumerate(ckpts):
         cfg = ckpt["config"]
         targets = tuple(given.get("targets") or cfg["targets"] or tasks[i].targets)
-        groups.setdefault((targets, *(cfg[k] for k in SHARED)), []).append(i)
+        # checkpoints of one architecture and reward scale run as one ensemble (one batched forward pass for all)
+        groups.setdefault((targets, tuple(ckpt["model_config"].items()), cfg["reward_scale"]), []).append(i)
     print(scoring(task, given.get("targets")))
-    results = [None] * len(ckpts)
+    results, precisions = [None] * len(ckpts), {}
     for (targets, *_), members in groups.items():
-        cfgs = [Config(**ckpts[i]["config"]) for i in members]
+        cfgs = [ckpts[i]["config"] for i in members]
+        precision = resolved_precision(given.get("precision"), cfgs[0], ckpts[members[0]]["model_config"], device,
+                                       precisions)
         for i, cfg in zip(members, cfgs):
-            print(f"{args.checkpoints[i]}: {cfg.model} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
+            print(f"{args.checkpoints[i]}: {cfg['model']} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
                   f"{args.episodes} episodes x {len(targets)} targets")
+        policy = policy_from_checkpoints([ckpts[i] for i in members], device, precision)
         seed = given.get("seed")
-        policy = model_from_checkpoints([ckpts[i] for i in members], device)
-        per_member = rollout(policy, task, list(targets), args.episodes,
-                             np.stack([ckpts[i]["state_mean"] for i in members]),
-                             np.stack([ckpts[i]["state_std"] for i in members]), cfgs[0].reward_scale, cfgs[0].context,
-                             device, seeds=[(cfg.seed if seed is None else seed) + 100_000 for cfg in cfgs],
-                             precision=given.get("precision", cfgs[0].precision), env_workers=args.env_workers,
-                             progress=True)
+        per_member = rollout(policy, task, list(targets), args.episodes, env_workers=args.env_workers, progress=True,
+                             seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs])
         for i, cfg, reports in zip(members, cfgs, per_member):
-            results[i] = {"checkpoint": str(args.checkpoints[i]), "model": cfg.model, "dataset": ckpts[i]["dataset"],
-                          "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg.seed, "targets": reports}
+            results[i] = {"checkpoint": str(args.checkpoints[i]), "model": cfg["model"], "dataset": ckpts[i]["dataset"],
+                          "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg["seed"], "precision": precision,
+                          "targets": reports}
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:

@@ -4,9 +4,14 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
 """
 import sys
 
-from datasets.loaders import load_dataset
-from dt_primal.cli import run_main
-from dt_primal.run import train_command
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
+from datasets.loaders import load_dataset  # noqa: E402
+from dt_primal.cli import run_main  # noqa: E402
+from dt_primal.run import train_command  # noqa: E402
 
 if __name__ == "__main__":
     run_main(lambda: train_command(sys.argv[1:], load_dataset))

@@ -6,7 +6,7 @@ as the sequence grows: softmax attention (SDPA) against Causal Primal-Attention.
 
 Three blocks, each as the training loop runs it (train mode, a padding mask of all-real tokens,
 as DecisionTransformer always passes one):
-  softmax        dropout 0.1 (the SPEC's setting): PyTorch's CPU SDPA has no fused kernel with
+  softmax        dropout 0.1 (the paper's setting): PyTorch's CPU SDPA has no fused kernel with
                  attention dropout, so it runs the math path and stores the L x L matrices;
   softmax-flash  dropout 0: the CPU flash-attention kernel (what inference gets);
   primal         Causal Primal-Attention, s = 64, dropout 0.1 (residual only).
@@ -22,12 +22,11 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import common  # first: sets OMP_WAIT_POLICY before torch loads
 import torch
 
-RESULTS = Path("/tmp/dt-primal-bench/attention_scaling.json")  # raw points of the last full run
+RESULTS = common.SCRATCH / "attention_scaling.json"  # raw points of the last full run
 KINDS = {"softmax": (False, 0.1), "softmax-flash": (False, 0.0), "primal": (True, 0.1)}
 LABELS = {"softmax": "softmax, dropout 0.1 (SDPA math path)", "softmax-flash": "softmax, dropout 0 (SDPA flash kernel)",
           "primal": "primal (s = 64)"}
@@ -175,7 +174,8 @@ def report(results: list[dict], args, skipped: list[str]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--lengths", type=int, nargs="+", default=[60, 120, 240, 480, 960, 1920, 3840, 6000, 12000])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--d-model", type=int, default=256)

@@ -1,9 +1,10 @@
 """What the benchmarks share: machine description, timing, a Hopper-shaped dataset, the library's
 training step, and writing one section of docs/benchmarks.md.
 
-Import this module before torch: it sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the environment
-already sets it), as bench/peers.py does, so dt-primal and the peers are timed under the same
-OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
+Import this module before torch: it makes the commands' process-wide settings
+(``dt_primal.process.configure_process``: ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
+already sets it, as bench/peers.py does, and glibc's malloc keeping freed blocks), so dt-primal and
+the peers are timed under the same OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
 several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
 """
 from __future__ import annotations
@@ -18,20 +19,24 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-if os.environ.get("DT_PRIMAL_BENCH_OMP") != "unset":  # "unset": leave OpenMP's default, for comparison
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch's OpenMP runtime loads
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from dt_primal.process import configure_process  # noqa: E402
+
+# as the commands do, before torch loads; DT_PRIMAL_BENCH_OMP=unset leaves OpenMP's default, for comparison
+configure_process(wait_policy=None if os.environ.get("DT_PRIMAL_BENCH_OMP") == "unset" else "PASSIVE")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
-QUICK_DOC = Path("/tmp/dt-primal-benchmarks-quick.md")  # --quick smoke runs never overwrite DOC
+QUICK_DOC = Path(tempfile.gettempdir()) / "dt-primal-benchmarks-quick.md"  # --quick smoke runs never overwrite DOC
+SCRATCH = Path(tempfile.gettempdir()) / "dt-primal-bench"  # generated data, runs and raw results, outside the repository
 DOC_HEADER = """# Benchmarks
 
 Each section below is written by one command in `bench/` and replaced in place when that command
@@ -39,13 +44,13 @@ runs again; it names the machine, the versions, the date and the exact command. 
 medians of repeated runs unless a section says otherwise. All timings use
 `OMP_WAIT_POLICY=PASSIVE` (set by `bench/common.py`, as `bench/peers.py` does for the peers).
 Every command takes `--quick` (a smoke check under a minute, written to
-/tmp/dt-primal-benchmarks-quick.md instead of this file).
+$TMPDIR/dt-primal-benchmarks-quick.md instead of this file).
 
 | section | command |
 |---|---|
 | Attention scaling | `python bench/attention_scaling.py` (+ docs/attention_scaling.png) |
 | Evaluation speed | `python bench/eval_speed.py [--checkpoint DIR/last.pt]` |
-| Training speed against the peers | `python bench/train_speed.py` (peers: bench/peers.py in /work/peers-venv) |
+| Training speed against the peers | `python bench/train_speed.py` (peers: bench/peers.py in ~/.venvs/peers) |
 | Whole run | `python bench/whole_run.py [--steps N] [--device cuda]` |
 | Seeds at once | `python bench/seeds_at_once.py [--device cuda]` |
 | Profile of one training step | `python bench/profile_step.py` |
@@ -206,7 +211,12 @@ def run_info() -> dict:
     return machine() | {"load": load_avg(), "command": command_line()}
 
 
-RESULTS_DIR = Path("/tmp/dt-primal-bench")  # raw results of the last full run of each benchmark (for --replot)
+RESULTS_DIR = SCRATCH  # raw results of the last full run of each benchmark (for --replot)
+
+
+def shown(cmd: list[str]) -> str:
+    """``cmd`` as the docs show it: ``python`` for this interpreter, ``$TMPDIR`` for the temporary folder."""
+    return " ".join("python" if a == sys.executable else a for a in cmd).replace(tempfile.gettempdir(), "$TMPDIR")
 
 
 def save_results(name: str, payload: dict) -> dict:

@@ -4,11 +4,11 @@ them) and is evaluated by dt-primal's own batched evaluation (``dt_primal.evalua
 the same targets, episodes, environment seeds and normalisation), so that only the learner differs.
 
   # d3rlpy DT, DT-paper settings, the reduced CPU protocol of docs/results.md, 3 seeds
-  /work/d3rlpy-venv/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
-      --seeds 0 1 2 --out results/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
+  ~/.venvs/d3rlpy/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
+      --seeds 0 1 2 --out runs/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
       --eval-every 500 --eval-episodes-during 5 --eval-episodes 100
   # compare with dt-primal's DT (a sweep folder) per dataset; writes OUT/crosscheck.{md,json}
-  python bench/d3rlpy_crosscheck.py report --d3rlpy results/d3rlpy-crosscheck-cpu --dt-primal results/dt-paper-cpu \\
+  python bench/d3rlpy_crosscheck.py report --d3rlpy runs/d3rlpy-crosscheck-cpu --dt-primal runs/dt-paper-cpu \\
       --datasets dt-primal/hopper/medium-replay-v0 ...
 
 ``train`` needs d3rlpy 2.8.1 next to the project's own packages: see bench/crosscheck-requirements.txt
@@ -132,17 +132,21 @@ class D3rlpyMember:
 
 
 class D3rlpyPolicies:
-    """Trained d3rlpy DTs (one per seed) with the interface ``rollout`` takes of a member-batched
-    ``DecisionTransformer``: ``members``, ``max_ep_len``, ``training``, ``train(mode)`` and a call on
-    (M, B, K, ...) inputs with ``last_only``, which runs each d3rlpy model on its member's windows."""
+    """Trained d3rlpy DTs (one per seed) with the interface ``Policy`` takes of a member-batched
+    ``DecisionTransformer``: ``members``, ``config.act_dim``, ``device``, ``max_ep_len``,
+    ``training``, ``train(mode)`` and a call on (M, B, K, ...) inputs with ``last_only``, which runs
+    each d3rlpy model on its member's windows."""
 
-    def __init__(self, policies: list[D3rlpyMember], max_ep_len: int = 1000):
+    device = torch.device("cpu")
+
+    def __init__(self, policies: list[D3rlpyMember], act_dim: int, max_ep_len: int = 1000):
         self.policies, self.members, self.max_ep_len = policies, len(policies), max_ep_len
+        self.config = SimpleNamespace(act_dim=act_dim)
         self.train(False)
 
     @classmethod
     def from_algos(cls, algos, max_ep_len: int = 1000) -> "D3rlpyPolicies":
-        return cls([D3rlpyMember.from_algo(a) for a in algos], max_ep_len)
+        return cls([D3rlpyMember.from_algo(a) for a in algos], algos[0].impl.action_size, max_ep_len)
 
     def train(self, mode: bool = True) -> "D3rlpyPolicies":
         for p in self.policies:
@@ -225,10 +229,11 @@ def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list
     """dt-primal's batched evaluation of d3rlpy policies: raw observations and returns go in, d3rlpy's
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
     from dt_primal.evaluation import rollout
-    policies = D3rlpyPolicies.from_algos(algos, cfg.max_ep_len)
+    from dt_primal.policy import Policy
     obs_dim = algos[0].impl.observation_shape[0]
-    return rollout(policies, task, targets, episodes, np.zeros(obs_dim, np.float32), np.ones(obs_dim, np.float32),
-                   1.0, cfg.context, "cpu", seeds=[s + 100_000 for s in seeds], precision="fp32")
+    policy = Policy(D3rlpyPolicies.from_algos(algos, cfg.max_ep_len), np.zeros(obs_dim, np.float32),
+                    np.ones(obs_dim, np.float32), 1.0, cfg.context)
+    return rollout(policy, task, targets, episodes, seeds=[s + 100_000 for s in seeds])
 
 
 def train_seed(cfg, data, task, targets, seed: int, run: Path, activation: str, log_every: int = 100) -> dict:
@@ -335,10 +340,11 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="bench/d3rlpy_crosscheck.py", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="bench/d3rlpy_crosscheck.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation")
+    t = sub.add_parser("train", allow_abbrev=False,
+                       help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation")
     from dt_primal.config import PRESETS, add_config_args
     t.add_argument("--preset", choices=list(PRESETS), default="dt-paper", help="dt-primal's preset (default dt-paper)")
     t.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -351,7 +357,8 @@ def main(argv: list[str] | None = None) -> None:
                              "eval_episodes"))
     t.add_argument("--out", type=Path, default=Path("runs/d3rlpy-crosscheck"),
                    help="runs go to OUT/<dataset slug>/d3rlpy-dt/seed_N, as the sweep lays out its runs")
-    r = sub.add_parser("report", help="per dataset: both implementations' scores, and the gap in standard errors")
+    r = sub.add_parser("report", allow_abbrev=False,
+                       help="per dataset: both implementations' scores, and the gap in standard errors")
     r.add_argument("--d3rlpy", type=Path, required=True, help="the train command's --out (the report goes there)")
     r.add_argument("--dt-primal", type=Path, required=True,
                    help="a sweep folder with dt-primal's DT runs (--models dt -- --preset dt-paper ...)")

@@ -1,7 +1,8 @@
 """Training throughput of ensembles: updates/s and member-updates/s of the library's training step
 (``dt_primal.step.TrainStep``, what ``train.py --seeds`` runs) for ensembles of several sizes, run
-eagerly, compiled (``--compile``) or captured as a CUDA graph, at SPEC §4 size and at the DT paper's
-size, in fp32 / tf32 / bf16. The members are one tensor dimension of the model (``dt_primal.members``).
+eagerly, compiled (``--compile``) or captured as a CUDA graph, at the Primal.+DT paper's size and at
+the DT paper's size, in fp32 / tf32 / bf16. The members are one tensor dimension of the model
+(``dt_primal.members``).
 
   python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
   python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
@@ -33,7 +34,7 @@ from datasets.loaders import load_dataset
 from dt_primal.config import make_config
 
 MODES = ("eager", "captured", "compiled", "compiled+captured")
-SIZES = {"spec": ("SPEC §4 (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
+SIZES = {"spec": ("Primal.+DT paper (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
          "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1))}
 
 
@@ -117,7 +118,8 @@ def settings(args):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, nargs="+", default=[1, 3])
     p.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
@@ -139,7 +141,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.members, args.sizes, args.updates, args.warmup, args.precisions = [1, 2], ["dt"], 2, 1, ["fp32"]
-    data = load_dataset(str(common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")), env="hopper")
+    data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
     if args.count_ops:
         return ops_section(args, data)
     if args.profile:

@@ -3,14 +3,14 @@ per core) against Gymnasium's AsyncVectorEnv and envpool, and whether envpool's 
 Gymnasium's ``-v5`` tasks.
 
   python bench/env_stepping.py                          # without envpool: the Gymnasium-based rows only
-  /tmp/envpool-venv/bin/python bench/env_stepping.py    # the full comparison, envpool included
+  ~/.venvs/envpool/bin/python bench/env_stepping.py    # the full comparison, envpool included
   python bench/env_stepping.py --quick                  # smoke check, < 1 min
 
 envpool is not a dependency of dt-primal. For this benchmark, install it into a separate virtual
 environment that sees the system packages:
 
-  python -m venv --system-site-packages /tmp/envpool-venv
-  /tmp/envpool-venv/bin/pip install envpool==1.2.5
+  python -m venv --system-site-packages ~/.venvs/envpool
+  ~/.venvs/envpool/bin/pip install envpool==1.2.5
 
 Equivalence (needs envpool). For Hopper-v5, HalfCheetah-v5 and Walker2d-v5, one Gymnasium env and one
 envpool env start from the same state (``reset_noise_scale=0`` on both sides: the model's initial
@@ -61,8 +61,8 @@ try:
 except Exception as exc:  # noqa: BLE001 -- any import failure means the envpool rows are left out
     envpool, ENVPOOL_ERROR = None, f"{type(exc).__name__}: {exc}"
 
-INSTALL = ("python -m venv --system-site-packages /tmp/envpool-venv && "
-           "/tmp/envpool-venv/bin/pip install envpool==1.2.5")
+INSTALL = ("python -m venv --system-site-packages ~/.venvs/envpool && "
+           "~/.venvs/envpool/bin/pip install envpool==1.2.5")
 RTOL = 1e-6
 NUDGE = 1e-12
 TIGHT = 1e-10  # a tighter tolerance for MuJoCo's constraint solver than the models' 1e-8
@@ -379,7 +379,8 @@ def timing(args) -> list[list]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--envs", type=int, nargs="+", default=[200, 600], help="numbers of environments timed (default 200 600)")
     p.add_argument("--steps", type=int, default=200, help="steps timed per repeat (default 200)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per row, median reported (default 5)")
@@ -409,7 +410,7 @@ def write(args, time_rows: list[list], eq) -> None:
     if envpool is None:
         parts += ["", f"**envpool is not installed**, so its rows and the equivalence check are left out. To run "
                       f"them, install it apart from dt-primal's environment: `{INSTALL}`, then "
-                      f"`/tmp/envpool-venv/bin/python bench/env_stepping.py`."]
+                      f"`~/.venvs/envpool/bin/python bench/env_stepping.py`."]
     if eq is not None:
         rows, noise_rows, verdicts, totals = eq
         steps = 200 if args.quick else 1000

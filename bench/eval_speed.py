@@ -29,6 +29,8 @@ import torch
 
 from dt_primal.config import make_config
 from dt_primal.evaluation import rollout
+from dt_primal.precision import resolve_precision
+from dt_primal.policy import Policy
 from dt_primal.model import DecisionTransformer
 from envs import TASKS, Task
 
@@ -94,25 +96,28 @@ def models_to_run(args) -> list[dict]:
     """(label, model, precision, normalisation, task) for each model size to compare."""
     if args.checkpoint:
         from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
-        ckpt = load_checkpoint(args.checkpoint, "cpu")
-        model, cfg = model_from_checkpoint(ckpt, "cpu")
+        from dt_primal.config import Config
+        ckpt = load_checkpoint(args.checkpoint)
+        model, cfg = model_from_checkpoint(ckpt, "cpu"), Config(**ckpt["config"])
         base = Task.from_record(ckpt["task"])
         return [dict(label=f"{args.checkpoint} ({cfg.model}, d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers)",
                      model=model, cfg=cfg, precision=args.precision or cfg.precision, mean=ckpt["state_mean"],
                      std=ckpt["state_std"], base=base)]
     runs = []
-    for label, preset in (("SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20)", "paper"),
+    for label, preset in (("the Primal.+DT paper's size (d_model 256, 4 heads, 3 layers, K 20)", "paper"),
                           ("quick preset size (d_model 128, 4 heads, 3 layers, K 20)", "quick")):
         cfg = make_config(preset, model="primal", s=64)
         torch.manual_seed(0)
         model = DecisionTransformer(cfg.model_config(11, 3))
+        chosen = args.precision or resolve_precision(cfg.precision, torch.device("cpu"), cfg.d_model)[0]
         runs.append(dict(label=label + f", untrained {cfg.model}", model=model, cfg=cfg,
-                         precision=args.precision or cfg.precision, mean=np.zeros(11), std=np.ones(11), base=TASKS["hopper"]))
+                         precision=chosen, mean=np.zeros(11), std=np.ones(11), base=TASKS["hopper"]))
     return runs
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--checkpoint", help="a dt-primal DIR/last.pt to evaluate instead of untrained models")
     p.add_argument("--episodes", type=int, default=100, help="episodes of the batched run (default 100)")
     p.add_argument("--seq-episodes", type=int, default=2, help="episodes timed one at a time (then extrapolated)")
@@ -120,7 +125,7 @@ def main() -> None:
     p.add_argument("--seq-repeats", type=int, default=3, help="repeat the sequential timing and take the median")
     p.add_argument("--max-steps", type=int, default=1000, help="episode time limit (default Hopper's 1000)")
     p.add_argument("--full-length", action="store_true", help="with --checkpoint: no termination either")
-    p.add_argument("--precision", choices=("fp32", "bf16"), help="default: the model's config (quick preset: bf16)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), help="default: the model's config (auto: resolved for this CPU)")
     p.add_argument("--target", type=float, default=3600.0, help="return to condition on (Hopper's high target)")
     p.add_argument("--quick", action="store_true", help="smoke check: 10 episodes of 50 steps")
     p.add_argument("--replot", action="store_true", help="rewrite the section from the last full run's saved results")
@@ -140,11 +145,11 @@ def main() -> None:
         common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
         warm_up(model, args.episodes, cfg.context, run["precision"])
         batched, batched_cpu, forward_share = [], [], []
-        policy = model
+        policy = Policy(model, *common_args, run["precision"])
         for _ in range(args.repeats):
-            forward_s, hooks = forward_clock(policy)
+            forward_s, hooks = forward_clock(model)
             t0, c0 = time.perf_counter(), time.process_time()
-            reports = rollout(policy, task, [args.target], args.episodes, *common_args, "cpu", precision=run["precision"])[0]
+            reports = rollout(policy, task, [args.target], args.episodes)[0]
             batched.append(time.perf_counter() - t0); batched_cpu.append(time.process_time() - c0)
             forward_share.append(forward_s[0] / batched[-1])
             for h in hooks:
@@ -166,14 +171,14 @@ def main() -> None:
             row += [f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
                     f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)"]
         rows.append(row)
-        async_runs.append((policy, task, common_args, run["precision"], b_s))
+        async_runs.append((policy, task, b_s))
         print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
     # The batched run with the environments in one worker process per core (`evaluate.py --env-workers N`), after
     # every other timing: its worker processes keep the load raised for a while after they exit.
     workers = os.cpu_count() or 1
-    for row, (policy, task, common_args, precision, b_s) in zip(rows, async_runs):
+    for row, (policy, task, b_s) in zip(rows, async_runs):
         t0 = time.perf_counter()
-        rollout(policy, task, [args.target], args.episodes, *common_args, "cpu", precision=precision, env_workers=workers)
+        rollout(policy, task, [args.target], args.episodes, env_workers=workers)
         a_s = time.perf_counter() - t0
         row.insert(4, f"{a_s:.0f} s: {b_s / a_s:.2f}× the speed of the in-process run")
         print(row[0], f"| {workers} env workers:", row[4], f"(load {common.load_avg():.2f})", flush=True)
@@ -206,7 +211,8 @@ def write(rows: list[list], args, full_length: bool, info: dict | None) -> None:
         common.md_table(["model", "precision", "episodes × mean length", "batched (measured)", "batched, env workers",
                          "sequential, full forward (measured → extrapolated)", "speed-up over it, wall (CPU)",
                          "sequential, newest-step forward", "speed-up over it, wall (CPU)"], rows), "",
-        "Why the factor is small at SPEC §4 size in fp32: both methods do the same arithmetic, a forward pass over "
+        "Why the factor is small at the Primal.+DT paper's size in fp32: both methods do the same arithmetic, a "
+        "forward pass over "
         "the last K = 20 steps (60 tokens) for every env-step of every episode, and there that arithmetic is the "
         "cost. A batch-1 forward over 60 tokens already feeds 60-row matrix products to the CPU, which run at a "
         "good fraction of the speed a 100-episode batch gets; batching removes the per-call overhead (Python, "

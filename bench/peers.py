@@ -44,8 +44,8 @@ Timing
 Output: one JSON line on stdout; everything the libraries print goes to stderr.
 
 Usage (run from the repo root with the peers venv, see bench/peers-requirements.txt):
-  /work/peers-venv/bin/python bench/peers.py --make-hdf5 /tmp/hopper-synth.hdf5
-  /work/peers-venv/bin/python bench/peers.py --peer hf --hdf5 /tmp/hopper-synth.hdf5 \
+  ~/.venvs/peers/bin/python bench/peers.py --make-hdf5 hopper-synth.hdf5
+  ~/.venvs/peers/bin/python bench/peers.py --peer hf --hdf5 hopper-synth.hdf5 \
       --d-model 256 --heads 4 --layers 3 --precision fp32 --updates 200
 """
 
@@ -341,7 +341,7 @@ def build_d3rlpy(args: argparse.Namespace, data: Dataset) -> Peer:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--make-hdf5", metavar="PATH", help="write a synthetic Hopper-like file and exit")
     p.add_argument("--peer", choices=("hf", "d3rlpy"))
     p.add_argument("--hdf5", metavar="PATH", help="D4RL-style dataset")

@@ -1,4 +1,4 @@
-"""Where one training step goes at SPEC §4 size on this CPU, and what changes its speed.
+"""Where one training step goes at the Primal.+DT paper's size on this CPU, and what changes its speed.
 
   python bench/profile_step.py            # profile + variants, writes the "Profile" section
   python bench/profile_step.py --quick    # smoke check, < 1 min
@@ -32,24 +32,24 @@ from dt_primal.config import make_config
 VARIANTS = {
     "baseline": ({}, {}, {}, "as training.py runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
     "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
-                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (dt_primal sets PASSIVE on import "
+                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (the commands set PASSIVE "
                     "unless the environment names a policy)"),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
     "torch-dropout": ({}, {"torch_dropout": True}, {},
                       "PyTorch's dropout masks instead of dt_primal.dropout's cheap CPU masks (the model's CPU-only seam)"),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
     "bf16-torch-dropout": ({}, {"torch_dropout": True}, {"precision": "bf16"}, "bf16 with PyTorch's dropout masks"),
-    "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"/tmp/dt-primal-bench/inductor-{os.getpid()}"}, {}, {"compile": True},
+    "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"{common.SCRATCH}/inductor-{os.getpid()}"}, {}, {"compile": True},
                 "torch.compile(model), default mode, empty compile cache (first steps not timed)"),
 }
 
 
 def load_data():
-    return load_dataset(str(common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")), env="hopper")
+    return load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
 
 
 def spec_config(**changes):
-    return make_config("paper", model="primal", s=64, device="cpu", **changes)
+    return make_config("paper", model="primal", s=64, device="cpu", **{"precision": "fp32", **changes})
 
 
 def profile(steps: int, precision: str) -> tuple[str, str, str]:
@@ -115,7 +115,8 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median)")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -162,7 +163,7 @@ def main() -> None:
         floors.append([precision, f"{gflop:.1f}", f"{rate:.0f}", f"{floor_ms:.0f}",
                        f"{step_ms:.0f}" if step_ms else "not timed", f"{100 * floor_ms / step_ms:.0f}%" if step_ms else ""])
     body = "\n".join([
-        f"Primal.+DT at SPEC §4 size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
+        f"Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
         f"training step (`dt_primal.step.TrainStep`, what `train.py` runs, through `bench/common.py:make_train_step`), on "
         f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
         f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own overhead "
@@ -181,7 +182,7 @@ def main() -> None:
         "block at the return and action tokens.", "",
         common.md_table(["precision", "matrix products, GFLOP per step", "GEMM rate, GFLOP/s",
                          "floor: the products alone, ms", "step, ms (variant median, wall)", "floor ÷ step"], floors)])
-    common.write_section("profile", "Profile: one training step at SPEC §4 size", body, args.quick)
+    common.write_section("profile", "Profile: one training step at the Primal.+DT paper's size", body, args.quick)
 
 
 if __name__ == "__main__":

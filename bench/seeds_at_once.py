@@ -2,7 +2,7 @@
 ensemble) against N `train.py --seed i` processes started at once (each with the machine's cores
 divided by N as threads, at least one, as the sweep gave them before ensembles) and against one seed
 alone, on the same machine (the same GPU with --device cuda), each with training and its final
-evaluation, at SPEC §4 settings (Primal.+DT).
+evaluation, at the paper's settings (Primal.+DT).
 
   python bench/seeds_at_once.py                  # CPU, 300 steps per seed, 3 seeds
   python bench/seeds_at_once.py --device cuda --steps 2000
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import common
 
-WORK = Path("/tmp/dt-primal-bench/seeds_at_once")
+WORK = common.SCRATCH / "seeds_at_once"
 
 
 def train_cmd(hdf5: Path, out: Path, seeds: list[int] | None, seed: int, args) -> list[str]:
@@ -45,7 +45,7 @@ def ensemble(n: int, hdf5: Path, args) -> dict:
     wall, cpu = common.run_timed(cmd)
     runs = [out / f"seed_{s}" for s in range(n)] if n > 1 else [out]
     return {"label": f"1 seed alone" if n == 1 else f"{n} seeds as one ensemble (`--seeds`)", "n": n,
-            "wall": wall, "cpu": cpu, "command": " ".join(cmd[1:])} | results(runs)
+            "wall": wall, "cpu": cpu, "command": common.shown(cmd[1:])} | results(runs)
 
 
 def separate(n: int, hdf5: Path, args) -> dict:
@@ -62,12 +62,13 @@ def separate(n: int, hdf5: Path, args) -> dict:
     wall, c1 = time.perf_counter() - t0, os.times()
     return {"label": f"{n} separate runs at once", "n": n, "wall": wall,
             "cpu": (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system),
-            "command": f"{n} x " + " ".join(cmds[0][1:]).replace("seed_0", "seed_N").replace("--seed 0", "--seed N")} | \
+            "command": f"{n} x " + common.shown(cmds[0][1:]).replace("seed_0", "seed_N").replace("--seed 0", "--seed N")} | \
         results([WORK / "separate" / f"seed_{s}" for s in range(n)])
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--seeds", type=int, default=3, help="seeds (default 3)")
     p.add_argument("--steps", type=int, default=300, help="training steps per seed")
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")
@@ -79,15 +80,15 @@ def main() -> None:
         args.seeds, args.steps, args.eval_episodes = 2, 6, 3
     if args.seeds < 2:
         p.error("--seeds must be at least 2")
-    hdf5 = common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
+    hdf5 = common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")
     n = args.seeds
     one, ens, sep = ensemble(1, hdf5, args), ensemble(n, hdf5, args), separate(n, hdf5, args)
     rows = [[r["label"], f"**{r['wall']:.0f} s**", f"{r['cpu']:.0f} s", " / ".join(f"{x:.2f}" for x in r["rates"]),
              f"{r['n'] * r['rates'][0] if r is ens else sum(r['rates']):.2f}",
              " / ".join(f"{x:.1f}" for x in r["eval_s"][: 1 if r is ens else None])] for r in (one, ens, sep)]
     body = "\n".join([
-        f"{n} seeds as one ensemble against {n} separate runs at once and against 1 seed alone, Primal.+DT at SPEC §4 "
-        f"size (d_model 256, 4 heads, 3 layers, K 20, batch 64), {args.precision}, --device {args.device}, "
+        f"{n} seeds as one ensemble against {n} separate runs at once and against 1 seed alone, Primal.+DT at the "
+        f"paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64), {args.precision}, --device {args.device}, "
         f"{args.steps} training steps per seed on hopper-random-100k.hdf5 and the final evaluation of 2 targets × "
         f"{args.eval_episodes} episodes per seed (short: a policy trained on random data falls within a few dozen "
         f"steps; the ensemble evaluates all its members at once). Wall time of each whole command (start-up, "

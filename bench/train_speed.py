@@ -1,7 +1,7 @@
 """Training throughput (updates/s) of dt-primal against the peer implementations (bench/peers.py:
 Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransformer).
 
-  python bench/train_speed.py                 # SPEC §4 and DT-paper sizes, fp32 and bf16, with peers if installed
+  python bench/train_speed.py                 # both papers' sizes, fp32 and bf16, with peers if installed
   python bench/train_speed.py --no-peers
   python bench/train_speed.py --quick         # smoke check, < 1 min
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -30,10 +31,10 @@ import common
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
 
-PEERS_PYTHON = Path("/work/peers-venv/bin/python")
+PEERS_PYTHON = Path(os.environ.get("DT_PRIMAL_PEERS_PYTHON", Path.home() / ".venvs/peers/bin/python"))
 PEERS_SCRIPT = common.ROOT / "bench" / "peers.py"
-SIZES = {"SPEC §4 (d_model 256, 4 heads)": (256, 4), "DT paper (d_model 128, 1 head)": (128, 1)}
-DATA = Path("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
+SIZES = {"Primal.+DT paper (d_model 256, 4 heads)": (256, 4), "DT paper (d_model 128, 1 head)": (128, 1)}
+DATA = common.SCRATCH / "hopper-random-100k.hdf5"
 
 
 def time_dt_primal(data, model: str, d_model: int, heads: int, precision: str, warmup: int, updates: int) -> dict:
@@ -74,7 +75,8 @@ def fmt(r: dict | None, key: str = "updates_per_s") -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--updates", type=int, default=30, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first")
     p.add_argument("--rounds", type=int, default=3, help="time every setting this many times, report medians")
@@ -141,7 +143,7 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
              f"3 layers, dropout 0.1, s 64 for primal; {args.warmup} untimed then {args.updates} timed updates per "
              f"setting{f', median of {args.rounds} rounds' if args.rounds > 1 else ''}. Data: {DATA.name} "
              f"({steps:,} steps of Hopper-shaped random data, D4RL hdf5, made by bench/common.py). "
-             f"Peers: `bench/peers.py` in /work/peers-venv (same torch), each update = its own sampler + training "
+             f"Peers: `bench/peers.py` in ~/.venvs/peers (same torch), each update = its own sampler + training "
              f"step, under the same OMP_WAIT_POLICY and thread count.", "", common.md_table(header, rows), ""]
     if peers:
         lines.append("Ratios: dt-primal's updates/s divided by the faster peer's at the same size and precision "

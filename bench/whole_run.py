@@ -1,12 +1,12 @@
 """Wall time of a whole run: `python train.py` (training + the final evaluation of 2 targets x 100
-episodes) at SPEC §4 settings on one Hopper dataset, measured on a short run and extrapolated to
-the 100 000 steps of SPEC §4.
+episodes) at the paper's settings on one Hopper dataset, measured on a short run and extrapolated to
+the paper's 100 000 steps.
 
   python bench/whole_run.py                 # 300 training steps + full final evaluation, extrapolated
   python bench/whole_run.py --steps 1000 --device cuda
   python bench/whole_run.py --quick         # smoke check, < 1 min
 
-Measured: one `python train.py` subprocess (Primal.+DT, SPEC §4 defaults, --device cpu or cuda) on a
+Measured: one `python train.py` subprocess (Primal.+DT, the paper's defaults, --device cpu or cuda) on a
 D4RL-style hdf5 of Hopper-shaped random data, with no intermediate evaluation; its wall time, its
 final evaluation time (eval.json's eval_seconds) and its training rate (TensorBoard's
 perf/steps_per_s, written by training.py itself). Training on random data gives a policy that falls
@@ -25,7 +25,6 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import common
 import numpy as np
@@ -33,10 +32,11 @@ import torch
 
 from dt_primal.config import make_config
 from dt_primal.evaluation import rollout
+from dt_primal.policy import Policy
 from dt_primal.model import DecisionTransformer
 from envs import TASKS
 
-WORK = Path("/tmp/dt-primal-bench/whole_run")
+WORK = common.SCRATCH / "whole_run"
 
 
 class StepClock(DecisionTransformer):
@@ -55,19 +55,20 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
     torch.manual_seed(0)
     model = StepClock(cfg.model_config(11, 3)).to(device)
     model.calls = []
+    policy = Policy(model, np.zeros(11), np.ones(11), cfg.reward_scale, context, precision)
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
     targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]
-    rollout(model, task, targets, episodes // len(targets), np.zeros(11), np.ones(11), cfg.reward_scale, context,
-            device, precision=precision)
+    rollout(policy, task, targets, episodes // len(targets))
     calls = model.calls
     full = [t1 - t0 for (t0, w), (t1, _) in zip(calls, calls[1:]) if w == context]
     return float(np.median(full))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--steps", type=int, default=300, help="training steps of the measured run")
-    p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (SPEC §4)")
+    p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (the paper's)")
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")
     p.add_argument("--probe-steps", type=int, default=30, help="steady-state evaluation steps timed per probe")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -76,7 +77,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.steps, args.eval_episodes, args.probe_steps = 6, 5, 3
-    hdf5 = common.hopper_hdf5("/tmp/dt-primal-bench/hopper-random-100k.hdf5")
+    hdf5 = common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")
     out = WORK / ("quick" if args.quick else f"steps{args.steps}")
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--model", "primal", "--out", str(out),
@@ -113,13 +114,14 @@ def main() -> None:
          f"{per_step_mid:.3f} s per step with {2 * cfg.eval_episodes_during} live episodes", f"× {T} steps × {n_mid}", h(n_mid * mid_full)],
     ]
     body = "\n".join([
-        f"`python train.py` (Primal.+DT, SPEC §4: d_model 256, 4 heads, 3 layers, K 20, batch 64, {args.precision}, "
+        f"`python train.py` (Primal.+DT, the paper's settings: d_model 256, 4 heads, 3 layers, K 20, batch 64, "
+        f"{args.precision}, "
         f"--device {args.device}) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for {args.steps} steps with "
         f"no intermediate evaluation and the full final evaluation, then extrapolated to {args.total_steps:,} steps. "
         f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; on a "
         f"machine shared with other jobs the wall time depends on how much of its cores this run got). "
         f"Exact command:", "",
-        "```", " ".join(cmd), "```", "",
+        "```", common.shown(cmd), "```", "",
         "A policy trained on random data falls within a few dozen steps, so its evaluation is short; a good Hopper "
         "policy's episodes last 1000 steps. The full-length evaluation cost is therefore measured separately with "
         "`dt_primal.evaluation.rollout` on Hopper-v5 without termination: the median time of one batched step "
@@ -127,8 +129,9 @@ def main() -> None:
         f"train.py inherits OMP_WAIT_POLICY={common.machine()['omp_wait_policy']} from this script.", "",
         common.md_table(["part", "measured", "extrapolation", f"{args.total_steps:,}-step run"], rows), "",
         f"**Whole {args.total_steps:,}-step run, extrapolated: {h(total_full)} with full-length evaluation episodes** "
-        f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison SPEC §6: "
-        f"about 40 minutes per 100k-step run for the common implementations on a GPU."])
+        f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison, "
+        f"the published DT implementations take about 40 minutes per 100k-step run on a GPU (d3rlpy-benchmarks' "
+        f"DT logs, CORL)."])
     common.write_section("whole_run", "Whole run: training + final evaluation", body, args.quick)
 
 

@@ -1,4 +1,4 @@
-"""Behaviour policies of the offline suite (SPEC §7, D4RL recipe), trained online with
+"""Behaviour policies of the offline suite (the D4RL recipe, docs/method.md, "Datasets"), trained online with
 stable-baselines3: SAC for hopper and walker2d, TQC (sb3-contrib) for halfcheetah, as the
 hosted Minari MuJoCo datasets were made.
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import re
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
+from dt_primal import untrusted
 from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
 from envs import Task, derived_targets, find_task, task_for
@@ -206,8 +206,9 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
 
 def load_pickle(path: Path) -> Trajectories:
     try:
-        with open(path, "rb") as f:
-            trajs = pickle.load(f)
+        trajs = untrusted.load_pickle(path)  # plain data only: unpickling nothing else runs no code
+    except UserError:
+        raise
     except Exception as exc:
         raise UserError(f"Cannot unpickle {path} ({exc}); the file may be truncated or not a pickle.") from exc
     if not isinstance(trajs, (list, tuple)) or not all(isinstance(t, dict) for t in trajs):

@@ -1,5 +1,5 @@
 """The offline suite: D4RL-style Minari datasets ``dt-primal/<env>/<level>-v0`` built on this
-machine from committed behaviour policies (SPEC §7).
+machine from committed behaviour policies (the D4RL recipe, docs/method.md, "Datasets").
 
 random = uniform actions; medium = the policy first reaching about a third of expert score;
 medium-replay = every transition its learner collected until then; expert = the learner's best

@@ -66,7 +66,7 @@ class SoftmaxAttention(nn.Module):
 
 def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     """Running mean over the valid tokens up to each position, z: (..., L, d), valid (..., L), in fp32
-    (SPEC §1.2)."""
+    (docs/method.md, "Causal Primal-Attention", step 2)."""
     z = z.float()
     if valid is None:
         n = torch.arange(1, z.shape[-2] + 1, device=z.device, dtype=z.dtype)[:, None]
@@ -77,7 +77,7 @@ def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
 
 def ksvd_objective(e: torch.Tensor, r: torch.Tensor, lam: torch.Tensor, W_e: torch.Tensor, W_r: torch.Tensor,
                    valid: torch.Tensor | None) -> torch.Tensor:
-    """KSVD primal objective J of eq. 11 for each sequence, as SPEC §2:
+    """KSVD primal objective J of eq. 11 for each sequence, as docs/method.md ("The KSVD loss") writes it:
 
         J_b = ½ mean_{h,t} ‖e_{h,t} ⊙ Λ_h‖² + ½ mean_{h,t} ‖r_{h,t} ⊙ Λ_h‖² − Tr(mean_h W_e[h]ᵀ W_r[h])
 
@@ -96,7 +96,7 @@ def ksvd_objective(e: torch.Tensor, r: torch.Tensor, lam: torch.Tensor, W_e: tor
 
 class CausalPrimalAttention(nn.Module):
     """Causal Primal-Attention with data-independent projection weights (eq. 9, appendix B.1,
-    SPEC §1): running-mean queries/keys, cosine feature map φ(z) = z/‖z‖, scores
+    docs/method.md): running-mean queries/keys, cosine feature map φ(z) = z/‖z‖, scores
     e = φ(q̄)ᵀW_e and r = φ(k̄)ᵀW_r, output Linear([e; r]). No value projection; O(L·d_k·s)."""
 
     def __init__(self, members: int, d_model: int, n_head: int, s: int, dropout: float):

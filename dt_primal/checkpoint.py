@@ -1,10 +1,16 @@
 """Checkpoint I/O. A checkpoint (``DIR/last.pt``) is one seed's run, self-describing: its weights and
-their architecture (``ModelConfig``, every field resolved), the run's config, the task (its environment,
-reference scores and targets), the normalisation
-statistics and, for ``--resume``, its AdamW moments and random generator states. A member of an
-ensemble writes the same file as a run of that seed alone, so either can evaluate or resume it."""
+their architecture (``ModelConfig``, every field resolved), the run's config, the task (its
+environment, reference scores and targets), the normalisation statistics and, for ``--resume``, its
+AdamW moments and random generator states. A member of an ensemble writes the same file as a run of
+that seed alone, so either can evaluate or resume it.
+
+The file holds tensors and plain data only (``torch.save``; read with ``dt_primal.untrusted``, which
+runs no code), and its format version: 2 since 2026-11-25. Format 1 files (no version; NumPy arrays
+and NumPy's generator state as a tuple) are read through the same allow-list and upgraded as they load.
+"""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -17,22 +23,39 @@ from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.members import stack_members
 from dt_primal.model import DecisionTransformer, ModelConfig
-from envs import Task
+from dt_primal.untrusted import load_torch
 
-CHECKPOINT_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
+FORMAT = 2
+CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
+FORMAT_1_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
+
+
+def plain(value):
+    """``value`` as a checkpoint stores it: NumPy arrays as tensors and NumPy numbers as Python's,
+    inside dicts, lists and tuples."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
 
 
 def _write(path: Path, payload: dict) -> Path:
     """``payload`` written and flushed to disk at ``path``.tmp; returns that path."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        torch.save(payload, f)
+        try:
+            torch.save(plain({**payload, "format": FORMAT}), f)
+        except RuntimeError as exc:  # the archive writer's failed write (a full disk, a file-size limit): "unexpected pos"
+            raise OSError(str(exc).splitlines()[0]) from exc
         f.flush()
         os.fsync(f.fileno())
     return tmp
-
-
 def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
     """Write every member's checkpoint so that a crash, a kill or a full disk at any moment loses
     nothing: all new files are written first, then each replaces its old one by a rename; with several
@@ -59,33 +82,69 @@ def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
                 leftover.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu", resume: bool = False) -> dict:
-    """A checkpoint written by ``train``, checked for what evaluation (and, with ``resume``, a
-    continued run) needs; every problem is a UserError that says what to do."""
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The checkpoint at ``path`` as this version writes it, with the normalisation statistics as NumPy
+    arrays, checked for what acting with its model needs; read on the CPU without running code, with
+    torch and NumPy only. Every problem is a UserError that says what to do."""
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        ckpt = load_torch(path)
     except FileNotFoundError:
         raise UserError(f"Checkpoint {path} does not exist; train.py writes DIR/last.pt.") from None
+    except UserError:
+        raise
     except Exception as exc:
-        raise UserError(f"Checkpoint {path} cannot be read ({type(exc).__name__}: {exc}); it is truncated or "
-                        f"corrupted. Use an earlier copy or retrain.") from exc
-    needed = CHECKPOINT_KEYS | (TRAINING_STATE_KEYS if resume else set())
-    missing = sorted(needed - set(ckpt if isinstance(ckpt, dict) else ()))
+        raise UserError(f"Checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]}); it is "
+                        f"truncated or corrupted. Use an earlier copy or retrain.") from exc
+    keys = set(ckpt if isinstance(ckpt, dict) else ())
+    if "format" not in keys and FORMAT_1_KEYS <= keys:
+        ckpt = _upgrade(ckpt, path)
+    missing = sorted(CHECKPOINT_KEYS - set(ckpt if isinstance(ckpt, dict) else ()))
     if missing:
-        raise UserError(f"{path} is not a dt-primal checkpoint that can be {'resumed' if resume else 'evaluated'} "
-                        f"(it lacks {', '.join(missing)}); give a DIR/last.pt written by train.py.")
+        raise UserError(f"{path} is not a dt-primal checkpoint (it lacks {', '.join(missing)}); give a DIR/last.pt "
+                        f"written by train.py.")
+    if ckpt["format"] != FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}, which this version of dt-primal (format "
+                        f"{FORMAT}) cannot read; use the version that wrote it.")
+    try:
+        arch = ModelConfig.from_record(ckpt["model_config"])
+        ckpt["state_mean"], ckpt["state_std"] = (np.asarray(ckpt[k], np.float32).reshape(arch.state_dim)
+                                                 for k in ("state_mean", "state_std"))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
+                        f"the version that wrote it, or retrain.") from exc
+    return ckpt
+
+
+def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
+    """``read_checkpoint``, checked also for what evaluation (and, with ``resume``, a continued run)
+    needs: the run's config and task."""
+    from envs import Task  # imports Gymnasium and MuJoCo, which acting with a model does not need
+    ckpt = read_checkpoint(path)
+    if resume and not TRAINING_STATE_KEYS <= set(ckpt):
+        raise UserError(f"{path} is not a dt-primal checkpoint that can be resumed (it lacks "
+                        f"{', '.join(sorted(TRAINING_STATE_KEYS - set(ckpt)))}); give a DIR/last.pt written by train.py.")
     if resume and "exp_avg" not in ckpt["optimizer"]:
         raise UserError(f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
                         f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
     try:
-        ckpt.setdefault("model_config", _older_model_config(ckpt))
-        ModelConfig.from_record(ckpt["model_config"])
         Config(**ckpt["config"]).validate()
         Task.from_record(ckpt["task"])
     except (TypeError, ValueError, KeyError, UserError) as exc:
         raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
                         f"the version that wrote it, or retrain.") from exc
     return ckpt
+
+
+def _upgrade(ckpt: dict, path: str | os.PathLike) -> dict:
+    """A format 1 checkpoint (written before 2026-11-25) in format 2."""
+    try:
+        ckpt["model_config"] = _older_model_config(ckpt)
+        if isinstance(ckpt.get("rng", {}).get("numpy"), tuple):
+            ckpt["rng"]["numpy"] = _numpy_state(ckpt["rng"]["numpy"])
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise UserError(f"{path} was written by an earlier version of dt-primal and is damaged ({type(exc).__name__}: "
+                        f"{exc}). Use an earlier copy or retrain.") from exc
+    return {**{k: v for k, v in ckpt.items() if k not in ("obs_dim", "act_dim")}, "format": FORMAT}
 
 
 def _older_model_config(ckpt: dict) -> dict:
@@ -99,19 +158,19 @@ def _older_model_config(ckpt: dict) -> dict:
     if cfg["max_ep_len"] is None:
         cfg["max_ep_len"] = weights["embed_timestep.weight"].shape[0]
     own = {"state_dim": ckpt["obs_dim"], "act_dim": ckpt["act_dim"]}
-    return {**own, **{k: cfg[k] for k in ModelConfig.__dataclass_fields__ if k not in own}}
+    return {**own, **{f.name: cfg[f.name] for f in dataclasses.fields(ModelConfig) if f.name not in own}}
 
 
-def load_members(paths: list[Path], device: torch.device | str) -> list[dict]:
+def load_members(paths: list[Path]) -> list[dict]:
     """The checkpoints of an ensemble's members for ``--resume``, all at one step: a member whose
     ``last.pt`` is newer than the others' (the run stopped while renaming) continues from its
     ``prev.pt``."""
-    ckpts = [load_checkpoint(p, device, resume=True) for p in paths]
+    ckpts = [load_checkpoint(p, resume=True) for p in paths]
     step = min(c["step"] for c in ckpts)
     for i, (path, ckpt) in enumerate(zip(paths, ckpts)):
         prev = path.with_name("prev.pt")
         if ckpt["step"] != step and prev.exists():
-            ckpts[i] = load_checkpoint(prev, device, resume=True)
+            ckpts[i] = load_checkpoint(prev, resume=True)
     if len({c["step"] for c in ckpts}) > 1:
         steps = ", ".join(f"{p.parent.name}: {c['step']}" for p, c in zip(paths, ckpts))
         raise UserError(f"The seeds' checkpoints are at different steps ({steps}), so they cannot continue as one "
@@ -122,24 +181,24 @@ def load_members(paths: list[Path], device: torch.device | str) -> list[dict]:
 def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> DecisionTransformer:
     """The checkpoints' models, with their weights, as the members of one model (``dt_primal.members``);
     they share the first one's architecture."""
-    cfg = Config(**ckpts[0]["config"])
-    build = lambda n: DecisionTransformer(ModelConfig.from_record(ckpts[0]["model_config"]), members=n)
+    cfg = ModelConfig.from_record(ckpts[0]["model_config"])
     try:
-        return stack_members(build, [c["model"] for c in ckpts], device)
-    except RuntimeError as exc:
+        return stack_members(lambda n: DecisionTransformer(cfg, members=n), [c["model"] for c in ckpts], device)
+    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
         raise UserError(f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
                         f"{cfg.n_layer} layers and {cfg.n_head} heads (its config disagrees with its weights: "
                         f"{str(exc).splitlines()[0]}). The file is incompatible or damaged.") from exc
 
 
-def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> tuple[DecisionTransformer, Config]:
-    """The checkpoint's model (one member), with its weights, and its run's config."""
-    return model_from_checkpoints([ckpt], device), Config(**ckpt["config"])
+def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> DecisionTransformer:
+    """The checkpoint's model (one member), with its weights."""
+    return model_from_checkpoints([ckpt], device)
 
 
 def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:
     """A run continues on the data it was trained on (same sizes and observation mean)."""
-    same = (ckpt["obs_dim"], ckpt["act_dim"]) == (data.obs_dim, data.act_dim) and \
+    arch = ckpt["model_config"]
+    same = (arch["state_dim"], arch["act_dim"]) == (data.obs_dim, data.act_dim) and \
         np.allclose(data.observations.mean(0), ckpt["state_mean"], rtol=1e-5, atol=1e-6)
     if not same:
         raise UserError(f"{path} was trained on {ckpt['dataset']}, but this run loaded {data.source}, which holds "
@@ -148,15 +207,23 @@ def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:
 
 
 def rng_state(gen: torch.Generator) -> dict:
-    """The process's random generators and a member's batch generator ``gen``."""
+    """The process's random generators and a member's batch generator ``gen``, as tensors and plain data."""
     return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": np.random.get_state(), "python": random.getstate(), "sampler": gen.get_state()}
+            "numpy": _numpy_state(np.random.get_state()), "python": random.getstate(), "sampler": gen.get_state()}
+
+
+def _numpy_state(state: tuple) -> dict:
+    """NumPy's legacy generator state (``np.random.get_state()``) as plain data and a tensor."""
+    name, key, pos, has_gauss, gauss = state
+    return {"bit_generator": str(name), "key": torch.from_numpy(np.asarray(key, np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "gauss": float(gauss)}
 
 
 def set_rng_state(state: dict, gen: torch.Generator) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
-    np.random.set_state(state["numpy"])
+    s = state["numpy"]
+    np.random.set_state((s["bit_generator"], s["key"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"]))
     random.setstate(state["python"])
     gen.set_state(state["sampler"])

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dt_primal.config import MAX_SEED, Config
+from dt_primal.config import MAX_SEED, PRECISIONS, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from envs import Task
@@ -92,8 +92,9 @@ def check_run_inputs(data: Trajectories, cfg: Config, seeds: list[int] | None = 
     targets = list(cfg.targets or task.targets)
     check_returns(data, targets, cfg.reward_scale, task, notes=notes)
     members = len(seeds or [cfg.seed])
+    check_batch_memory(cfg, members)
     for episodes, flag in ((cfg.eval_episodes, "--eval-episodes"), (cfg.eval_episodes_during, "--eval-episodes-during")):
-        check_evaluation_memory(episodes * len(targets) * members, cfg.max_ep_len, data.obs_dim, data.act_dim,
+        check_evaluation_memory(episodes * len(targets) * members, cfg.context, data.obs_dim, data.act_dim,
                                 cfg.device, f"{flag} {episodes} x {len(targets)} targets x {members} "
                                             f"seed{'s' if members > 1 else ''}",
                                 f"Lower {flag} (it may change when a run continues with --resume).")
@@ -246,11 +247,48 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def check_evaluation_memory(episodes: int, max_ep_len: int, obs_dim: int, act_dim: int, device: str, what: str,
+def _available_bytes(device: str) -> tuple[int, str]:
+    """Memory a run can still take on ``device`` (0 when unknown), and what it is called."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            return 0, "GPU memory"
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        return torch.cuda.mem_get_info(index)[0], "free GPU memory"
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kib << 10, "available memory"
+    except (OSError, StopIteration, ValueError, IndexError):
+        return _memory_bytes(), "memory"
+
+
+def batch_bytes(cfg: Config) -> int:
+    """A lower estimate of what one member's training step holds for its batch: per layer and token
+    the activations kept for the backward pass (measured: 9-16 floats per d_model unit, 8 taken) and
+    per head the attention's token x token matrices, in fp32."""
+    tokens = 3 * cfg.context
+    return cfg.batch_size * cfg.n_layer * tokens * (8 * cfg.d_model + 4 * cfg.n_head * tokens) * 4
+
+
+def check_batch_memory(cfg: Config, members: int) -> None:
+    """Refuse a --batch-size whose training step cannot fit in the memory this machine (or its GPU)
+    has free, before the operating system kills the process for taking more."""
+    world = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # each torchrun process holds its share
+    need = batch_bytes(cfg) * members // world
+    free, memory = _available_bytes(cfg.device)
+    if free and need > free:
+        fits = max(0, cfg.batch_size * free // need)
+        raise UserError(f"--batch-size {cfg.batch_size} needs at least {_gib(need)} for the activations of one training "
+                        f"step ({members} seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, "
+                        f"{cfg.n_layer} layers, context {cfg.context}), more than the {_gib(free)} of {memory} here. "
+                        f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once.")
+
+
+def check_evaluation_memory(episodes: int, context: int, obs_dim: int, act_dim: int, device: str, what: str,
                             fix: str) -> None:
-    """All evaluation episodes run at once: an environment each and buffers of max_ep_len steps on the
-    device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
-    buffers = episodes * max_ep_len * (obs_dim + act_dim + 1) * 4
+    """All evaluation episodes run at once: an environment each and buffers of their last ``context``
+    steps on the device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
+    buffers = episodes * context * (obs_dim + act_dim + 1) * 4
     host = episodes * ENV_BYTES
     on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     problems = []
@@ -295,8 +333,8 @@ def check_evaluate_args(args) -> None:
         except UserError:
             problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {device!r})")
     precision = getattr(args, "precision", None)
-    if precision is not None and precision not in ("fp32", "tf32", "bf16"):
-        problems.append(f"--precision must be fp32, tf32 or bf16 (got {precision!r})")
+    if precision is not None and precision not in PRECISIONS:
+        problems.append(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
     seed = getattr(args, "seed", None)
     if seed is not None and not 0 <= seed <= MAX_SEED:
         problems.append(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
@@ -354,7 +392,7 @@ def check_evaluate_run(args, ckpts: list[dict]) -> None:
         episodes_total += args.episodes * len(targets)
     cfg = ckpts[0]["config"]
     arch = ckpts[0]["model_config"]
-    check_evaluation_memory(episodes_total, max(c["model_config"]["max_ep_len"] for c in ckpts), arch["state_dim"],
+    check_evaluation_memory(episodes_total, max(c["model_config"]["context"] for c in ckpts), arch["state_dim"],
                             arch["act_dim"], getattr(args, "device", None) or "auto",
                             f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
                             "Lower --episodes, or evaluate fewer checkpoints per command.")

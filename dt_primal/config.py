@@ -1,4 +1,5 @@
-"""The one config object shared by ``train.py`` and ``evaluate.py`` (defaults: SPEC §4)."""
+"""The one config object shared by ``train.py`` and ``evaluate.py`` (defaults: the paper's, docs/method.md,
+"Hyper-parameters")."""
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,11 @@ from dt_primal.model import ACTIVATIONS, EMBED_INITS, MODELS, ModelConfig
 if TYPE_CHECKING:
     from envs import Task
 
-CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS}  # the fields that take one of a few names
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")  # dt_primal.precision
+# the fields that take one of a few names
+CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS, "precision": PRECISIONS}
 
-# KSVD rank s of the paper's run script, per D4RL dataset (SPEC §4; hopper-medium: 64).
+# KSVD rank s of the paper's run script, per D4RL dataset (docs/method.md, "Hyper-parameters"; hopper-medium: 64).
 PAPER_S = {
     ("halfcheetah", "medium"): 64, ("halfcheetah", "medium-replay"): 32, ("halfcheetah", "medium-expert"): 96,
     ("hopper", "medium"): 64, ("hopper", "medium-replay"): 64, ("hopper", "medium-expert"): 64,
@@ -33,7 +36,7 @@ class Config:
     dataset: str = "dt-primal/halfcheetah/medium-replay-v0"
     env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, Ant-v5, ...)
     download: bool = False  # let Minari download a hosted dataset that is not present locally
-    # model (SPEC §3)
+    # model (docs/method.md, "The model")
     model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal
     n_layer: int = 3
     d_model: int = 256
@@ -52,10 +55,11 @@ class Config:
     weight_decay: float = 1e-4
     warmup_steps: int = 10_000
     grad_clip: float = 0.25
-    precision: str = "fp32"  # fp32 | tf32 (fp32 with TF32 matrix products on CUDA) | bf16 (autocast)
+    precision: str = "auto"  # auto | fp32 | tf32 (TF32 matrix products on CUDA) | bf16 (autocast); runs record
+    #                          the one auto resolved to (dt_primal.precision)
     compile: bool = False  # torch.compile the members' loss (forward; its backward follows)
     cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
-    # returns and evaluation (SPEC §5)
+    # returns and evaluation (docs/method.md, "Evaluation protocol")
     reward_scale: float = 1000.0
     targets: list[float] | None = None  # None: the task's defaults, else derived from the dataset
     ref_min: float | None = None  # reference returns of the normalised score; None: the dataset's, else D4RL's
@@ -71,7 +75,7 @@ class Config:
     log_every: int = 200
 
     def resolved_s(self) -> int:
-        """``s`` if set, else the paper's value for this dataset (SPEC §4), else 64."""
+        """``s`` if set, else the paper's value for this dataset (the paper's run script), else 64."""
         if self.s is not None:
             return self.s
         from envs import find_task
@@ -113,8 +117,6 @@ class Config:
             problems.append(f"--steps and --warmup-steps cannot be negative (got {self.steps}, {self.warmup_steps})")
         if self.targets is not None and len(self.targets) == 0:
             problems.append("--targets needs at least one return to condition on")
-        if self.precision not in ("fp32", "tf32", "bf16"):
-            problems.append(f"--precision must be fp32, tf32 or bf16 (got {self.precision!r})")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", str(self.device)):
             problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         # one condition that must hold, so that NaN (which fails every comparison) fails it
@@ -153,15 +155,16 @@ def _more_problems(cfg: Config) -> list[str]:
 MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 
 
-# paper: the defaults (SPEC §4, the Primal.+DT paper's run script).
+# paper: the defaults (the Primal.+DT paper's, docs/method.md, "Hyper-parameters").
 # quick: small settings for the newcomer's first run, minutes on a 2-core CPU instead of hours.
-# dt-paper: the DT baseline as the original Decision Transformer paper trained it, the DT row of the
-#   Primal.+DT paper's Table 4 (SPEC §4, last line): d_model 128, 1 head, lr 1e-4; K, batch, steps,
-#   warm-up and the rest as the defaults. `--model dt` at the defaults is the matched baseline instead.
+# dt-paper: the DT baseline as the original Decision Transformer paper trained it, the settings the
+#   Primal.+DT paper's Table 4 compares with (its DT row is Flowformer's reproduction of DT): d_model 128,
+#   1 head, lr 1e-4; K, batch, steps, warm-up and the rest as the defaults. `--model dt` at the defaults
+#   is the matched baseline instead.
 PRESETS = {
     "paper": {},
     "quick": dict(d_model=128, steps=2000, warmup_steps=200, eval_every=1000, eval_episodes_during=5,
-                  eval_episodes=10, checkpoint_every=500, precision="bf16"),
+                  eval_episodes=10, checkpoint_every=500),
     "dt-paper": dict(model="dt", d_model=128, n_head=1, lr=1e-4),
 }
 
@@ -174,6 +177,9 @@ HELP = {
                   "docs/results.md, \"Initialisation\")",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
            "hopper, walker2d",
+    "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
+                 "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 "
+                 "(TF32 matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, \"Precision auto\"",
     "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
     "ref_min": "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
                "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",

@@ -93,7 +93,7 @@ class Trajectories:
         return self
 
     def state_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and std (+1e-6) of the observations (SPEC §4)."""
+        """Mean and std (+1e-6) of the observations (docs/method.md, "Hyper-parameters")."""
         return self.observations.mean(0), self.observations.std(0) + 1e-6
 
 

@@ -1,7 +1,7 @@
 """Dropout whose masks are cheap to draw on a CPU.
 
 PyTorch's CPU dropout draws one Bernoulli sample per element from one generator, serially: at
-SPEC §4 size a bf16 training step with its masks takes 1.1x the CPU time. Here one
+the Primal.+DT paper's size a bf16 training step with its masks takes 1.1x the CPU time. Here one
 64-bit draw gives four 16-bit uniforms, so a mask costs a quarter of the draws, and an element is
 kept when its uniform is at least round(p·2¹⁶)/2¹⁶: dropout at p rounded to a multiple of 2⁻¹⁶,
 with kept elements scaled by the inverse of the exact keep probability, so E[output] = input.
@@ -25,7 +25,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.
 
 def cheap_masks(x: torch.Tensor) -> bool:
     """Whether dropout on ``x`` draws the cheap masks of this module (on a CPU, where they make a bf16
-    training step 1.1x faster at SPEC §4 size, and an fp32 one no slower: docs/benchmarks.md
+    training step 1.1x faster at the Primal.+DT paper's size, and an fp32 one no slower: docs/benchmarks.md
     "Profile") instead of PyTorch's own: the model path's one device-specific choice. CUDA's fused
     Philox kernel is fast, and CUDA graphs need PyTorch's dropout."""
     return x.device.type == "cpu"

@@ -1,5 +1,6 @@
-"""Batched evaluation (SPEC §5): every episode of every target of every ensemble member runs at once,
-with one forward pass of the ensemble per environment step for all live episodes."""
+"""Batched evaluation (docs/method.md, "Evaluation protocol"): every episode of every target of every
+ensemble member runs at once, with one forward pass of the ensemble per environment step for all live
+episodes."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dt_primal.model import DecisionTransformer
+from dt_primal.policy import Policy
 from envs import TASKS, Episodes, Task
 
 
@@ -20,78 +21,44 @@ def default_env_workers(device: torch.device | str, num_envs: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_envs // 8))
 
 
-@torch.no_grad()
-def rollout(policy: DecisionTransformer, task: Task | list[Task], targets: list[float] | list[list[float]],
-            episodes: int, state_mean: np.ndarray, state_std: np.ndarray, reward_scale: float, context: int,
-            device: torch.device | str = "cpu", seeds: list[int] | None = None, precision: str = "fp32",
-            env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
+def rollout(policy: Policy, task: Task | list[Task], targets: list[float] | list[list[float]], episodes: int,
+            seeds: list[int] | None = None, env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
-    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all). ``task`` and ``targets``: one for
-    all members, or one per member (tasks with the same observation and action sizes, as many
-    targets each). Returns per
-    member one report per target with the keys ``target, return_mean, return_std, normalized_mean,
-    normalized_std, episodes`` (+ raw returns and lengths). The conditioning return drops by reward /
-    scale after each step. ``state_mean``/``state_std``: (obs_dim,) or one row per member."""
-    was_training = policy.training
-    policy.train(False)
+    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
+    ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
+    and action sizes, as many targets each). Returns per member one report per target with the keys
+    ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
+    lengths)."""
+    model = policy.model
+    was_training = model.training
+    model.train(False)
     M = policy.members
     tasks = task if isinstance(task, list) else [task] * M
     targets = targets if isinstance(targets[0], list) else [targets] * M
     n = episodes * len(targets[0])
-    seeds = seeds or [0] * M
-    workers = env_workers or default_env_workers(device, M * n)
+    workers = env_workers or default_env_workers(policy.device, M * n)
     env = Episodes([t for t in tasks for _ in range(n)], M * n, workers)
-    obs = env.reset([s + j for s in seeds for j in range(n)])
-    obs_dim, act_dim = env.observation_shape[0], env.action_shape[0]
-    mean, std = (torch.as_tensor(np.asarray(a, np.float32), device=device).reshape(-1, 1, obs_dim)
-                 for a in (state_mean, state_std))
-    T = policy.max_ep_len
-    states = torch.zeros(M, n, T, obs_dim, device=device)
-    actions = torch.zeros(M, n, T, act_dim, device=device)
-    rtg = torch.zeros(M, n, T, 1, device=device)
-    rtg[:, :, 0, 0] = torch.tensor(np.repeat(targets, episodes, axis=1), dtype=torch.float32, device=device) / reward_scale
-    returns, lengths = np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
+    obs = env.reset([s + j for s in seeds or [0] * M for j in range(n)])
+    policy.reset(np.repeat(targets, episodes, axis=1))
+    rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    bar = tqdm(total=T, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2)
-    for t in range(T):
-        states[:, :, t] = (torch.as_tensor(obs, dtype=torch.float32, device=device).view(M, n, obs_dim) - mean) / std
-        with autocast:
-            actions[:, :, t] = act(policy, states, actions, rtg, t, context, alive)
-        obs, rewards, terms, truncs = env.step(actions[:, :, t].reshape(M * n, act_dim).cpu().numpy(), alive.reshape(-1))
+    bar = tqdm(total=model.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step",
+               mininterval=2)
+    for _ in range(model.max_ep_len):
+        actions = policy.act(obs.reshape(M, n, -1), rewards, live=alive)
+        obs, rewards, terms, truncs = env.step(actions.reshape(M * n, -1), alive.reshape(-1))
         rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
         returns[alive] += rewards[alive]
         lengths[alive] += 1
-        if t + 1 < T:
-            rtg[:, :, t + 1, 0] = rtg[:, :, t, 0] - torch.as_tensor(rewards, dtype=torch.float32, device=device) / reward_scale
         alive &= ~ended
         bar.update(1)
         if not alive.any():
             break
     bar.close()
     env.close()
-    policy.train(was_training)
+    model.train(was_training)
     return [[report(tasks[m], target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
              for i, target in enumerate(targets[m])] for m in range(M)]
-
-
-def act(policy: DecisionTransformer, states: torch.Tensor, actions: torch.Tensor, rtg: torch.Tensor, t: int,
-        context: int, alive: np.ndarray) -> torch.Tensor:
-    """Every member's action at step ``t`` of its live episodes (M, n, act_dim) from their last
-    ``context`` steps, in one forward pass; ended episodes get zeros. The pass runs on as many
-    episodes per member as the member with the most live ones has (the others' lists padded with a
-    repeat), so that finished episodes cost nothing once every member has some."""
-    M, n = alive.shape
-    live = [np.flatnonzero(a) for a in alive]
-    width = max(map(len, live))
-    rows = torch.as_tensor(np.stack([np.resize(ix if len(ix) else [0], width) for ix in live]), device=states.device)
-    lo = max(0, t + 1 - context)
-    pick = lambda x: x[torch.arange(M, device=x.device)[:, None], rows, lo:t + 1]
-    timesteps = torch.arange(lo, t + 1, device=states.device).expand(M, width, -1)
-    pred, _ = policy(pick(states), pick(actions), pick(rtg), timesteps, last_only=True)
-    out = torch.zeros(M, n, actions.shape[-1], device=actions.device)
-    out[torch.arange(M, device=out.device)[:, None], rows] = pred[:, :, -1].float()
-    return out * torch.as_tensor(alive, device=out.device)[..., None]
 
 
 def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:

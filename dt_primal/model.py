@@ -1,4 +1,4 @@
-"""Decision Transformer (SPEC §3) whose blocks use softmax or Causal Primal-Attention.
+"""Decision Transformer whose blocks use softmax or Causal Primal-Attention (docs/method.md, "The model").
 
 Tokens per timestep: return-to-go, state, action, interleaved (R̂₁, s₁, a₁, R̂₂, …); a learned
 timestep embedding is added to the three tokens of a step; pre-LN GPT blocks; the action a_t is
@@ -101,7 +101,7 @@ class DecisionTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, primal, M) for primal in primal_layers(cfg))
         self.ln_f = MemberLayerNorm(M, d)
         self.predict_action = MemberLinear(M, d, cfg.act_dim)
-        self.apply(self._init_weights)  # GPT-2 init; primal W_e, W_r, Λ keep their own (SPEC §1)
+        self.apply(self._init_weights)  # GPT-2 init; primal W_e, W_r, Λ keep their own (eq. 9; appendix B.1)
         # --embed-init torch (default): the return, state and action embeddings and the action head keep PyTorch's
         # default init, as in the DT paper's code and d3rlpy: with N(0, 0.02) there DT learnt far slower at the DT
         # paper's lr 1e-4 (docs/results.md, "DT baselines" and "Initialisation")
@@ -141,9 +141,10 @@ class DecisionTransformer(nn.Module):
 
 
 def dt_loss(model, batch: dict, eta: float):
-    """Per member: action MSE over valid timesteps + η · mean_layers mean_b J_b² (eq. 10, SPEC §2);
-    ``model`` is a DecisionTransformer or any callable with its signature, ``batch`` (M, B, K, ...)
-    tensors. Returns (loss, action_loss, mean J²), each (M,), mean J² being 0 without primal layers."""
+    """Per member: action MSE over valid timesteps + η · mean_layers mean_b J_b² (eq. 10; docs/method.md,
+    "The KSVD loss"); ``model`` is a DecisionTransformer or any callable with its signature, ``batch``
+    (M, B, K, ...) tensors. Returns (loss, action_loss, mean J²), each (M,), mean J² being 0 without
+    primal layers."""
     pred, Js = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"], batch["valid"])
     w = batch["valid"].unsqueeze(-1).to(pred.dtype)
     action_loss = (((pred.float() - batch["actions"]) ** 2) * w).sum((1, 2, 3)) / (w.sum((1, 2, 3)) * pred.shape[-1])

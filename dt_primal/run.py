@@ -7,16 +7,20 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
   python train.py --dataset dt-primal/hopper/medium-v0 dt-primal/hopper/medium-replay-v0 --seeds 0 1 2 --out runs/h
   (--seeds, and several --dataset of one task, train in one process as one ensemble, each member as it
   would train alone; several datasets write OUT/DATASET/MODEL/seed_N: docs/ensembles.md)
-  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (README: Multi-GPU)
+  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/sweeps.md)
 
 ``train_command`` is that command as a function of the library: ``train.py`` and the sweep's workers
 call it. ``python -m dt_primal.run ARGS`` is ``python train.py ARGS``.
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import dataclasses
-import importlib
 import sys
 from pathlib import Path
 from typing import Callable
@@ -37,17 +41,20 @@ Loader = Callable[..., Trajectories]
 
 def application_loader() -> Loader:
     """The loader of the application above the library (``datasets/``: the offline suite, Minari, D4RL
-    and pickle files), looked up by name when a ``python -m dt_primal.*`` command starts: the library
-    itself takes the loader as an argument and imports nothing from ``datasets/``."""
-    return importlib.import_module("datasets.loaders").load_dataset
+    and pickle files), imported when a ``python -m dt_primal.*`` command starts: the library itself
+    takes the loader as an argument and imports nothing from ``datasets/`` on import."""
+    from datasets.loaders import load_dataset
+    return load_dataset
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--preset", choices=list(PRESETS), default="paper",
-                   help="paper: SPEC §4 settings (default); quick: d_model 128, 2000 steps, bf16, 10 final episodes per "
-                        "target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, d_model 128, "
-                        "1 head, lr 1e-4; the rest as paper). Options given on the command line override the preset")
+                   help="paper: the Primal.+DT paper's settings (default); quick: d_model 128, 2000 steps, 10 final "
+                        "episodes per target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, "
+                        "d_model 128, 1 head, lr 1e-4; the rest as paper). Options given on the command line override "
+                        "the preset")
     p.add_argument("--seeds", type=int, nargs="+",
                    help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json")
     p.add_argument("--resume", action="store_true",

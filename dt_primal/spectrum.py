@@ -8,6 +8,11 @@ cumulative explained variance Σ_{j≤k} σ_j² / Σ_j σ_j² is averaged over w
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 from pathlib import Path
 
@@ -50,7 +55,7 @@ def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m dt_primal.spectrum", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.spectrum", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--windows", type=int, default=256)
@@ -66,8 +71,8 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(args.checkpoints), figsize=(4.5 * len(args.checkpoints), 3.6), squeeze=False)
     for ax, path in zip(axes[0], args.checkpoints):
         ckpt = load_checkpoint(path)
-        model, cfg = model_from_checkpoint(ckpt)
-        model.eval()
+        model = model_from_checkpoint(ckpt).eval()
+        cfg = model.config
         ksvd = f", s {model.config.s}, η {cfg.eta:g}" if cfg.model != "dt" else ""
         curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, application_loader()))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):

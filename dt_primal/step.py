@@ -20,6 +20,7 @@ import torch.distributed as dist
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
 from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.precision import autocast, resolve_precision, tf32
 
 WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs
 
@@ -56,15 +57,13 @@ class TrainStep:
         self.first = sampler.first_steps(self.datasets)  # (M,): where each member's dataset starts in the store
         self.phase = phase or (lambda name: contextlib.nullcontext())
         self.capture = capture and device.type == "cuda" and world == 1
-        if cfg.precision == "tf32":  # a process-wide PyTorch setting
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # updates done
         self.lr = torch.zeros((), device=device)  # set from ``step`` before every update
         self.opt = torch.optim.AdamW(list(self.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,
                                      fused=True, capturable=self.capture)
         self.sums = torch.zeros(len(generators), 3, device=device)  # per member: loss, action loss, mean J² since reset
-        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16",
-                                       cache_enabled=False)  # a cache of casts would outlive a captured graph
+        self.precision = resolve_precision(cfg.precision, device, cfg.d_model)[0]  # train() gives it resolved
+        self.autocast = autocast(self.precision, device.type, cache_casts=False)
         self.losses = torch.compile(self._losses) if cfg.compile else self._losses
         self.graph, self.calls = None, 0
 
@@ -103,7 +102,7 @@ class TrainStep:
         with self.phase("clip gradients"):
             clip_per_member(grads, self.cfg.grad_clip)
         with self.phase("AdamW"):
-            warmup = (self.step + 1) / max(1, self.cfg.warmup_steps)  # linear warm-up, then constant (SPEC §4)
+            warmup = (self.step + 1) / max(1, self.cfg.warmup_steps)  # linear warm-up, then constant (docs/method.md)
             self.lr.copy_(self.cfg.lr * warmup.clamp(max=1.0))
             self.opt.step()
             self.step += 1
@@ -114,6 +113,10 @@ class TrainStep:
         if self.graph is not None:
             self.graph.replay()
             return
+        with tf32(self.precision):  # captured with the graph, so replays keep it
+            self._eager_or_capture()
+
+    def _eager_or_capture(self) -> None:
         self.calls += 1
         if not self.capture:
             self.opt.zero_grad(set_to_none=True)

@@ -21,6 +21,11 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
 """
 from __future__ import annotations
 
+from dt_primal.process import configure_process
+
+if __name__ == "__main__":
+    configure_process()  # a command: its process-wide settings, before torch loads
+
 import argparse
 import contextlib
 import csv
@@ -117,7 +122,7 @@ def train_ensemble(datasets: list[str], model: str, seeds: list[int], out: Path,
 def train_options(argv: list[str]) -> tuple[str, dict]:
     """The preset and the Config fields that a train.py command line ``argv`` sets."""
     from dt_primal.config import add_config_args, overrides
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     p.add_argument("--preset", default="paper")
     add_config_args(p)
     known, _ = p.parse_known_args(argv)
@@ -162,8 +167,7 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
     """A Ray worker's trainer: ``train_command`` in this process, its output into the log and its exit
     status returned as the command line's would be (a bug's traceback goes to the log, status 1)."""
     def trainer(argv: list[str], log: TextIO) -> int:
-        import torch
-        torch.set_num_threads(threads)
+        configure_process(threads=threads)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             try:
                 run_main(lambda: train_command(argv, load_dataset))
@@ -258,12 +262,12 @@ def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[st
 
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
-DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the DT row of the paper's Table 4 (SPEC §4)
+DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
 LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalFormer"}
 LABEL_NOTES = {
     DT_MATCHED: "`--model dt` at the same settings as Primal.+DT (the controlled comparison)",
     DT_PAPER: "`--model dt --preset dt-paper`: the original DT paper's d_model 128, 1 head, lr 1e-4, as the "
-              "paper's Table 4 compared (SPEC §4, last line)",
+              "paper's Table 4 compared (docs/method.md, Hyper-parameters)",
 }
 SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
 RECORDED = SETTINGS + ("precision",)  # what run_settings reports
@@ -279,8 +283,8 @@ def run_settings(group: Path, seed: int) -> dict | None:
         return {k: cfg[k] for k in RECORDED}
     ckpt = group / f"seed_{seed}" / "last.pt"
     if ckpt.exists():
-        import torch
-        cfg = torch.load(ckpt, map_location="cpu", weights_only=False).get("config", {})
+        from dt_primal.checkpoint import read_checkpoint
+        cfg = read_checkpoint(ckpt)["config"]
         return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
     log = group / "train.log"
     cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []
@@ -532,7 +536,7 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    p = argparse.ArgumentParser(prog="python -m dt_primal.sweep", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", nargs="+", required=True,
                    help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4")

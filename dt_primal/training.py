@@ -23,12 +23,14 @@ from tqdm import tqdm
 from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoints, rng_state, save_checkpoints,
                                   set_rng_state)
 from dt_primal.checks import env_sizes
-from dt_primal.config import Config
+from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.evaluation import headline, rollout
 from dt_primal.members import all_finite, member_state, stack_members
 from dt_primal.model import DecisionTransformer, ModelConfig
+from dt_primal.policy import Policy
+from dt_primal.precision import resolve_precision
 from dt_primal.runfolder import member_folders, member_name
 from dt_primal.provenance import provenance
 from dt_primal.step import TrainStep
@@ -69,6 +71,19 @@ def distributed(device: str):
         dist.destroy_process_group()
 
 
+def agreed_precision(cfg: Config, device: torch.device, rank: int) -> str:
+    """``cfg.precision`` resolved for ``device`` (``dt_primal.precision``: auto measures on a CPU),
+    printed once; under torchrun every process takes rank 0's."""
+    precision, why = resolve_precision(cfg.precision, device, cfg.d_model)
+    if dist.is_initialized():
+        agreed = torch.tensor([PRECISIONS.index(precision)], device=device)
+        dist.broadcast(agreed, 0)
+        precision = PRECISIONS[int(agreed)]
+    if rank == 0:
+        print(f"precision: {precision} ({why})")
+    return precision
+
+
 def check_env_matches(data: Trajectories, task: Task) -> None:
     obs_dim, act_dim = env_sizes(task)
     if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
@@ -87,6 +102,17 @@ def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
                         f"started with. Leave these options out to continue it, or choose another --out to start a new "
                         f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
                         f"and the data source may change).")
+
+
+def check_steps_left(step: int, steps: int, where: Path) -> None:
+    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
+    only runs the final evaluation (a run stopped during it), which is said."""
+    if step > steps:
+        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+    if step == steps:
+        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+              f"runs (give a larger --steps to train further)")
 
 
 class _StopSignal:
@@ -238,7 +264,9 @@ def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: boo
     if cfg.batch_size % world:
         raise UserError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes ({world}), "
                         f"which each train on an equal share of every batch.")
-    ckpts = load_members(lasts, device) if check_folders(members, cfg, seeds, resume) else None
+    ckpts = load_members(lasts) if check_folders(members, cfg, seeds, resume) else None
+    if ckpts is not None:
+        check_steps_left(ckpts[0]["step"], cfg.steps, lasts[0] if len(lasts) == 1 else Path(out))
     for i, m in enumerate(members):
         if ckpts is not None:
             check_same_dataset(ckpts[i], m.data, m.last)
@@ -246,6 +274,10 @@ def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: boo
             m.state_mean, m.state_std = ckpts[i]["state_mean"], ckpts[i]["state_std"]
         else:
             m.state_mean, m.state_std = m.data.state_stats()
+
+    cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
+    for m in members:
+        m.cfg = dataclasses.replace(m.cfg, precision=cfg.precision)
 
     # each member as its seed alone: initialised and drawing batches from its seed; dropout draws from
     # the process's generator. Under torchrun every rank seeds alike and draws the same batches and
@@ -277,14 +309,15 @@ def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: boo
         save_checkpoints(lasts, [{
             "model": member_state(model, i), "optimizer": train_step.member_optimizer_state(i), "step": step,
             "rng": rng_state(gens[i]), "config": dataclasses.asdict(m.cfg), "task": dataclasses.asdict(m.task),
-            "state_mean": m.state_mean, "state_std": m.state_std, "obs_dim": m.data.obs_dim, "act_dim": m.data.act_dim,
-            "dataset": m.data.source, "model_config": dataclasses.asdict(model_config(m))} for i, m in enumerate(members)])
+            "state_mean": m.state_mean, "state_std": m.state_std, "dataset": m.data.source,
+            "model_config": dataclasses.asdict(model_config(m))} for i, m in enumerate(members)])
         saved_step = step
 
+    policy = Policy(model, np.stack([m.state_mean for m in members]), np.stack([m.state_std for m in members]),
+                    cfg.reward_scale, cfg.context, cfg.precision)
+
     def evaluate(episodes: int) -> list[list[dict]]:
-        return rollout(model, [m.task for m in members], [m.targets for m in members], episodes,
-                       np.stack([m.state_mean for m in members]), np.stack([m.state_std for m in members]),
-                       cfg.reward_scale, cfg.context, device, seeds=eval_seeds, precision=cfg.precision)
+        return rollout(policy, [m.task for m in members], [m.targets for m in members], episodes, seeds=eval_seeds)
 
     writers, curve_paths = [], [d / "evals.jsonl" for d in dirs]
     if rank == 0:
@@ -387,7 +420,8 @@ def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: boo
             if r["normalized_mean"] is not None:
                 writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
         writer.close()
-        result = {"checkpoint": str(m.last), "step": step, "task": m.task.gym_id, "dataset": m.data.source,
+        result = {"checkpoint": os.path.relpath(m.last, out),  # relative to --out: the record names no machine path
+                  "step": step, "task": m.task.gym_id, "dataset": m.data.source,
                   "model": cfg.model, "seed": m.cfg.seed, "ensemble": seed_list, "eval_seconds": seconds,
                   "targets": reports, "provenance": made,
                   "config": dataclasses.asdict(m.cfg)}  # the record says how it was made

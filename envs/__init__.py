@@ -2,8 +2,9 @@
 its reference scores and its target returns; env factories.
 
 Reference scores (random and expert policy returns) give the normalised score
-``100 * (return - ref_min) / (ref_max - ref_min)`` (SPEC §5). The three D4RL tasks (``TASKS``) have
-aliases, D4RL's reference scores and default targets; any other task has what its dataset says.
+``100 * (return - ref_min) / (ref_max - ref_min)`` (docs/method.md, "Normalisation"). The three D4RL
+tasks (``TASKS``) have aliases, D4RL's reference scores and default targets; any other task has what
+its dataset says.
 """
 from __future__ import annotations
 
@@ -40,8 +41,13 @@ class Task:
     targets: tuple[float, ...] = ()  # return-to-go conditioning targets, highest first; () until known
     spec: str | None = None  # the environment as a JSON EnvSpec (a dataset's: kwargs, time limit); None: the id's
 
+    def __post_init__(self):
+        if self.spec is not None:
+            check_spec(self.spec)
+
     def normalize(self, returns):
-        """D4RL normalised score (SPEC §5) of floats or numpy arrays; None without reference scores."""
+        """D4RL normalised score (docs/method.md, "Normalisation") of floats or numpy arrays; None without reference
+        scores."""
         if self.ref_min is None or self.ref_max is None:
             return None
         return 100.0 * (returns - self.ref_min) / (self.ref_max - self.ref_min)
@@ -67,6 +73,24 @@ TASKS: dict[str, Task] = {
     "hopper": Task("hopper", "Hopper-v5", -20.272305, 3234.3, (3600.0, 1800.0)),
     "walker2d": Task("walker2d", "Walker2d-v5", 1.629008, 4592.3, (5000.0, 2500.0)),
 }
+
+
+class ForeignEntryPoint(gym.error.Error, ValueError):
+    """An EnvSpec that would build its environment with code Gymnasium does not register for its id."""
+
+
+def check_spec(spec: str) -> None:
+    """A JSON EnvSpec from a file (a dataset's metadata, a checkpoint's task) may set its environment's
+    kwargs and time limit, never the code that builds it: ``gym.make`` imports and calls the entry points
+    it names, so they must be those Gymnasium registers for its id (wrappers: Gymnasium's own)."""
+    parsed = EnvSpec.from_json(spec)
+    registered = gym.spec(parsed.id)  # gymnasium.error.Error for an id it does not know
+    foreign = [str(e) for e in [parsed.entry_point] if e != registered.entry_point] + \
+        [str(w.entry_point) for w in parsed.additional_wrappers if not str(w.entry_point).startswith("gymnasium.")]
+    if foreign:
+        raise ForeignEntryPoint(f"its environment spec names the code {', '.join(foreign)} to build {parsed.id}, where "
+                                f"Gymnasium registers {registered.entry_point}; a file may not choose code to run, so "
+                                f"it is refused")
 
 
 def find_task(text: str) -> Task | None:

@@ -14,7 +14,8 @@ from dt_primal.sweep import group_dir, run_dir
 from test_train import ROOT, hopper_file
 
 TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--steps", "6",
-        "--warmup-steps", "2", "--eval-every", "3", "--eval-episodes-during", "1", "--eval-episodes", "2", "--device", "cpu"]
+        "--warmup-steps", "2", "--eval-every", "3", "--eval-episodes-during", "1", "--eval-episodes", "2", "--device", "cpu",
+        "--precision", "fp32"]
 
 
 def sweep(tmp_path, data):
@@ -92,7 +93,7 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
     from dt_primal.config import make_config
     from dt_primal.sweep import run_settings
     (tmp_path / "seed_0").mkdir()
-    cfg = make_config("dt-paper", dataset="tiny", seed=0)
+    cfg = make_config("dt-paper", dataset="tiny", seed=0, precision="fp32")  # as a run records it, resolved
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
     assert run_settings(tmp_path, 0) == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "fp32"}
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({}))

@@ -19,8 +19,8 @@ from envs import TASKS, derived_targets, task_for
 from test_data import write_d4rl
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--steps", "20",
-        "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000", "--eval-episodes", "2"]
+TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32",
+        "--steps", "20", "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000", "--eval-episodes", "2"]
 
 
 def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed: int = 0, **metadata) -> None:
@@ -75,7 +75,7 @@ def test_a_task_without_reference_scores_reports_returns_and_a_null_score(tmp_pa
     res, out = train(tmp_path, pendulum)
     assert f"targets {data.task.targets[0]:g}, {data.task.targets[1]:g} (from the dataset" in res.stdout
     assert res.stdout.count("InvertedPendulum-v5 is not a D4RL task") == 1
-    ckpt_cfg = __import__("torch").load(out / "last.pt", weights_only=False)["config"]
+    ckpt_cfg = __import__("torch").load(out / "last.pt", weights_only=True)["config"]
     assert ckpt_cfg["max_ep_len"] == 40  # the task's episode limit, stored resolved
     result = json.loads((out / "eval.json").read_text())
     assert result["task"] == "InvertedPendulum-v5"
@@ -139,10 +139,11 @@ def test_d4rl_tasks_keep_their_aliases_references_and_targets():
 
 
 def test_a_d4rl_run_reports_as_before(tmp_path):
-    """The report of a tiny hopper run, as dt-primal wrote it before any task was accepted."""
+    """The report of a tiny hopper run, as dt-primal wrote it before any task was accepted (with the MLP
+    activation of that time, GELU)."""
     path = tmp_path / "hopper_tiny.hdf5"
     write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=3))
-    _, out = train(tmp_path, str(path), "--seed", "0")
+    _, out = train(tmp_path, str(path), "--seed", "0", "--activation", "gelu")
     result = json.loads((out / "eval.json").read_text())
     assert result["task"] == "Hopper-v5"
     assert (result["config"]["seed"], result["config"]["d_model"], result["config"]["model"]) == (0, 32, "primal")

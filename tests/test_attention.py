@@ -74,7 +74,8 @@ def test_rows_give_exactly_those_outputs_of_the_full_pass(attn, rows, padded, ks
 
 
 def test_primal_scores_are_the_running_means_of_the_projected_queries_and_keys():
-    """e_t = φ(q̄_t)ᵀW_e with q̄_t the mean of q_j = x_j W_q + b over j ≤ t (eq. 9, SPEC §1.2); r alike."""
+    """e_t = φ(q̄_t)ᵀW_e with q̄_t the mean of q_j = x_j W_q + b over j ≤ t (eq. 9; docs/method.md,
+    "Causal Primal-Attention"); r alike."""
     attn = attentions()[1]
     x = torch.randn(M, 2, 7, D)
     _, _, e, r = attn.scores(x, None)

@@ -25,6 +25,7 @@ from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.run import train_command
 from test_data import write_minari, write_pickle
 from test_reliability import ENV, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
@@ -380,12 +381,15 @@ def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
     assert code == 2 and "in the evaluation" in err and "--eval-episodes" in err and "--batch-size" not in err
 
 
-def test_cpu_out_of_memory_while_training(tmp_path):
-    # 10^14 windows: more than any address space, so the allocation fails at once on every machine
-    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--batch-size", "100000000000000",
-                   "--out", str(tmp_path / "r"))
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert "\nerror: Out of memory while training" in res.stderr and "lower --batch-size" in res.stderr
+def test_cpu_out_of_memory_while_training(tmp_path, monkeypatch, capsys):
+    # 10^14 windows: more than any address space, so the allocation fails at once on every machine; the check
+    # of a batch's memory, which refuses it before training, is switched off here to reach the allocator
+    monkeypatch.setattr(checks, "_available_bytes", lambda device: (0, "memory"))
+    argv = ["--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--batch-size", "100000000000000",
+            "--out", str(tmp_path / "r")]
+    code, err = _exit_of(lambda: train_command(argv, load_dataset), capsys)
+    assert code == 2 and "Traceback" not in err, err
+    assert "\nerror: Out of memory while training" in err and "lower --batch-size" in err
 
 
 def test_a_full_or_read_only_disk_is_a_message(capsys):
@@ -481,7 +485,7 @@ def test_evaluate_options(tmp_path):
              (dict(episodes=0), "--episodes must be at least 1"),
              (dict(targets=[float("nan")]), "--targets must be finite"),
              (dict(device="gpu", precision="fp16", seed=-1), "--device must be auto, cpu, cuda or cuda:N (got 'gpu'); "
-                                                             "--precision must be fp32, tf32 or bf16 (got 'fp16'); --seed")]
+                                                             "--precision must be one of auto, fp32, tf32, bf16 (got 'fp16'); --seed")]
     for change, phrase in cases:
         args = _args(tmp_path, **change)
         if change.get("out") == tmp_path / "last.md":

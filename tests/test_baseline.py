@@ -16,6 +16,7 @@ import torch
 from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
 from dt_primal.config import PRESETS, Config, make_config
 from dt_primal.evaluation import rollout
+from dt_primal.policy import Policy
 from dt_primal.sweep import DT_MATCHED, DT_PAPER, collect, gap_rows, group_dir, label_of, run_dir, write_tables
 from envs import TASKS
 from test_train import ROOT
@@ -34,7 +35,7 @@ needs_d3rlpy = pytest.mark.skipif(not HAVE_D3RLPY, reason="d3rlpy is not importa
 
 def test_dt_paper_preset_is_the_dt_papers_settings_and_flags_override_it():
     cfg, paper = make_config("dt-paper"), Config()
-    assert (cfg.model, cfg.d_model, cfg.n_head, cfg.lr) == ("dt", 128, 1, 1e-4)  # SPEC §4, last line
+    assert (cfg.model, cfg.d_model, cfg.n_head, cfg.lr) == ("dt", 128, 1, 1e-4)  # docs/method.md, "Hyper-parameters"
     same = ("n_layer", "context", "batch_size", "steps", "warmup_steps", "weight_decay", "grad_clip", "dropout",
             "reward_scale", "max_ep_len", "eval_episodes", "precision")  # "same K, batch and step count"
     assert {k: getattr(cfg, k) for k in same} == {k: getattr(paper, k) for k in same}
@@ -176,10 +177,11 @@ def test_adapter_pads_scales_and_counts_timesteps_as_d3rlpy_predict_does():
 
 def test_policies_run_in_dt_primals_batched_evaluation():
     nets = [Recorder(), Recorder()]
-    policies = D3rlpyPolicies([D3rlpyMember(n, context=3, max_timestep=1000) for n in nets], max_ep_len=4)
+    policies = D3rlpyPolicies([D3rlpyMember(n, context=3, max_timestep=1000) for n in nets], act_dim=3, max_ep_len=4)
     policies.train(True)
     assert all(n.training for n in nets)
-    reports = rollout(policies, TASKS["hopper"], [3600.0, 1800.0], 2, np.zeros(11), np.ones(11), 1.0, 3, seeds=[5, 6])
+    reports = rollout(Policy(policies, np.zeros(11), np.ones(11), 1.0, 3), TASKS["hopper"], [3600.0, 1800.0], 2,
+                      seeds=[5, 6])
     assert len(reports) == 2 and [r["episodes"] for r in reports[0]] == [2, 2]
     assert policies.training and all(n.training for n in nets)  # the evaluation restores the mode
     # every member saw its live episodes at once, the newest step's raw return as the conditioning
@@ -241,7 +243,7 @@ def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
     algo, cfg = tiny_algo
     task, steps, targets, seeds = TASKS["hopper"], 15, [3600.0, 1800.0], [7]
     policies = D3rlpyPolicies.from_algos([algo], max_ep_len=steps)
-    ours = rollout(policies, task, targets, 2, np.zeros(11), np.ones(11), 1.0, cfg.context, seeds=seeds)[0]
+    ours = rollout(Policy(policies, np.zeros(11), np.ones(11), 1.0, cfg.context), task, targets, 2, seeds=seeds)[0]
     for i, target in enumerate(targets):
         wrapper = algo.as_stateful_wrapper(target_return=target)
         for j in range(2):
@@ -299,9 +301,10 @@ def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_k
                  steps=2, warmup_steps=1, eval_every=2, eval_episodes=1, eval_episodes_during=1, device="cpu",
                  out=str(tmp_path / "run"), activation="gelu")
     train(cfg, data)
-    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=False)
-    assert ckpt["config"]["activation"] == "gelu"
-    del ckpt["config"]["activation"]  # as written before the field existed
-    torch.save(ckpt, tmp_path / "old.pt")
-    model, cfg = model_from_checkpoint(load_checkpoint(tmp_path / "old.pt"))
-    assert cfg.activation == "gelu" and isinstance(model.blocks[0].mlp[1], torch.nn.GELU)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert ckpt["config"]["activation"] == ckpt["model_config"]["activation"] == "gelu"
+    old = {k: v for k, v in ckpt.items() if k not in ("format", "model_config")}  # format 1, before the field existed
+    del old["config"]["activation"]
+    torch.save({**old, "obs_dim": 11, "act_dim": 3}, tmp_path / "old.pt")
+    model = model_from_checkpoint(load_checkpoint(tmp_path / "old.pt"))
+    assert model.config.activation == "gelu" and isinstance(model.blocks[0].mlp[1], torch.nn.GELU)

@@ -18,13 +18,14 @@ from dt_primal.config import Config
 from dt_primal.evaluation import rollout
 from dt_primal.members import member_state, stack_members
 from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.policy import Policy
 from dt_primal.step import TrainStep
 from dt_primal.training import train
 from envs import TASKS
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from test_train import ROOT, TINY, hopper_file, make_episodes, write_d4rl
 
-CFG = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
+CFG = Config(precision="fp32", dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
              eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu")
 
 
@@ -42,7 +43,7 @@ def other(tmp_path_factory):
 
 
 def weights(path):
-    return torch.load(path, weights_only=False)["model"]
+    return torch.load(path, weights_only=True)["model"]
 
 
 def assert_same(a, b, atol=1e-6):
@@ -82,7 +83,7 @@ def test_each_member_ends_with_the_weights_of_its_seed_trained_alone(data, tmp_p
     for seed in (4, 0, 7):
         train(dataclasses.replace(cfg, seed=seed, out=str(tmp_path / f"alone{seed}")), data)
         assert_same(weights(tmp_path / "ens" / f"seed_{seed}" / "last.pt"), weights(tmp_path / f"alone{seed}" / "last.pt"))
-    seeds = [torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=False)["config"]["seed"] for s in (4, 0, 7)]
+    seeds = [torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=True)["config"]["seed"] for s in (4, 0, 7)]
     assert seeds == [4, 0, 7]
 
 
@@ -135,7 +136,7 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
     with pytest.raises(SystemExit):
         train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, seeds=[0, 1])
     monkeypatch.undo()
-    steps = [torch.load(tmp_path / "run" / f"seed_{s}" / "last.pt", weights_only=False)["step"] for s in (0, 1)]
+    steps = [torch.load(tmp_path / "run" / f"seed_{s}" / "last.pt", weights_only=True)["step"] for s in (0, 1)]
     assert steps == [10, 5]
     train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, resume=True, seeds=[0, 1])
     for s in (0, 1):
@@ -171,6 +172,7 @@ def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path
     for s in (3, 5):
         result = json.loads((out / f"seed_{s}" / "eval.json").read_text())
         assert result["seed"] == s and result["step"] == 6 and result["ensemble"] == [3, 5]
+        assert result["checkpoint"] == f"seed_{s}/last.pt"  # relative to --out, where report.md lists it
         assert [json.loads(l)["step"] for l in (out / f"seed_{s}" / "evals.jsonl").read_text().splitlines()] == [3]
         assert f"seed {s} target 3600" in res.stdout
     assert (out / "report.md").exists()
@@ -246,9 +248,10 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
-    policy = stack_members(lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
-                           [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)])
-    args = (TASKS["hopper"], [3600.0, 1800.0], 3, np.zeros(11), np.ones(11), 1000.0, cfg.context, "cpu")
+    model = stack_members(lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
+                          [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)])
+    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context)
+    args = (TASKS["hopper"], [3600.0, 1800.0], 3)
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
     assert one == three
     assert one[0][0]["episodes"] == 3 and one[0] != one[1]  # members differ

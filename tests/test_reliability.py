@@ -26,7 +26,7 @@ from test_train import ROOT, TINY, hopper_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers as below
 SMALL = dict(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, warmup_steps=5, batch_size=8, eval_every=1000,
-             eval_episodes=1, device="cpu")
+             eval_episodes=1, device="cpu", precision="fp32")
 
 
 def run(*args):
@@ -208,7 +208,7 @@ def test_single_step_episodes_are_valid_training_data(tmp_path):
 
 
 def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
-    ckpt = torch.load(tiny[1] / "last.pt", weights_only=False)
+    ckpt = torch.load(tiny[1] / "last.pt", weights_only=True)
 
     def save(name, **change):
         torch.save({**ckpt, **change}, tmp_path / name)
@@ -220,7 +220,8 @@ def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
              (tmp_path / "missing.pt", "does not exist"),
              (tmp_path / "other.pt", "not a dt-primal checkpoint"),
              (save("newer.pt", config={**ckpt["config"], "flash": True}), "incompatible version"),
-             (save("arch.pt", model_config={**ckpt["model_config"], "flash": True}), "incompatible version")]
+             (save("arch.pt", model_config={**ckpt["model_config"], "flash": True}), "incompatible version"),
+             (save("sizes.pt", model_config={**ckpt["model_config"], "state_dim": 17}), "or is damaged (cannot reshape")]
     for path, phrase in cases:
         with raises(phrase):
             checkpoint.load_checkpoint(path)
@@ -228,7 +229,7 @@ def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
     checkpoint.load_checkpoint(tmp_path / "weights.pt")  # enough to evaluate, not to resume
     with raises("lacks optimizer"):
         checkpoint.load_checkpoint(tmp_path / "weights.pt", resume=True)
-    for change in (dict(model="dt"), dict(d_model=64), dict(state_dim=17)):  # another model kind, other dimensions
+    for change in (dict(model="dt"), dict(d_model=64), dict(act_dim=2)):  # another model kind, other dimensions
         bad = checkpoint.load_checkpoint(save("bad.pt", model_config={**ckpt["model_config"], **change}))
         with raises("do not fit"):
             checkpoint.model_from_checkpoint(bad)
@@ -294,7 +295,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tiny, tmp_p
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "stopped by signal SIGTERM" in stderr and "continue with --resume" in stderr
-    stopped = torch.load(out / "last.pt", weights_only=False)["step"]
+    stopped = torch.load(out / "last.pt", weights_only=True)["step"]
     assert 5 <= stopped < 100000
 
     res = run("train.py", "--resume", "--out", str(out), "--steps", str(stopped + 10))  # settings from the checkpoint
@@ -302,7 +303,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tiny, tmp_p
     assert f"resumed from {out / 'last.pt'} at step {stopped}" in res.stdout
     training.train(make_config(**{**SMALL, "seed": 5, "checkpoint_every": 5, "eval_every": 100000,
                                   "steps": stopped + 10, "out": str(tmp_path / "straight")}), data)
-    a, b = (torch.load(p / "last.pt", weights_only=False) for p in (out, tmp_path / "straight"))
+    a, b = (torch.load(p / "last.pt", weights_only=True) for p in (out, tmp_path / "straight"))
     assert a["step"] == b["step"] == stopped + 10
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)

@@ -16,7 +16,8 @@ from dt_primal.sweep import group_dir, main, run_dir
 from test_train import ROOT
 
 TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--batch-size", "16",
-        "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "2", "--device", "cpu"]
+        "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "2", "--device", "cpu",
+        "--precision", "fp32"]
 
 
 @pytest.fixture(scope="module")

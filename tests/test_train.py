@@ -15,7 +15,7 @@ from dt_primal.config import Config
 from dt_primal.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu"]
+TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
 
 
 def hopper_file(tmp_path) -> Path:
@@ -62,12 +62,13 @@ def test_bad_input_exits_with_a_message(tmp_path):
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=24, warmup_steps=5, batch_size=8,
-                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=7)
+                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=7,
+                 precision="fp32")
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=10), data)  # "interrupted" at step 10
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True)
-    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=False)
-    b = torch.load(tmp_path / "split" / "last.pt", weights_only=False)
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "last.pt", weights_only=True)
     assert a["step"] == b["step"] == 24
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
@@ -78,7 +79,7 @@ def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys)
     """--compile changes how the step runs, not what it computes (dropout 0: no random masks)."""
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=6, warmup_steps=2, batch_size=8, dropout=0.0,
-                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=3)
+                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=3, precision="fp32")
     from torch._dynamo.utils import counters
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager")), data)
     assert "--compile" not in capsys.readouterr().out
@@ -86,8 +87,8 @@ def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys)
     train(dataclasses.replace(cfg, out=str(tmp_path / "compiled"), compile=True), data)
     assert counters["stats"]["unique_graphs"] >= 1  # the step really ran through torch.compile
     assert "--compile: the first steps compile" in capsys.readouterr().out  # the silent first minute is explained
-    a = torch.load(tmp_path / "eager" / "last.pt", weights_only=False)
-    b = torch.load(tmp_path / "compiled" / "last.pt", weights_only=False)
+    a = torch.load(tmp_path / "eager" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "compiled" / "last.pt", weights_only=True)
     assert b["config"]["compile"] and not a["config"]["compile"]
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)

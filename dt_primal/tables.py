@@ -1,0 +1,246 @@
+"""``python -m dt_primal.tables``: the tables of docs/results.md, made from the committed records under
+``results/`` by the sweep's own aggregation (``dt_primal.sweep.collect``), so that a figure and its
+record cannot disagree. Each table sits between ``<!-- BEGIN generated: NAME -->`` and
+``<!-- END generated: NAME -->`` in the document; the prose around them is written by hand.
+
+  python -m dt_primal.tables            # rewrite the generated parts of docs/results.md
+  python -m dt_primal.tables --check    # exit 1 if docs/results.md differs from what the records give
+
+Table 4 comes from ``results/table4-cpu`` and, as clearly marked legacy sections, from every
+``results/legacy/table4-*`` folder: moving a table's records there (``git mv``) and regenerating is
+all it takes to replace it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dt_primal.cli import run_main
+from dt_primal.config import Config
+from dt_primal.evaluation import pm, table
+from dt_primal.sweep import DT_MATCHED, LABELS, TABLE4, cell, collect, gap_rows, gap_table, short
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "results.md"
+CURRENT = "results/table4-cpu"
+LEGACY = "results/legacy"
+PRIMAL = LABELS["primal"]
+
+# The Primal.+DT paper's Table 4 (Chen et al., NeurIPS 2023), D4RL v2, mean ± the spread over its 3 seeds:
+# (Primal.+DT, its DT row). That DT row follows Flowformer's settings and is, as far as the papers show,
+# Flowformer's reproduction of DT, not the DT paper's own numbers (DT_OWN).
+PAPER = {
+    "halfcheetah/medium-expert": ((77.8, 22.1), (83.8, 3.3)), "hopper/medium-expert": ((111.5, 0.2), (104.0, 2.5)),
+    "walker2d/medium-expert": ((108.9, 0.1), (107.7, 0.6)), "halfcheetah/medium": ((43.0, 0.0), (42.4, 0.1)),
+    "hopper/medium": ((74.5, 0.6), (64.2, 1.1)), "walker2d/medium": ((77.9, 7.8), (70.6, 3.2)),
+    "halfcheetah/medium-replay": ((38.9, 0.4), (34.6, 0.6)), "hopper/medium-replay": ((88.5, 12.5), (79.7, 7.4)),
+    "walker2d/medium-replay": ((76.8, 10.3), (62.9, 5.0)),
+}
+PAPER_SEEDS = 3
+# The Decision Transformer paper's own D4RL numbers (Chen et al., NeurIPS 2021, Table 2).
+DT_OWN = {"halfcheetah/medium-expert": 86.8, "hopper/medium-expert": 107.6, "walker2d/medium-expert": 108.1,
+          "halfcheetah/medium": 42.6, "hopper/medium": 67.6, "walker2d/medium": 74.0,
+          "halfcheetah/medium-replay": 36.6, "hopper/medium-replay": 82.7, "walker2d/medium-replay": 66.6}
+ORDER = [f"{env}/{level}" for level in ("medium-expert", "medium", "medium-replay")
+         for env in ("halfcheetah", "hopper", "walker2d")]  # the paper's row order
+MODEL_FIELDS = ("activation", "embed_init")  # model choices whose defaults changed since the first records
+
+
+def records(group: Path, seeds) -> list[dict]:
+    return [json.loads((group / f"seed_{s}" / "eval.json").read_text()) for s in seeds]
+
+
+def made_with(rows: list[dict]) -> str:
+    """One paragraph on how ``rows``' records were made, read from their config and provenance."""
+    recs = [r for row in rows for r in records(Path(row["dir"]), row["finished_seeds"])]
+    def values(get):
+        return ", ".join(sorted({str(get(r)) for r in recs}))
+    cfg = lambda k: values(lambda r: r["config"][k])
+    prov = [r["provenance"] for r in recs]
+    commits = sorted({p["commit"][:7] for p in prov})
+    rebuilt = sum(bool(p.get("reconstructed")) for p in prov)
+    configs = sum(p.get("reconstructed", {}).get("config", "").startswith("config reconstructed") for p in prov)
+    text = (f"{len(recs)} runs · d_model {cfg('d_model')}, {cfg('n_layer')} layers, {cfg('n_head')} heads · "
+            f"{cfg('steps')} steps (warm-up {cfg('warmup_steps')}), lr {cfg('lr')} · precision {cfg('precision')} · "
+            f"MLP activation {cfg('activation')} · `--embed-init` {cfg('embed_init')} · final evaluation "
+            f"{cfg('eval_episodes')} episodes per target · device: {values(lambda r: r['provenance']['device'])} · "
+            f"torch {values(lambda r: r['provenance']['versions']['torch'])} · commit{'s' * (len(commits) > 1)} "
+            f"{', '.join(commits)} · {values(lambda r: r['provenance']['date'][:10])}")
+    if rebuilt:
+        text += (f". The provenance of {rebuilt} of these records (and the config of {configs}) was reconstructed "
+                 f"afterwards from the commands that made them and the git history: each record's "
+                 f"`provenance.reconstructed` says from what, and whether its commit is exact")
+    old = [f"{k} {cfg(k)} (now {getattr(Config(), k)})" for k in MODEL_FIELDS
+           if {r["config"][k] for r in recs} != {getattr(Config(), k)}]
+    if old:
+        text += f". **Not the current model**: {', '.join(old)}"
+    return text + "."
+
+
+def vs_paper(ours: dict | None, paper: tuple[float, float]) -> str:
+    """Ours − the paper at the high target, in standard errors of the two seed spreads."""
+    if ours is None:
+        return "missing"
+    s = np.asarray(ours["seeds"])
+    se = np.sqrt((s.var(ddof=1) / len(s) if len(s) > 1 else np.nan) + paper[1] ** 2 / PAPER_SEEDS)
+    gap = s.mean() - paper[0]
+    return f"{gap:+.1f} ({gap / se:+.1f} SE)" if np.isfinite(se) and se > 0 else f"{gap:+.1f} (no SE)"
+
+
+def table4(folder: Path) -> str:
+    """Table 4 from the records in ``folder``: every dataset of the paper's table, both models, ours beside the
+    paper's with the difference in standard errors; a row without records is named missing."""
+    rows = collect(folder, TABLE4, ["dt", "primal"], [0, 1, 2])
+    if not rows:
+        return f"No records in `{folder.relative_to(ROOT)}` yet: all 18 rows are missing.\n"
+    head = ["dataset", "model", "seeds", "high target: last checkpoint", "low target: last checkpoint",
+            "high / low: mean of last 3 evaluations", "per seed (high)", "paper (its Table 4)",
+            "ours − paper (high)", "DT paper's own"]
+    lines, missing = [], []
+    for key in ORDER:
+        for model, label, paper in (("dt", DT_MATCHED, PAPER[key][1]), ("primal", PRIMAL, PAPER[key][0])):
+            row = next((r for r in rows if short(r["dataset"]) == key and r["model"] == model), None)
+            own = f"{DT_OWN[key]:.1f}" if model == "dt" else "–"
+            if row is None:
+                missing.append(f"{key} {label}")
+                lines.append([key, label, 0, "missing", "missing", "missing", "missing", pm(*paper), "missing", own])
+                continue
+            hi, lo = row["targets"][0], row["targets"][1]
+            last3 = (f"{cell(hi.get('last3'))} / {cell(lo.get('last3'))}")
+            lines.append([f"{key} ({hi['target']:g} / {lo['target']:g})", label, len(row["finished_seeds"]), cell(hi),
+                          cell(lo), last3, ", ".join(f"{v:.1f}" for v in hi["seeds"]), pm(*paper), vs_paper(hi, paper),
+                          own])
+    both = [k for k in ORDER if all(any(short(r["dataset"]) == k and r["model"] == m for r in rows)
+                                    for m in ("dt", "primal"))]
+    for model, label, i in (("dt", DT_MATCHED, 1), ("primal", PRIMAL, 0)):
+        mine = [next(r for r in rows if short(r["dataset"]) == k and r["model"] == model) for k in both]
+        if mine:
+            avg = [f"**{np.mean([r['targets'][t]['mean'] for r in mine]):.1f}**" for t in (0, 1)]
+            lines.append([f"**average of {len(both)} dataset{'s' * (len(both) != 1)}**", label, "", *avg, "", "",
+                          f"{np.mean([PAPER[k][i][0] for k in both]):.1f}", "",
+                          f"{np.mean([DT_OWN[k] for k in both]):.1f}" if model == "dt" else "–"])
+    md = table(head, lines) + "\n\n"
+    md += (f"Missing (no record): {', '.join(missing)}.\n\n" if missing else "All 18 rows are present.\n\n")
+    md += f"Records: [`{folder.relative_to(ROOT)}/`](../{folder.relative_to(ROOT)}/). Made with: {made_with(rows)}\n"
+    gaps = gap_rows(rows, PRIMAL, DT_MATCHED)
+    if gaps:
+        md += f"\n{PRIMAL} − {DT_MATCHED}, per dataset:\n\n" + gap_table(gaps, PRIMAL, DT_MATCHED)
+    return md
+
+
+def table4_sections() -> str:
+    """The current Table 4, then each legacy one (``results/legacy/table4-*``), each under its own heading."""
+    md = table4(ROOT / CURRENT)
+    for folder in sorted((ROOT / LEGACY).glob("table4-*")):
+        md += (f"\n### Legacy: `{folder.relative_to(ROOT)}`\n\nAn earlier Table 4, kept as it was made; the table "
+               f"above replaces it.\n\n" + table4(folder))
+    return md
+
+
+def compare(parts: list[tuple[str, list[str], str, str]], datasets: list[str], a: str, b: str) -> str:
+    """Rows of several record folders side by side, (folder, models, label, name) each, and a − b in standard
+    errors; a short table of the rows' settings under it."""
+    rows = []
+    for folder, models, label, name in parts:
+        rows += [dict(r, label=label or r["label"], name=name or r["name"]) for r in collect(ROOT / folder, datasets, models, [0, 1, 2])]
+    rows = [r for d in datasets for r in rows if r["dataset"] == d]
+    head = ["dataset", "model", "seeds", "high target: last checkpoint", "low target: last checkpoint",
+            "high / low: mean of last 3 evaluations", "records"]
+    lines = [[short(r["dataset"]), r["label"], len(r["finished_seeds"]), cell(r["targets"][0]), cell(r["targets"][1]),
+              f"{cell(r['targets'][0].get('last3'))} / {cell(r['targets'][1].get('last3'))}",
+              f"`{Path(r['dir']).relative_to(ROOT).parent.parent}`"] for r in rows]
+    md = table(head, lines) + "\n\n" + gap_table(gap_rows(rows, a, b), a, b)
+    folders = list(dict.fromkeys(f for f, *_ in parts))
+    return md + "\n" + "\n".join(f"- `{f}`: {made_with([r for r in rows if Path(r['dir']).is_relative_to(ROOT / f)])}"
+                                 for f in folders) + "\n"
+
+
+def ablation() -> str:
+    """The KSVD ablation on halfcheetah medium-replay: scores, and J² and Λ from the committed TensorBoard logs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    dataset = "dt-primal/halfcheetah/medium-replay-v0"
+    lines = []
+    for folder in [reference(), *(ROOT / "results/ablation" / name for name in ("eta0", "s64", "s96"))]:
+        rows = collect(folder, [dataset], ["primal"], [0, 1, 2])
+        if not rows:
+            continue
+        row, runs = rows[0], [Path(rows[0]["dir"]) / f"seed_{s}" for s in rows[0]["finished_seeds"]]
+        cfg = records(Path(row["dir"]), row["finished_seeds"])[0]["config"]
+        logs = [EventAccumulator(str(next(r.glob("events.out.tfevents.*")))).Reload() for r in runs]
+        j2, lam = (np.mean([[log.Scalars(tag)[i].value for i in (-1, 0)] for log in logs], 0)
+                   for tag in ("ksvd/J_squared", "ksvd/lambda_mean/0"))
+        lines.append([f"η {cfg['eta']:g}, s {cfg['s']}", len(runs), cell(row["targets"][0]), cell(row["targets"][1]),
+                      ", ".join(f"{v:.1f}" for v in row["targets"][0]["seeds"]), f"{j2[0]:.1e} ({j2[1]:.1e})",
+                      f"{lam[0]:.2f} ({lam[1]:.2f})", f"`{folder.relative_to(ROOT)}`"])
+    head = ["setting", "seeds", "target 12000", "target 6000", "per seed (12000)",
+            "KSVD J² at the end (first logged)", "Λ mean at the end (start)", "records"]
+    return table(head, lines) + "\n"
+
+
+def reference() -> Path:
+    """The Table-4 records the ablation's runs differ from by η or s only: the current ones if they match, else
+    the legacy one that does."""
+    probe = "dt-primal_halfcheetah_medium-replay-v0/primal/seed_0/eval.json"
+    abl = json.loads((ROOT / "results/ablation/eta0" / probe).read_text())["config"]
+    same = lambda c: all(c.get(k) == abl.get(k) for k in ("d_model", "steps", "activation", "embed_init", "precision"))
+    for folder in [ROOT / CURRENT, *sorted((ROOT / LEGACY).glob("table4-*"))]:
+        if (folder / probe).exists() and same(json.loads((folder / probe).read_text())["config"]):
+            return folder
+    return ROOT / CURRENT
+
+
+SECTIONS = {
+    "table4": table4_sections,
+    "dt-baselines": lambda: compare(
+        [("results/dt-paper-cpu", ["dt"], "DT (dt-primal)", "dt"),
+         ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT (d3rlpy)", "d3rlpy-dt")],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0", "dt-primal/halfcheetah/medium-expert-v0"],
+        "DT (dt-primal)", "DT (d3rlpy)"),
+    "dt-paper-gpt2": lambda: compare(
+        [("results/dt-paper-cpu-gpt2-init", ["dt"], "DT, gpt2 init", "dt"),
+         ("results/dt-paper-cpu", ["dt"], "DT, torch init", "dt")],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0"], "DT, torch init", "DT, gpt2 init"),
+    "init-dt": lambda: compare(
+        [("results/table4-cpu-init", ["dt"], "DT, torch", "dt"), ("results/table4-cpu-gpt2-init", ["dt"], "DT, gpt2", "dt")],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"], "DT, torch", "DT, gpt2"),
+    "init-primal": lambda: compare(
+        [("results/table4-cpu-init", ["primal"], "Primal.+DT, torch", "primal"),
+         ("results/table4-cpu-gpt2-init", ["primal"], "Primal.+DT, gpt2", "primal")],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
+        "Primal.+DT, torch", "Primal.+DT, gpt2"),
+    "ablation": ablation,
+    "gpu": lambda: compare(
+        [("results/gpu-hopper-medium-replay", ["dt", "primal"], "", "")], ["dt-primal/hopper/medium-replay-v0"],
+        PRIMAL, DT_MATCHED),
+}
+BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n).*?(<!-- END generated: (?P=name) -->)", re.S)
+
+
+def render(text: str) -> str:
+    """``text`` (docs/results.md) with every generated block made again from the records."""
+    return BLOCK.sub(lambda m: m.group(1) + SECTIONS[m.group("name")]().rstrip("\n") + "\n" + m.group(3), text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dt_primal.tables", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="only compare: exit 1 if docs/results.md is out of date")
+    args = p.parse_args(argv)
+    old = DOC.read_text()
+    new = render(old)
+    if args.check:
+        if new != old:
+            sys.exit("docs/results.md differs from what the records give: run python -m dt_primal.tables")
+        print("docs/results.md matches the records")
+        return
+    DOC.write_text(new)
+    print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    run_main(main)

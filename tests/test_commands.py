@@ -1,0 +1,170 @@
+"""What the commands do to their process and what the library leaves alone; --precision auto; options
+that argparse used to guess; sizes and step counts that cannot work."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import evaluate
+from datasets import __main__ as datasets_main
+from datasets.loaders import load_dataset
+from dt_primal import checkpoint, checks, precision, run, sweep, training
+from dt_primal.config import Config, make_config
+from test_reliability import ENV, SMALL, assert_user_error, raises
+from test_train import ROOT, TINY, hopper_file
+
+# imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
+THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
+LIBRARY = ("dt_primal, dt_primal.run, dt_primal.sweep, dt_primal.spectrum, dt_primal.training, dt_primal.evaluation, "
+           "dt_primal.checks, dt_primal.checkpoint, dt_primal.cli, dt_primal.precision, dt_primal.process, "
+           "datasets.loaders, envs")
+
+
+def python(code: str, *, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in (env or ENV).items() if k != "OMP_WAIT_POLICY"})
+
+
+# --- no import-time side effects; the commands' own settings ---
+
+def test_importing_the_library_leaves_the_process_as_it_was():
+    res = python(f"""
+import os, torch
+{THIRD_PARTY}
+before, threads, tf32 = dict(os.environ), torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+import {LIBRARY}
+assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
+assert "OMP_WAIT_POLICY" not in os.environ
+assert (torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32) == (threads, tf32)
+print("unchanged")""")
+    assert res.returncode == 0 and "unchanged" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("command", ["path:train.py", "path:evaluate.py", "module:dt_primal.run",
+                                     "module:dt_primal.sweep", "module:dt_primal.spectrum", "module:datasets"])
+def test_every_command_sets_the_wait_policy_before_torch_loads(command):
+    """An import hook records OMP_WAIT_POLICY at the moment torch is first imported (its OpenMP reads it then)."""
+    kind, name = command.split(":")
+    res = python(f"""
+import importlib.abc, os, runpy, sys
+seen = []
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "torch" and not seen:
+            seen.append(os.environ.get("OMP_WAIT_POLICY"))
+sys.meta_path.insert(0, Spy())
+sys.argv = ["{name}", "--help"]
+try:
+    runpy.run_{kind}("{name}", run_name="__main__")
+except SystemExit:
+    pass
+print("policy at torch import:", seen)""")
+    assert "policy at torch import: ['PASSIVE']" in res.stdout, (res.stdout[-500:], res.stderr[-2000:])
+
+
+def test_configure_process_keeps_a_policy_given_and_sets_threads():
+    res = python("""
+import os
+os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+from dt_primal.process import configure_process
+configure_process(threads=1)
+import torch
+print(os.environ["OMP_WAIT_POLICY"], torch.get_num_threads())""")
+    assert res.stdout.split() == ["ACTIVE", "1"], res.stderr
+
+
+def test_tf32_is_switched_on_inside_its_block_only():
+    saved = torch.backends.cuda.matmul.allow_tf32
+    with precision.tf32("tf32"):
+        assert torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32 == saved
+    with precision.tf32("bf16"):
+        assert torch.backends.cuda.matmul.allow_tf32 == saved
+
+
+# --- --precision auto ---
+
+def test_auto_is_the_default_of_the_config_and_of_every_preset():
+    assert Config().precision == "auto"
+    assert all(make_config(p).precision == "auto" for p in ("paper", "quick", "dt-paper"))
+    assert make_config("quick", precision="fp32").precision == "fp32"
+
+
+@pytest.mark.parametrize("share, chosen", [(0.3, "bf16"), (2.5, "fp32"), (60.0, "fp32")])
+def test_auto_on_a_cpu_follows_the_measurement(monkeypatch, share, chosen):
+    monkeypatch.setattr(precision, "bf16_share", lambda d_model: share)
+    resolved, why = precision.resolve_precision("auto", torch.device("cpu"), 128)
+    assert resolved == chosen and f"{share:.2f}x the fp32 time" in why
+
+
+def test_cuda_takes_bf16_and_an_explicit_precision_wins_without_measuring(monkeypatch):
+    monkeypatch.setattr(precision, "bf16_share", lambda d_model: pytest.fail("measured"))
+    assert precision.resolve_precision("auto", torch.device("cuda"), 128)[0] == "bf16"
+    for given in ("fp32", "tf32", "bf16"):
+        assert precision.resolve_precision(given, torch.device("cpu"), 128) == (given, "as set")
+
+
+def test_the_measurement_gives_a_ratio_and_leaves_the_threads():
+    threads = torch.get_num_threads()
+    share = precision.bf16_share(64)
+    assert 0 < share < float("inf") and torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("share, chosen", [(0.3, "bf16"), (2.5, "fp32")])
+def test_a_run_records_the_resolved_precision(tmp_path, monkeypatch, capsys, share, chosen):
+    monkeypatch.setattr(precision, "bf16_share", lambda d_model: share)
+    data = load_dataset(str(hopper_file(tmp_path)))
+    training.train(make_config(**{**SMALL, "precision": "auto"}, steps=2, out=str(tmp_path / "run")), data)
+    assert capsys.readouterr().out.count(f"precision: {chosen} (auto: ") == 1
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["config"]["precision"] == chosen
+    assert checkpoint.load_checkpoint(tmp_path / "run" / "last.pt")["config"]["precision"] == chosen
+
+    # evaluate.py's auto (its default): the run's own, but fp32 where bf16 is slow; said and recorded
+    for share_now, used in ((share, chosen), (2.5, "fp32")):
+        monkeypatch.setattr(precision, "bf16_share", lambda d_model: share_now)
+        report = tmp_path / f"ev{share_now}.json"
+        monkeypatch.setattr(sys, "argv", ["evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1",
+                                          "--device", "cpu", "--out", str(report)])
+        evaluate.main()
+        assert f"precision: {used} (auto: " in capsys.readouterr().out
+        assert json.loads(report.read_text())["checkpoints"][0]["precision"] == used
+
+
+# --- options argparse used to complete, sizes and step counts that cannot work ---
+
+def test_abbreviated_options_are_unknown_in_every_command(tmp_path, capsys):
+    res = subprocess.run([sys.executable, "evaluate.py", "x.pt", "--env", "walker2d", "--out", str(tmp_path / "e.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    assert res.returncode == 2 and "unrecognized arguments: --env walker2d" in res.stderr, res.stderr
+    for parse in (lambda: run.parser().parse_args(["--eval-ep", "3"]),
+                  lambda: sweep.main(["--datasets", "x", "--model", "dt", "--out", str(tmp_path)]),
+                  lambda: datasets_main.main(["stats", "--episode", "3"])):
+        with pytest.raises(SystemExit) as exit_:
+            parse()
+        assert exit_.value.code == 2 and "unrecognized arguments: --" in capsys.readouterr().err
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, monkeypatch):
+    res = subprocess.run([sys.executable, "train.py", "--dataset", str(hopper_file(tmp_path)), *TINY, "--batch-size",
+                          "100000000", "--steps", "2", "--out", str(tmp_path / "run")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    assert_user_error(res, "--batch-size 100000000 needs at least", "for the activations of one training step",
+                      "Lower --batch-size")
+    monkeypatch.setattr(checks, "_available_bytes", lambda device: (1 << 30, "available memory"))
+    cfg = make_config("quick", batch_size=256)
+    checks.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit
+    with raises("more than the 1.0 GiB of available memory here"):
+        checks.check_batch_memory(cfg, members=3)
+
+
+def test_resume_of_a_run_past_steps_says_so(tmp_path, capsys):
+    data = load_dataset(str(hopper_file(tmp_path)))
+    cfg = make_config(**SMALL, steps=3, out=str(tmp_path / "run"))
+    training.train(cfg, data)
+    with raises(f"{tmp_path / 'run' / 'last.pt'} is already at step 3, past --steps 2: there is nothing to train"):
+        training.train(make_config(**SMALL, steps=2, out=cfg.out), data, resume=True)
+    capsys.readouterr()
+    training.train(cfg, data, resume=True)  # exactly at --steps: the final evaluation again, and a line saying so
+    assert "already at step 3 = --steps; nothing to train, only the final evaluation runs" in capsys.readouterr().out

@@ -1,0 +1,110 @@
+"""The documents and the committed records: docs/results.md is what the records give, every record says how
+it was made, no tracked file names a path of the machine it was written on or cites a file the repository
+does not hold, and no documented command writes into the committed results/."""
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dt_primal import tables
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (".py", ".md", ".txt", ".json", ".jsonl", ".csv", ".toml", ".cfg", ".yaml", ".yml", ".sh", "")
+
+
+def tracked() -> list[Path]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        pytest.skip("not a git checkout")
+    return [ROOT / f for f in out.stdout.splitlines() if Path(f).suffix in TEXT and (ROOT / f).is_file()]
+
+
+def lines_matching(pattern: re.Pattern, files) -> list[str]:
+    return [f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}" for f in files
+            for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+
+
+def test_results_page_is_what_the_records_give():
+    assert tables.render(tables.DOC.read_text()) == tables.DOC.read_text(), \
+        "docs/results.md is out of date: run python -m dt_primal.tables"
+
+
+def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
+    """A Table 4 folder with one dataset's records names the other rows missing and averages only what it has."""
+    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-v0"
+    if not src.exists():
+        pytest.skip("no Table 4 records of hopper medium")
+    for model in ("dt", "primal"):
+        for seed in range(3):
+            run = tmp_path / "dt-primal_hopper_medium-v0" / model / f"seed_{seed}"
+            run.mkdir(parents=True)
+            for name in ("eval.json", "evals.jsonl"):
+                (run / name).write_text((src / model / f"seed_{seed}" / name).read_text())
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    md = tables.table4(tmp_path)
+    assert "average of 1 dataset**" in md
+    assert "Missing (no record): halfcheetah/medium-expert DT (matched settings)" in md
+    assert md.count("| missing | missing |") == 16
+
+
+def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
+    """Records moved under results/legacy/table4-* show as a marked legacy section below the current table."""
+    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-v0"
+    if not src.exists():
+        pytest.skip("no Table 4 records of hopper medium")
+    shutil.copytree(src, tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-v0",
+                    ignore=shutil.ignore_patterns("events.out.tfevents.*"))
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    md = tables.table4_sections()
+    current, legacy = md.split("### Legacy: `results/legacy/table4-old`")
+    assert current.startswith("No records in `results/table4-cpu` yet: all 18 rows are missing.")
+    assert "| hopper/medium (3600 / 1800) | Primal.+DT | 3 |" in legacy
+
+
+def test_every_record_says_how_it_was_made():
+    for path in (ROOT / "results").rglob("eval.json"):
+        record = json.loads(path.read_text())
+        assert {"config", "provenance"} <= record.keys(), path
+        assert {"commit", "device", "versions", "date"} <= record["provenance"].keys(), path
+        assert not Path(record["checkpoint"]).is_absolute(), path
+
+
+def test_no_machine_paths_in_tracked_files():
+    machine = re.compile("|".join("/" + d + "/" for d in ("work", "root", "home", "tmp")))
+    assert lines_matching(machine, tracked()) == []
+
+
+def test_no_tracked_file_cites_a_spec_the_repository_lacks():
+    assert lines_matching(re.compile("SP" + "EC"), tracked()) == []
+
+
+def test_no_documented_command_writes_into_results():
+    writes = re.compile(r"--(out|report-dir)[ =]+results/")
+    docs = [f for f in tracked() if f.suffix in (".md", ".py")]
+    assert lines_matching(writes, docs) == []
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_documents_resolve():
+    """Every relative link in a tracked Markdown file names a file that exists, and a heading there."""
+    broken = []
+    for md in (f for f in tracked() if f.suffix == ".md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", md.read_text()):
+            if "://" in target or target.startswith("#"):
+                continue
+            path, _, frag = target.partition("#")
+            dest = (md.parent / path).resolve()
+            if not dest.exists():
+                broken.append(f"{md.relative_to(ROOT)}: {target}")
+            elif frag and dest.suffix == ".md":
+                heads = [anchor(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)]
+                if frag not in heads:
+                    broken.append(f"{md.relative_to(ROOT)}: {target}")
+    assert broken == []

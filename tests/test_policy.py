@@ -1,0 +1,90 @@
+"""``dt_primal.load_policy``: a trained model that acts with torch and NumPy only, exactly as evaluation does."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dt_primal.checkpoint import load_checkpoint
+from dt_primal.evaluation import rollout
+from dt_primal.policy import Policy, load_policy, policy_from_checkpoints
+from envs import TASKS
+from test_files import ENV, FORMAT1, ROOT, one_thread, run_dir  # noqa: F401 (fixtures)
+
+# a process in which gymnasium, mujoco and minari cannot be imported, acting with the policy of argv[1] on the
+# observations and rewards of argv[2]; it writes the actions to argv[3]
+ACT_WITHOUT_SIMULATORS = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("gymnasium", "mujoco", "minari"):
+            raise ImportError(f"{name} is not installed here")
+sys.meta_path.insert(0, Absent())
+import numpy as np
+import dt_primal
+policy = dt_primal.load_policy(sys.argv[1])
+steps = np.load(sys.argv[2])
+policy.reset(float(steps["target"]))
+actions = [policy.act(steps["obs"][0])] + [policy.act(o, reward=r) for o, r in zip(steps["obs"][1:], steps["rewards"])]
+assert not {"gymnasium", "mujoco", "minari", "envs"} & set(sys.modules)
+np.save(sys.argv[3], np.stack(actions))
+"""
+
+
+def evaluation_steps(path, target, episodes=1):
+    """The observations, rewards and actions of evaluate.py's path (load_checkpoint, policy_from_checkpoints,
+    rollout) for one Hopper episode conditioned on ``target``."""
+    policy = policy_from_checkpoints([load_checkpoint(path)])
+    seen = []
+    act = policy.act
+    policy.act = lambda obs, reward, live: seen.append((obs.copy(), np.array(reward), act(obs, reward, live))) or seen[-1][2]
+    rollout(policy, TASKS["hopper"], [target], episodes, seeds=[100_000])
+    return seen
+
+
+@pytest.mark.parametrize("which", ["new", "format 1"])
+def test_load_policy_acts_without_gymnasium_mujoco_or_minari_as_evaluation_does(run_dir, tmp_path, which):
+    path = run_dir / "last.pt" if which == "new" else FORMAT1 / "last.pt"
+    seen = evaluation_steps(path, 3600.0)
+    obs = np.stack([o.reshape(-1) for o, _, _ in seen])
+    rewards = np.array([r.reshape(-1)[0] for _, r, _ in seen[1:]])
+    np.savez(tmp_path / "steps.npz", obs=obs, rewards=rewards, target=3600.0)
+    res = subprocess.run([sys.executable, "-c", ACT_WITHOUT_SIMULATORS, str(path), str(tmp_path / "steps.npz"),
+                          str(tmp_path / "actions.npy")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert res.returncode == 0, res.stderr
+    actions = np.load(tmp_path / "actions.npy")
+    assert len(actions) > 10 and actions.dtype == np.float32 and np.abs(actions).max() <= 1
+    np.testing.assert_array_equal(actions, np.stack([a.reshape(-1) for _, _, a in seen]))
+
+
+def test_one_policy_acts_for_one_environment_or_a_batch(run_dir):
+    policy = load_policy(run_dir / "last.pt")
+    assert policy.context == 20 and policy.config.max_ep_len == 50 and policy.state_mean.shape == (11,)
+    assert policy.run_config["reward_scale"] == 1000.0
+    rng = np.random.default_rng(0)
+    obs, rewards, targets = rng.normal(size=(6, 3, 11)), rng.normal(size=(6, 3)), np.array([3600.0, 1800.0, 900.0])
+    policy.reset(targets)
+    batched = np.stack([policy.act(obs[t], rewards[t]) for t in range(6)])
+    assert batched.shape == (6, 3, 3)
+    for i in range(3):
+        policy.reset(targets[i])
+        one = np.stack([policy.act(obs[t, i], reward=rewards[t, i]) for t in range(6)])
+        assert one.shape == (6, 3)
+        np.testing.assert_allclose(one, batched[:, i], atol=1e-6)
+    policy.reset(3600.0)
+    first = policy.act(obs[0, 0], reward=123.0)  # no reward before the first action: ignored
+    policy.reset(3600.0)
+    np.testing.assert_array_equal(first, policy.act(obs[0, 0]))
+
+
+def test_a_policy_acts_beyond_its_context_and_its_episode_length():
+    torch.manual_seed(0)
+    from dt_primal.config import Config
+    from dt_primal.model import DecisionTransformer
+    model = DecisionTransformer(Config(d_model=16, n_head=2, n_layer=1, context=3, max_ep_len=4).model_config(2, 1))
+    policy = Policy(model.train(False), np.zeros(2), np.ones(2), 1.0, 3)
+    policy.reset(1.0)
+    actions = [policy.act(np.full(2, t / 10), reward=0.1) for t in range(8)]
+    assert all(a.shape == (1,) and np.isfinite(a).all() for a in actions)
+    assert policy.history[0].shape == (1, 1, 3, 2)  # the last K steps only
