@@ -139,13 +139,16 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
     from datasets.suite import SUITE_NAMESPACE, build_if_missing, is_built, parse_suite_id
 
     if dataset_id.startswith(SUITE_NAMESPACE + "/"):
-        task, level = parse_suite_id(dataset_id)
+        task, level, version = parse_suite_id(dataset_id)
         if not build and not is_built(dataset_id):
             raise UserError(f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
                             f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
-                            f"(on every node, unless $MINARI_DATASETS_PATH is shared), then start the run again.")
+                            f"--version {version} (on every node, unless $MINARI_DATASETS_PATH is shared), then start "
+                            f"the run again.")
         build_if_missing(dataset_id)
     elif dataset_id not in minari.list_local_datasets():
+        if not download and _combine_hint(dataset_id):
+            raise UserError(f"{dataset_id} is not a local Minari dataset.{_combine_hint(dataset_id)}")
         if not download:
             home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
             raise UserError(
@@ -158,13 +161,24 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
         ds = minari.load_dataset(dataset_id, download=download)
     except Exception as exc:  # unknown remote id, broken files, no network
         raise UserError(f"Could not load Minari dataset {dataset_id}: {exc}. Check the id "
-                        f"(python -c 'import minari; print(minari.list_local_datasets())').") from exc
+                        f"(python -c 'import minari; print(minari.list_local_datasets())').{_combine_hint(dataset_id)}") \
+            from exc
     episodes = [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
                 for ep in ds.iterate_episodes()]
     spec, meta = ds.env_spec, ds.storage.metadata
     refs = (meta.get("ref_min_score"), meta.get("ref_max_score"))
     return Trajectories.from_episodes(episodes, env=spec and spec.id, source=dataset_id,
                                       env_spec=spec and spec.to_json(), ref_scores=None if None in refs else refs)
+
+
+def _combine_hint(dataset_id: str) -> str:
+    """How to make a D4RL-style medium-expert that Minari's hosted MuJoCo datasets lack; "" for other ids."""
+    m = re.fullmatch(r"(.+)/medium-expert-v[0-9]+", dataset_id)
+    if not m:
+        return ""
+    parts = f"{m.group(1)}/medium-v0 {m.group(1)}/expert-v0"
+    return (f" Minari's hosted MuJoCo datasets have no medium-expert level: make it from its parts with minari "
+            f"download {parts}, then python -m datasets combine {parts} --into {dataset_id}.")
 
 
 def load_d4rl_hdf5(path: Path) -> Trajectories:

@@ -1,5 +1,5 @@
 """``python -m datasets stats``: what the built suite holds and how good its behaviour policies are,
-printed and written to ``docs/datasets.md``."""
+printed and written to ``docs/datasets.md``, with the learners' curves beside it (``datasets-learners.png``)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets.behaviour import EXPERT_EPISODES, EXPERT_SCORE, POLICY_DIR, GaussianActor, evaluate_actor
-from datasets.suite import LEVELS, SUITE_NAMESPACE, dataset_dir, is_built, suite_id
+from datasets.behaviour import (EXPERT_EPISODES, EXPERT_TARGETS, EXPERT_VERSION, POLICY_DIR, GaussianActor,
+                                evaluate_actor, expert_file)
+from datasets.suite import LEVELS, SUITE_NAMESPACE, VERSIONS, dataset_dir, is_built, suite_id
 from datasets.loaders import load_dataset
 from envs import TASKS, Task
 
@@ -29,53 +30,111 @@ def dataset_row(dataset_id: str) -> str:
             f"{returns.min():.1f} | {returns.max():.1f} | {normalised} | {seconds} |")
 
 
+def policy_cell(task: Task, path: Path, episodes: int, promoted: dict | None) -> str:
+    """A fresh ``episodes``-episode measurement of one exported policy (and the one that promoted it)."""
+    actor, meta = GaussianActor.load(path)
+    r = evaluate_actor(actor, task, episodes, seed=12345)
+    s = task.normalize(r)
+    cell = f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**"
+    if promoted and promoted.get("measured"):  # the measurement that promoted it (other seeds)
+        m, sd, n = promoted["measured"]
+        cell += f" (promoted on {m:.1f} ± {sd:.1f} over {n} other episodes)"
+    elif promoted:
+        cell += " (the best export of a run that ended below the target)"
+    return cell
+
+
 def policy_row(task: Task, episodes: int) -> str | None:
-    """The learner's history and a fresh ``episodes``-episode measurement of medium and expert."""
+    """The learner's history, and medium and each expert version measured over ``episodes`` episodes."""
     folder = POLICY_DIR / task.name
     if not (folder / "learner.json").exists():
         return None
     learner = json.loads((folder / "learner.json").read_text())
-    cells = []
-    for level in ("medium", "expert"):
-        path = folder / f"{level}.pt"
-        if not path.exists():
-            best = folder / "best.pt"
-            cells.append(f"not yet (best so far: step {learner['expert_step']}, {learner['expert_score']:.1f} over 10 "
-                         f"episodes; it becomes the expert once it measures ≥ {EXPERT_SCORE:g} over "
-                         f"{EXPERT_EPISODES} episodes, or when the 1M-step run ends)" if level == "expert" and best.exists()
-                         else "not reached yet")
-            continue
-        actor, meta = GaussianActor.load(path)
-        r = evaluate_actor(actor, task, episodes, seed=12345)
-        s = task.normalize(r)
-        cell = f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**"
-        if level == "expert" and "expert_measured" in learner:  # the measurement that promoted it (other seeds)
-            m, sd, n = learner["expert_measured"]
-            cell += f" (promoted on {m:.1f} ± {sd:.1f} over {n} other episodes)"
-        cells.append(cell)
+    cells = [policy_cell(task, folder / "medium.pt", episodes, None) if (folder / "medium.pt").exists()
+             else "not reached yet"]
+    for version in range(EXPERT_VERSION + 1):
+        path, target = folder / expert_file(version), EXPERT_TARGETS[version][task.name]
+        if path.exists():
+            cells.append(policy_cell(task, path, episodes, learner["experts"].get(str(version))))
+        elif version == EXPERT_VERSION and learner["best_step"] is not None:
+            cells.append(f"not yet (best so far: step {learner['best_step']}, {learner['best_score']:.1f} over 10 "
+                         f"episodes; an evaluation ≥ {target:g} becomes the expert once it measures ≥ {target:g} over "
+                         f"{EXPERT_EPISODES} episodes)")
+        else:
+            cells.append("not in this checkout" if version < EXPERT_VERSION else "not reached yet")
     last = learner["evals"][-1] if learner["evals"] else {"step": 0, "normalized": float("nan")}
     return (f"| {task.name} | {learner['algo']} | {last['step']} ({last['normalized']:.1f}) | "
-            f"{learner['cpu_seconds'] / 3600:.2f} | {cells[0]} | {cells[1]} |")
+            f"{learner['cpu_seconds'] / 3600:.2f} | {' | '.join(cells)} |")
+
+
+def learner_curves(path: Path) -> bool:
+    """Each learner's 10-episode evaluations against its step, with the expert targets; a 256-colour
+    PNG (small enough to commit). False when no learner has a history."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    learners = {t: json.loads((POLICY_DIR / t / "learner.json").read_text()) for t in TASKS
+                if (POLICY_DIR / t / "learner.json").exists()}
+    if not learners:
+        return False
+    fig, axes = plt.subplots(1, len(learners), figsize=(4 * len(learners), 3.2), squeeze=False)
+    for ax, (name, learner) in zip(axes[0], learners.items()):
+        steps = [e["step"] for e in learner["evals"]]
+        ax.plot(steps, [e["normalized"] for e in learner["evals"]], lw=1, label="10-episode evaluation")
+        for version, targets in EXPERT_TARGETS.items():
+            ax.axhline(targets[name], ls="--", lw=0.8, color=f"C{version + 1}", label=f"expert-v{version} target")
+        for version, promoted in learner["experts"].items():
+            if promoted.get("measured"):
+                ax.plot(promoted["step"], promoted["measured"][0], "o", color=f"C{int(version) + 1}",
+                        label=f"expert-v{version}, 100 episodes")
+        ax.set(title=f"{name} ({learner['algo']}, {learner['cpu_seconds'] / 3600:.1f} CPU h)", xlabel="learner step",
+               ylabel="normalised return")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=90)
+    plt.close(fig)
+    Image.open(buf).convert("RGB").quantize(256).save(path, optimize=True)
+    return True
+
+
+NOTES = "<!-- notes: written by hand, kept as they are by `python -m datasets stats` -->"
 
 
 def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
-    """The built suite datasets and ``datasets`` (Minari ids of any task), and the behaviour policies."""
-    built = [suite_id(t, lvl) for t in TASKS for lvl in LEVELS if is_built(suite_id(t, lvl))]
+    """The built suite datasets and ``datasets`` (Minari ids of any task), the behaviour policies and
+    their learners' curves; the notes of an existing page (from ``NOTES`` on) are kept."""
+    every = [suite_id(t, lvl, v) for t in TASKS for lvl in LEVELS for v in range(VERSIONS.get(lvl, 0) + 1)]
+    built = [d for d in every if is_built(d)]
     given = [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]
     rows = [dataset_row(d) for d in dict.fromkeys(built + given)]  # a built suite dataset given again: one row
     policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
+    experts = list(range(EXPERT_VERSION + 1))
+    targets = "; ".join(f"expert-v{v} ≥ " + ", ".join(f"{t} {EXPERT_TARGETS[v][t]:g}" for t in TASKS) for v in experts)
+    curves = out.with_name(out.stem + "-learners.png")
+    old = out.read_text() if out.exists() else ""
     text = "\n".join([
         "# The offline dataset suite", "",
-        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v0` built on this machine (`python -m datasets build`) and any "
+        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v<N>` built on this machine (`python -m datasets build`) and any "
         "given with `--datasets`; normalised scores use each dataset's reference returns (the D4RL ones for the "
-        "suite; – for a task without any). Regenerate this page with `python -m datasets stats`.", "",
+        "suite; – for a task without any). The expert and medium-expert levels have one version per expert policy; "
+        "`build` makes the newest unless given `--version`. Regenerate this page with `python -m datasets stats`.", "",
         "## Built datasets", "",
         "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s (1-min load average) |",
         "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",
         f"## Behaviour policies (measured: {episodes} episodes of the stochastic policy that makes the data)", "",
-        "| env | algorithm | learner step (last eval, normalised) | learner CPU hours | medium | expert |",
-        "|---|---|---|---|---|---|", *(policies or ["| (no learner has run yet) | | | | | |"]), "",
-        "Targets: expert ≥ 75 normalised on each task, medium between 30 and 65.", ""])
+        "| env | algorithm | learner step (last eval, normalised) | learner CPU hours | medium | "
+        + " | ".join(f"expert-v{v}" for v in experts) + " |",
+        "|---|---|---|---|---|" + "---|" * len(experts),
+        *(policies or ["| (no learner has run yet) | | | | |" + " |" * len(experts)]), "",
+        f"Targets (normalised mean over {EXPERT_EPISODES} episodes): {targets}; medium between 30 and 65.", "",
+        *([f"![learning curves]({curves.name})", ""] if learner_curves(curves) else []),
+        *([old[old.index(NOTES):].rstrip(), ""] if NOTES in old else [])])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text

@@ -1,11 +1,12 @@
-"""The offline suite: D4RL-style Minari datasets ``dt-primal/<env>/<level>-v0`` built on this
+"""The offline suite: D4RL-style Minari datasets ``dt-primal/<env>/<level>-v<N>`` built on this
 machine from committed behaviour policies (the D4RL recipe, docs/method.md, "Datasets").
 
 random = uniform actions; medium = the policy first reaching about a third of expert score;
-medium-replay = every transition its learner collected until then; expert = the learner's best
-policy once it measures at least 75 normalised over 100 episodes (or the best of its finished 1M-step
-run); medium-expert = medium + expert. Episodes end on termination or at 1000
-steps. ``steps`` scales every level down (tests use tiny builds).
+medium-replay = every transition its learner collected until then; expert = the learner's policy
+once it measures at least its version's target over 100 episodes (``EXPERT_TARGETS``; or the best
+of a run that ended below it); medium-expert = medium + expert. The expert and medium-expert levels
+have one version per expert (``VERSIONS``: the newest is built by default, older ones by their id).
+Episodes end on termination or at 1000 steps. ``steps`` scales every level down (tests use tiny builds).
 """
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datasets.behaviour import ALGOS, EXPERT_EPISODES, EXPERT_SCORE, MEDIUM_SCORE, POLICY_DIR, GaussianActor
+from datasets.behaviour import (ALGOS, EXPERT_EPISODES, EXPERT_TARGETS, EXPERT_VERSION, MEDIUM_SCORE, POLICY_DIR,
+                                GaussianActor, expert_file)
 from datasets.rollout import collect
 from dt_primal.errors import UserError
 from envs import TASKS, Task
 
 SUITE_NAMESPACE = "dt-primal"
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
+VERSIONS = {"expert": EXPERT_VERSION, "medium-expert": EXPERT_VERSION}  # a level's newest version (others: 0)
 FULL_STEPS = 1_000_000
 ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same dataset on any machine; the parts run in parallel
 RECIPES = {
@@ -40,44 +43,57 @@ RECIPES = {
               "learner reached a normalised score of {medium}, about a third of an expert's return.",
     "medium-replay": "Every transition the {algo} learner collected (its replay buffer, from its first random "
                      "episodes) until it first reached medium level{subsample}.",
-    "expert": "{steps} steps of the stochastic {algo} policy with the learner's best evaluation, promoted to expert "
-              "when it measured at least {expert} normalised over {expert_episodes} episodes (or when the 1M-step "
-              "run ended).",
-    "medium-expert": "The episodes of medium-v0 followed by those of expert-v0 (built with the same steps and seed).",
+    "expert": "{steps} steps of the stochastic {algo} policy exported at an evaluation of its learner, promoted to "
+              "expert when it measured at least {expert} normalised over {expert_episodes} episodes (or the best "
+              "export of a run that ended below that).",
+    "medium-expert": "The episodes of medium-v0 followed by those of expert-v{version} (built with the same steps and "
+                     "seed).",
 }
 
 
-def suite_id(env: str, level: str) -> str:
-    return f"{SUITE_NAMESPACE}/{env}/{level}-v0"
+def suite_id(env: str, level: str, version: int | None = None) -> str:
+    """The id of a suite dataset; ``version`` None: the level's newest."""
+    return f"{SUITE_NAMESPACE}/{env}/{level}-v{VERSIONS.get(level, 0) if version is None else version}"
 
 
-def parse_suite_id(dataset_id: str) -> tuple[Task, str]:
-    m = re.fullmatch(rf"{SUITE_NAMESPACE}/([a-z0-9]+)/([a-z-]+)-v0", dataset_id)
-    if not m or m.group(1) not in TASKS or m.group(2) not in LEVELS:
-        raise UserError(f"Unknown suite dataset {dataset_id!r}: suite ids are {SUITE_NAMESPACE}/<env>/<level>-v0 with "
-                        f"env in {', '.join(TASKS)} and level in {', '.join(LEVELS)}.")
-    return TASKS[m.group(1)], m.group(2)
+def parse_suite_id(dataset_id: str) -> tuple[Task, str, int]:
+    m = re.fullmatch(rf"{SUITE_NAMESPACE}/([a-z0-9]+)/([a-z-]+)-v([0-9]+)", dataset_id)
+    if not m or m.group(1) not in TASKS or m.group(2) not in LEVELS or int(m.group(3)) > VERSIONS.get(m.group(2), 0):
+        versions = ", ".join(f"{lvl}-v0" + (f" to -v{VERSIONS[lvl]}" if lvl in VERSIONS else "") for lvl in LEVELS)
+        raise UserError(f"Unknown suite dataset {dataset_id!r}: suite ids are {SUITE_NAMESPACE}/<env>/<level>-v<N> with "
+                        f"env in {', '.join(TASKS)} and the level and version one of {versions}.")
+    return TASKS[m.group(1)], m.group(2), int(m.group(3))
+
+
+def policy_name(level: str, version: int) -> str:
+    """The committed policy a level is rolled out with: medium.pt or the expert of ``version``."""
+    return "medium.pt" if level == "medium" else expert_file(version)
 
 
 def policy_file(task: Task, name: str) -> Path:
     path = POLICY_DIR / task.name / name
-    if not path.exists():
-        raise UserError(f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "
-                        f"`python -m datasets train-policy --env {task.name}` (hours of CPU; it resumes), or use "
-                        f"the random level, which needs no policy.")
-    return path
+    if path.exists():
+        return path
+    if name.startswith("expert-") and name != expert_file(EXPERT_VERSION):  # an older expert, no longer trained
+        raise UserError(f"{path} is missing: this older expert left the tree. `git log -- datasets/policies/"
+                        f"{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
+                        f"datasets/policies/{task.name}/{name} > datasets/policies/{task.name}/{name}`.")
+    raise UserError(f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "
+                    f"`python -m datasets train-policy --env {task.name}` (hours of CPU; it resumes), or use the "
+                    f"random level, which needs no policy.")
 
 
-def _rollout_part(task_name: str, level: str, steps: int, seed: int, progress: bool) -> list[dict]:
-    """``steps`` transitions of uniform random actions or of the level's policy, 32 envs batched."""
+def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, progress: bool) -> list[dict]:
+    """``steps`` transitions of uniform random actions (``policy`` None) or of a committed policy, 32
+    envs batched."""
     torch.set_num_threads(1)
     task = TASKS[task_name]
-    if level == "random":
+    if policy is None:
         rng = np.random.default_rng(seed)
         act_dim = task.make().action_space.shape[0]
         act = lambda o: rng.uniform(-1, 1, (len(o), act_dim)).astype(np.float32)
     else:
-        actor, _ = GaussianActor.load(policy_file(task, f"{level}.pt"))
+        actor, _ = GaussianActor.load(policy_file(task, policy))
         gen = torch.Generator().manual_seed(seed)
         act = lambda o: actor.act(o, gen)
     return collect(task, act, num_steps=steps, seed=seed, num_envs=32, progress=progress)
@@ -88,11 +104,11 @@ def _quiet_ctrl_c() -> None:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
-def _rollouts(task: Task, level: str, steps: int, seed: int, processes: int | None = None) -> list[dict]:
+def _rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: int | None = None) -> list[dict]:
     """``steps`` transitions in ``ROLLOUT_PARTS`` parts with seeds seed·P + k, each in its own process
     (default: when there are 50k steps or more; starting one costs seconds). Same data either way."""
     sizes = [steps // ROLLOUT_PARTS + (k < steps % ROLLOUT_PARTS) for k in range(ROLLOUT_PARTS)]
-    jobs = [(task.name, level, n, seed * ROLLOUT_PARTS + k, k == 0) for k, n in enumerate(sizes) if n > 0]
+    jobs = [(task.name, policy, n, seed * ROLLOUT_PARTS + k, k == 0) for k, n in enumerate(sizes) if n > 0]
     if processes is None:
         processes = min(len(jobs), os.cpu_count() or 1) if steps >= 50_000 else 1
     if processes == 1:
@@ -154,35 +170,37 @@ class BuildInterrupted(KeyboardInterrupt):
                          f"that needs it builds it again from the start")
 
 
-def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
-    """Build ``dt-primal/<env>/<level>-v0`` (replacing an existing one); returns its id. Ctrl-C or a
-    rollout worker that dies stop it with one message; a build that did not finish does not count."""
-    dataset_id = suite_id(task.name, level)
+def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, version: int | None = None) -> str:
+    """Build ``dt-primal/<env>/<level>-v<version>`` (default: the level's newest version; replacing an
+    existing one); returns its id. Ctrl-C or a rollout worker that dies stop it with one message; a
+    build that did not finish does not count."""
+    dataset_id = suite_id(task.name, level, version)
+    _, _, version = parse_suite_id(dataset_id)
     if steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps}).")
     try:
-        return _build(task, level, dataset_id, steps, seed)
+        return _build(task, level, version, dataset_id, steps, seed)
     except KeyboardInterrupt:
         raise BuildInterrupted(dataset_id) from None
     except BrokenProcessPool as exc:  # a worker was killed: Ctrl-C reached it first, or it ran out of memory
         raise UserError(f"Building {dataset_id} stopped: a worker process ended abruptly ({exc}), as Ctrl-C or "
                         f"running out of memory does. Nothing of the build is kept; run the same command again "
                         f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
-                        f"builds it alone).") from None
+                        f"--version {version} builds it alone).") from None
 
 
-def _build(task: Task, level: str, dataset_id: str, steps: int, seed: int) -> str:
+def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int) -> str:
     t0 = time.time()
     algo = f"{ALGOS[task.name]} (stable-baselines3)"
-    fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, expert=EXPERT_SCORE, expert_episodes=EXPERT_EPISODES,
-               subsample="")
+    fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, expert=f"{EXPERT_TARGETS[version][task.name]:g}",
+               expert_episodes=EXPERT_EPISODES, subsample="", version=version)
     rollout_seeds = f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
     if level == "random":
-        episodes = _rollouts(task, level, steps, seed)
+        episodes = _rollouts(task, None, steps, seed)
         algorithm, seeds = "uniform random actions", rollout_seeds
     elif level in ("medium", "expert"):
-        meta = GaussianActor.load(policy_file(task, f"{level}.pt"))[1]
-        episodes = _rollouts(task, level, steps, seed)
+        meta = GaussianActor.load(policy_file(task, policy_name(level, version)))[1]
+        episodes = _rollouts(task, policy_name(level, version), steps, seed)
         algorithm = f"{algo}, policy exported at learner step {meta['step']}"
         seeds = f"learner seed {meta['train_seed']}, {rollout_seeds}"
     elif level == "medium-replay":
@@ -193,14 +211,16 @@ def _build(task: Task, level: str, dataset_id: str, steps: int, seed: int) -> st
         algorithm, seeds = f"{algo} replay buffer, learner steps 0-{meta['step']}", f"learner seed {meta['train_seed']}"
     elif level == "medium-expert":
         episodes = []
-        for part in ("medium", "expert"):
-            part_id = build_if_missing(suite_id(task.name, part), steps=steps, seed=seed)
+        policy_file(task, expert_file(version))  # before building the medium part: a missing expert stops here
+        for part, part_version in (("medium", 0), ("expert", version)):
+            part_id = build_if_missing(suite_id(task.name, part, part_version), steps=steps, seed=seed)
             episodes += _minari_episodes(part_id)
-        algorithm, seeds = f"{algo}: medium-v0 + expert-v0", f"{rollout_seeds} for both parts"
+        algorithm, seeds = f"{algo}: medium-v0 + expert-v{version}", f"{rollout_seeds} for both parts"
     else:
         raise UserError(f"Unknown level {level!r}: choose one of {', '.join(LEVELS)}.")
     description = f"D4RL-style {task.name} {level} dataset on {task.gym_id}. " + RECIPES[level].format(**fmt) + \
-        f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} --steps {steps} --seed {seed}`."
+        f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} " \
+        f"--version {version} --steps {steps} --seed {seed}`."
     collected = time.time()
     _write(dataset_id, task, episodes, algorithm, description)
     seconds = time.time() - t0
@@ -232,7 +252,7 @@ def is_built(dataset_id: str) -> bool:
 def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
     """Build a suite dataset unless it is built; processes asking for the same one at once (the groups
     of a sweep) wait for the one that builds it."""
-    task, level = parse_suite_id(dataset_id)
+    task, level, version = parse_suite_id(dataset_id)
     if is_built(dataset_id):
         return dataset_id
     folder = dataset_dir(dataset_id)
@@ -241,5 +261,5 @@ def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) ->
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however it ends
         if not is_built(dataset_id):
             print(f"{dataset_id} is not built yet: building it now (once).")
-            build(task, level, steps=steps, seed=seed)
+            build(task, level, steps=steps, seed=seed, version=version)
     return dataset_id

@@ -110,7 +110,7 @@ def test_impossible_config(change, phrase):
 
 
 def test_unknown_suite_dataset_and_unknown_env(tmp_path):
-    with raises("suite ids are dt-primal/<env>/<level>-v0"):
+    with raises("suite ids are dt-primal/<env>/<level>-v<N>"):
         load_dataset("dt-primal/ant/medium-v0")
     with raises("python -m datasets build --env hopper --level medium"):
         load_dataset("dt-primal/hopper/medium-v0", build=False)  # as in a multi-process run

@@ -17,15 +17,15 @@ STEPS = 300
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
-    """medium.pt, expert.pt and medium_replay.npz as the learner exports them."""
+    """medium.pt, the experts expert-v0.pt and expert-v1.pt, and medium_replay.npz as the learner exports them."""
     root = tmp_path_factory.mktemp("policies")
     folder = root / "hopper"
     folder.mkdir()
-    for i, level in enumerate(("medium", "expert")):
+    for i, name in enumerate(("medium.pt", "expert-v0.pt", "expert-v1.pt")):
         torch.manual_seed(i)
         meta = {"task": "hopper", "algo": "SAC", "train_seed": 0, "step": 1000 * (i + 1), "learner_cpu_seconds": 1.0,
                 "eval_return_mean": 0.0, "eval_normalized": 0.0}
-        torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / f"{level}.pt")
+        torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / name)
     rng = np.random.default_rng(0)
     eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
     np.savez_compressed(folder / "medium_replay.npz",
@@ -45,7 +45,7 @@ def policies(tmp_path_factory):
 def test_every_level_builds_and_loads_through_the_pipeline(policies, level):
     import minari
     dataset_id = suite.build(HOPPER, level, steps=STEPS, seed=0)
-    assert dataset_id == f"dt-primal/hopper/{level}-v0"
+    assert dataset_id == f"dt-primal/hopper/{level}-v{suite.VERSIONS.get(level, 0)}"  # the newest by default
     data = load_dataset(dataset_id)
     assert data.env == "Hopper-v5" and data.obs_dim == 11 and data.act_dim == 3
     expected = {"medium-expert": 2 * STEPS, "medium-replay": None}.get(level, STEPS)
@@ -72,12 +72,44 @@ def test_same_seed_same_dataset_other_seed_other_dataset(policies):
     assert not np.array_equal(first.actions, other.actions)
 
 
-def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies):
-    parts = [load_dataset(suite.build(HOPPER, lvl, steps=STEPS, seed=1)) for lvl in ("medium", "expert")]
-    both = load_dataset(suite.build(HOPPER, "medium-expert", steps=STEPS, seed=1))
+@pytest.mark.parametrize("version", [0, 1])
+def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies, version):
+    parts = [load_dataset(suite.build(HOPPER, lvl, steps=STEPS, seed=1, version=v))
+             for lvl, v in (("medium", 0), ("expert", version))]
+    both = load_dataset(suite.build(HOPPER, "medium-expert", steps=STEPS, seed=1, version=version))
     np.testing.assert_array_equal(both.lengths, np.concatenate([p.lengths for p in parts]))
     for k in ("observations", "actions", "rewards"):
         np.testing.assert_array_equal(getattr(both, k), np.concatenate([getattr(p, k) for p in parts]))
+
+
+def test_each_expert_version_is_its_own_dataset_rolled_out_with_its_own_policy(policies):
+    import minari
+    old, new = (load_dataset(suite.build(HOPPER, "expert", steps=STEPS, version=v)) for v in (0, 1))
+    assert not np.array_equal(old.actions, new.actions)
+    descriptions = [minari.load_dataset(f"dt-primal/hopper/expert-v{v}").storage.metadata["description"] for v in (0, 1)]
+    assert "learner step 2000" in minari.load_dataset("dt-primal/hopper/expert-v0").storage.metadata["algorithm_name"]
+    assert "at least 75 normalised" in descriptions[0] and "at least 100 normalised" in descriptions[1]
+    assert "--version 1" in descriptions[1]
+
+
+@pytest.mark.parametrize("bad", ["dt-primal/hopper/expert-v2", "dt-primal/hopper/medium-v1", "dt-primal/hopper/expert"])
+def test_a_suite_id_with_a_version_that_does_not_exist_is_refused(bad):
+    from dt_primal.errors import UserError
+    with pytest.raises(UserError, match="expert-v0 to -v1"):
+        suite.parse_suite_id(bad)
+
+
+def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, monkeypatch, tmp_path):
+    from dt_primal.errors import UserError
+    monkeypatch.setattr(suite, "POLICY_DIR", tmp_path)
+    with pytest.raises(UserError, match=r"expert-v0.pt is missing: this older expert left the tree. `git log -- "
+                                        r"datasets/policies/hopper/expert-v0.pt`"):
+        suite.build(HOPPER, "expert", steps=STEPS, version=0)
+    import shutil
+    shutil.rmtree(suite.dataset_dir("dt-primal/hopper/medium-v0"), ignore_errors=True)
+    with pytest.raises(UserError, match=r"expert-v1.pt is missing: the hopper behaviour learner has not exported it"):
+        suite.build(HOPPER, "medium-expert", steps=STEPS, version=1)
+    assert not suite.is_built("dt-primal/hopper/medium-v0")  # stopped before building its first part
 
 
 def test_medium_replay_keeps_the_learners_history(policies):
@@ -128,6 +160,27 @@ def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
     assert [e["step"] for e in learner["evals"]] == [300, 600, 900] and learner["cpu_seconds"] > 0
 
 
+def test_a_learner_resumed_from_an_older_snapshot_drops_the_history_after_it(tmp_path):
+    """The committed history may be newer than the last committed snapshot: the steps after the
+    snapshot are done again, once each in the history, and the best export (never committed) is
+    found again."""
+    import shutil
+    from datasets.behaviour import train_behaviour
+    policy_dir, work, folder = tmp_path / "policies", tmp_path / "work", tmp_path / "policies" / "hopper"
+    train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
+    shutil.copyfile(folder / "learner.zip", tmp_path / "snapshot-600.zip")
+    train_behaviour(HOPPER, work, total_steps=900, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
+    learner = json.loads((folder / "learner.json").read_text())
+    learner["best_step"], learner["best_score"] = 900, 50.0  # as if the lost steps had made a best export
+    (folder / "learner.json").write_text(json.dumps(learner))
+    shutil.rmtree(work)  # another machine: the newer history is committed, the snapshot is the one of step 600
+    shutil.copyfile(tmp_path / "snapshot-600.zip", folder / "learner.zip")
+    train_behaviour(HOPPER, work, total_steps=1200, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
+    learner = json.loads((folder / "learner.json").read_text())
+    assert [e["step"] for e in learner["evals"]] == [300, 600, 900, 1200]
+    assert learner["best_step"] is None and learner["best_score"] == -float("inf")  # below medium: none yet
+
+
 def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
     """A learner resumed mid-episode starts a new episode in the same replay buffer without any
     done flag in between: the export must not merge the two."""
@@ -156,8 +209,8 @@ def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
 
 
 def test_rollout_parts_give_the_same_data_in_worker_processes():
-    serial = suite._rollouts(HOPPER, "random", 400, seed=3, processes=1)
-    parallel = suite._rollouts(HOPPER, "random", 400, seed=3, processes=2)
+    serial = suite._rollouts(HOPPER, None, 400, seed=3, processes=1)
+    parallel = suite._rollouts(HOPPER, None, 400, seed=3, processes=2)
     assert sum(len(e["actions"]) for e in serial) == 400 and len(serial) == len(parallel)
     for a, b in zip(serial, parallel):
         for k in a:
@@ -170,47 +223,80 @@ def test_halfcheetah_is_made_without_the_settotalmass_warning_line(capfd):
     assert "settotalmass" not in captured.err + captured.out
 
 
+EXPERT = "expert-v1.pt"  # the expert a learner trains for now
+
+
 def test_a_learner_below_expert_level_exports_its_expert_only_when_it_finishes(tmp_path, monkeypatch):
-    """Below ``EXPERT_SCORE`` the best policy is only ``best.pt`` until the learner's run ends: an
+    """Below the expert target the best policy is only ``best.pt`` until the learner's run ends: an
     expert dataset is never built from a half-trained learner."""
     import datasets.behaviour as behaviour
     monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)  # medium at the first evaluation
     folder = tmp_path / "policies" / "hopper"
     behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=300, eval_every=300, eval_episodes=1,
                               policy_dir=tmp_path / "policies")
-    assert (folder / "medium.pt").exists() and not (folder / "best.pt").exists() and not (folder / "expert.pt").exists()
+    assert (folder / "medium.pt").exists() and not (folder / "best.pt").exists() and not (folder / EXPERT).exists()
     behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=600, eval_every=300, eval_episodes=1,
                               policy_dir=tmp_path / "policies")
-    assert (folder / "expert.pt").read_bytes() == (folder / "best.pt").read_bytes()
-    assert json.loads((folder / "learner.json").read_text())["expert_step"] == 600
+    assert (folder / EXPERT).read_bytes() == (folder / "best.pt").read_bytes()
+    progress = json.loads((folder / "learner.json").read_text())
+    assert progress["best_step"] == 600 and progress["experts"] == {"1": {"step": 600, "measured": None}}
 
 
-def test_a_best_policy_measured_at_expert_level_becomes_the_expert_and_stops_the_learner(tmp_path, monkeypatch):
+def test_an_evaluation_measured_at_expert_level_becomes_the_expert_and_stops_the_learner(tmp_path, monkeypatch):
     import datasets.behaviour as behaviour
     monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)
-    monkeypatch.setattr(behaviour, "EXPERT_SCORE", -1e9)
+    monkeypatch.setitem(behaviour.EXPERT_TARGETS[behaviour.EXPERT_VERSION], "hopper", -1e9)
     folder = tmp_path / "policies" / "hopper"
     behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
                               policy_dir=tmp_path / "policies")
     progress = json.loads((folder / "learner.json").read_text())
     assert [e["step"] for e in progress["evals"]] == [300, 600]  # stopped at the first promotion
-    assert progress["expert_checked"] == 600 and progress["expert_measured"][2] == behaviour.EXPERT_EPISODES
-    assert (folder / "expert.pt").read_bytes() == (folder / "best.pt").read_bytes()
+    assert list(progress["measured"]) == ["600"] and progress["measured"]["600"][2] == behaviour.EXPERT_EPISODES
+    assert progress["experts"]["1"] == {"step": 600, "measured": progress["measured"]["600"]}
+    assert GaussianActor.load(folder / EXPERT)[1]["step"] == 600
+    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
+                              policy_dir=tmp_path / "policies")  # an expert exists: nothing more to do
+    assert len(json.loads((folder / "learner.json").read_text())["evals"]) == 2
+
+
+def test_a_lucky_evaluation_that_measures_below_target_does_not_become_the_expert(tmp_path, monkeypatch):
+    """10 episodes at the target are not enough: the 100-episode measurement decides."""
+    import datasets.behaviour as behaviour
+    monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)
+    monkeypatch.setattr(behaviour, "evaluate_actor",  # every 10-episode evaluation at 100, every measurement at 0
+                        lambda actor, task, episodes, seed: np.full(episodes, task.ref_max if episodes < 100 else task.ref_min))
+    folder = tmp_path / "policies" / "hopper"
+    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=900, eval_every=300, eval_episodes=1,
+                              policy_dir=tmp_path / "policies")
+    progress = json.loads((folder / "learner.json").read_text())
+    assert [e["step"] for e in progress["evals"]] == [300, 600, 900]  # never stopped early
+    assert sorted(progress["measured"]) == ["600", "900"] and all(m[0] == 0 for m in progress["measured"].values())
+    assert progress["experts"]["1"]["measured"] is None  # the run ended: its best export, flagged as below target
 
 
 def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies, tmp_path, monkeypatch):
     import minari
     import datasets.stats as stats
-    learner = {"algo": "SAC", "cpu_seconds": 7200.0, "evals": [{"step": 2000, "normalized": 80.0}],
-               "expert_step": 2000, "expert_score": 80.0, "expert_measured": [77.7, 1.5, 100]}
+    learner = {"algo": "SAC", "cpu_seconds": 7200.0, "evals": [{"step": 3000, "normalized": 80.0}],
+               "best_step": 3000, "best_score": 80.0, "experts": {"0": {"step": 2000, "measured": [77.7, 1.5, 100]},
+                                                                 "1": {"step": 3000, "measured": None}}}
     (policies / "learner.json").write_text(json.dumps(learner))
     monkeypatch.setattr(stats, "POLICY_DIR", policies.parent)
     monkeypatch.setattr(stats, "TASKS", {"hopper": HOPPER})
     suite.build(HOPPER, "random", steps=STEPS, seed=0)
+    suite.build(HOPPER, "expert", steps=STEPS, seed=0, version=0)
+    notes = f"{stats.NOTES}\n\n## Why these learners\n\nWritten by hand.\n"
+    (tmp_path / "datasets.md").write_text("an older page\n\n" + notes)
     page = stats.stats(tmp_path / "datasets.md", episodes=2)
     assert (tmp_path / "datasets.md").read_text() == page
+    assert page.endswith(notes) and "an older page" not in page  # the notes survive, the rest is regenerated
     ds = minari.load_dataset("dt-primal/hopper/random-v0")
     assert f"| dt-primal/hopper/random-v0 | {ds.total_episodes} | {STEPS} |" in page
+    assert "| dt-primal/hopper/expert-v0 |" in page  # an older version that is built is listed too
+    assert "| medium | expert-v0 | expert-v1 |" in page and "expert-v1 ≥ hopper 100" in page
     row = next(line for line in page.splitlines() if line.startswith("| hopper | SAC |"))
-    assert "| 2000 (80.0) | 2.00 |" in row and "step 1000: return" in row and "step 2000: return" in row
-    assert "promoted on 77.7 ± 1.5 over 100 other episodes" in row
+    assert "| 3000 (80.0) | 2.00 |" in row
+    medium, old, new = row.split(" | ")[4:7]
+    assert medium.startswith("step 1000: return") and old.startswith("step 2000: return") and new.startswith("step 3000")
+    assert "promoted on 77.7 ± 1.5 over 100 other episodes" in old and "ended below the target" in new
+    assert "![learning curves](datasets-learners.png)" in page and (tmp_path / "datasets-learners.png").stat().st_size > 0

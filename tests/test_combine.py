@@ -1,0 +1,78 @@
+"""``python -m datasets combine``: the D4RL-style medium-expert of Minari's hosted datasets, tested
+on tiny local datasets written under the hosted ids (no download)."""
+import numpy as np
+import pytest
+
+from conftest import make_episodes
+from datasets.__main__ import main
+from datasets.loaders import load_dataset
+from datasets.suite import _write
+from dt_primal.errors import UserError
+from envs import TASKS
+
+HOPPER = TASKS["hopper"]
+HOSTED_REFS = (-20.27, 3234.3)  # any pair: what matters is that the parts' pair is kept
+
+
+def hosted(dataset_id: str, seed: int, refs=HOSTED_REFS, env: str = "Hopper-v5") -> None:
+    """A tiny dataset under a hosted id, with reference returns in its metadata as Minari's hosted ones have."""
+    import dataclasses
+    import minari
+    if dataset_id in minari.list_local_datasets():
+        minari.delete_dataset(dataset_id)
+    task = dataclasses.replace(HOPPER, gym_id=env, ref_min=refs[0], ref_max=refs[1])
+    obs_dim = 11 if env == "Hopper-v5" else 17
+    act_dim = 3 if env == "Hopper-v5" else 6
+    _write(dataset_id, task, make_episodes((5, 8), obs_dim, act_dim, seed=seed), "hosted", "a stand-in")
+
+
+@pytest.fixture
+def parts():
+    hosted("mujoco/hopper/medium-v0", seed=1)
+    hosted("mujoco/hopper/expert-v0", seed=2)
+    yield ["mujoco/hopper/medium-v0", "mujoco/hopper/expert-v0"]
+    import minari
+    for d in ("mujoco/hopper/medium-expert-v0", "mujoco/walker2d/expert-v0"):
+        if d in minari.list_local_datasets():
+            minari.delete_dataset(d)
+
+
+def test_one_command_makes_the_medium_expert_of_the_hosted_datasets(parts):
+    import minari
+    main(["combine", *parts, "--into", "mujoco/hopper/medium-expert-v0"])
+    medium, expert = (load_dataset(p) for p in parts)
+    both = load_dataset("mujoco/hopper/medium-expert-v0")  # found locally: no --download needed
+    np.testing.assert_array_equal(both.lengths, np.concatenate([medium.lengths, expert.lengths]))
+    for k in ("observations", "actions", "rewards"):
+        np.testing.assert_array_equal(getattr(both, k), np.concatenate([getattr(medium, k), getattr(expert, k)]))
+    assert both.env == "Hopper-v5" and both.task.name == medium.task.name
+    assert (both.task.ref_min, both.task.ref_max) == HOSTED_REFS  # normalised as its parts are
+    meta = minari.load_dataset("mujoco/hopper/medium-expert-v0").storage.metadata
+    assert meta["combined_datasets"] == parts
+
+
+def test_combining_refuses_missing_parts_an_existing_target_and_other_tasks(parts):
+    with pytest.raises(UserError, match="mujoco/hopper/simple-v0 not found.*minari download mujoco/hopper/simple-v0"):
+        main(["combine", parts[0], "mujoco/hopper/simple-v0", "--into", "mujoco/hopper/medium-expert-v0"])
+    with pytest.raises(UserError, match="mujoco/hopper/expert-v0 already exists"):
+        main(["combine", *parts, "--into", "mujoco/hopper/expert-v0"])
+    hosted("mujoco/walker2d/expert-v0", seed=3, env="Walker2d-v5")
+    with pytest.raises(UserError, match="Cannot combine .* Combine datasets of one task"):
+        main(["combine", parts[0], "mujoco/walker2d/expert-v0", "--into", "mujoco/hopper/medium-expert-v0"])
+
+
+def test_parts_with_different_reference_returns_give_a_dataset_without_any(parts, capsys):
+    hosted("mujoco/hopper/expert-v0", seed=2, refs=(0.0, 1000.0))
+    main(["combine", *parts, "--into", "mujoco/hopper/medium-expert-v0"])
+    assert "different reference returns" in capsys.readouterr().out
+    both = load_dataset("mujoco/hopper/medium-expert-v0")
+    assert (both.task.ref_min, both.task.ref_max) == (HOPPER.ref_min, HOPPER.ref_max)  # the task's own (D4RL's)
+
+
+def test_a_medium_expert_that_is_not_local_says_how_to_make_it():
+    with pytest.raises(UserError, match="mujoco/walker2d/medium-expert-v0 is not a local Minari dataset. Minari's hosted "
+                                        "MuJoCo datasets have no medium-expert level: make it from its parts with minari "
+                                        "download mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0, then python -m "
+                                        "datasets combine mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0 --into "
+                                        "mujoco/walker2d/medium-expert-v0"):
+        load_dataset("mujoco/walker2d/medium-expert-v0")
