@@ -41,16 +41,17 @@ Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``tr
     action is never learnt;
   - layer norms of the blocks use eps 3e-3 (dt-primal 1e-5); the observation scaler divides by
     std + 1e-3 (dt-primal: std + 1e-6);
-  - initialisation: d3rlpy draws the blocks and the timestep table from N(0, 0.02) as dt-primal does
-    everything, but its state, return and action embeddings and its action head keep PyTorch's
-    default (uniform, fan-in scaled) initialisation;
   - precision: d3rlpy has no mixed precision, so it trains and is evaluated in fp32 (dt-primal's
     reduced protocol uses bf16 autocast);
   - the same where d3rlpy allows it: 3 layers, d_model, heads, K, batch 64, AdamW (lr, weight
     decay 1e-4), linear warm-up (d3rlpy's ``WarmupSchedulerFactory``: lr·min((t+1)/W, 1), the same
     formula) then constant, gradient-norm clip 0.25, dropout 0.1 (embedding, attention, residual),
-    activation GELU (``--activation``; d3rlpy's default and the DT paper's is ReLU), tanh action
+    the MLP activation (``--activation``, dt-primal's option: ReLU by default, as d3rlpy's), the
+    initialisation (the blocks and the timestep table N(0, 0.02); the state, return and action
+    embeddings and the action head PyTorch's default, dt-primal's ``--embed-init torch``), tanh action
     head, return-to-go scale 1/1000, 100 final episodes per target, the same environment seeds.
+  ``report`` names the MLP activation where the two sides' records differ in it (dt-primal's records
+  written before the option trained with GELU).
 """
 from __future__ import annotations
 
@@ -170,24 +171,23 @@ def settings_from_args(args: argparse.Namespace):
     return make_config(args.preset, **given)
 
 
-def differences(cfg, activation: str) -> list[str]:
-    """Where d3rlpy's DT departs from dt-primal's at ``cfg`` (the module docstring says why)."""
+def differences(precision: str, activations: tuple[str, str] = ("relu", "relu")) -> list[str]:
+    """Where d3rlpy's DT departs from dt-primal's trained in ``precision`` (the module docstring says
+    why); ``activations``: the MLP activation of d3rlpy's runs and of dt-primal's."""
     notes = ["position encoding: d3rlpy's learned table over timesteps 1..1000 (dt-primal: 0..999)",
              "loss: d3rlpy sums the squared error over action dimensions and averages over all window steps, "
              "padding included (dt-primal: mean over valid steps and dimensions)",
              "windows: d3rlpy draws the last step uniformly and left-pads (dt-primal: the first step, right-pads); "
              "d3rlpy never learns the last action of an episode that timed out",
-             "layer norm eps 3e-3 in d3rlpy's blocks (dt-primal 1e-5); observation std + 1e-3 (dt-primal + 1e-6)",
-             "initialisation: d3rlpy's embeddings of state, return and action and its action head keep PyTorch's "
-             "default (dt-primal: N(0, 0.02) everywhere, as d3rlpy's blocks)"]
-    if cfg.precision != "fp32":
-        notes.append(f"precision: d3rlpy trains and is evaluated in fp32 (dt-primal: {cfg.precision})")
-    if activation != "gelu":
-        notes.append(f"activation: {activation} (dt-primal: GELU)")
+             "layer norm eps 3e-3 in d3rlpy's blocks (dt-primal 1e-5); observation std + 1e-3 (dt-primal + 1e-6)"]
+    if precision != "fp32":
+        notes.append(f"precision: d3rlpy trains and is evaluated in fp32 (dt-primal: {precision})")
+    if activations[0] != activations[1]:
+        notes.append(f"MLP activation: d3rlpy {activations[0]}, dt-primal {activations[1]}")
     return notes
 
 
-def build_algo(cfg, activation: str, device: str = "cpu:0"):
+def build_algo(cfg, device: str = "cpu:0"):
     """d3rlpy's DecisionTransformer at dt-primal's settings ``cfg`` (as d3rlpy's own DT reproduction
     script builds it: a one-layer state encoder, standard observation scaler, reward scale)."""
     import d3rlpy
@@ -198,7 +198,7 @@ def build_algo(cfg, activation: str, device: str = "cpu:0"):
             weight_decay=cfg.weight_decay, clip_grad_norm=cfg.grad_clip,
             lr_scheduler_factory=d3rlpy.optimizers.WarmupSchedulerFactory(max(1, cfg.warmup_steps))),
         num_heads=cfg.n_head, num_layers=cfg.n_layer, attn_dropout=cfg.dropout, resid_dropout=cfg.dropout,
-        embed_dropout=cfg.dropout, activation_type=activation,
+        embed_dropout=cfg.dropout, activation_type=cfg.activation,
         position_encoding_type=d3rlpy.PositionEncodingType.SIMPLE,
         observation_scaler=d3rlpy.preprocessing.StandardObservationScaler(),
         reward_scaler=d3rlpy.preprocessing.MultiplyRewardScaler(1.0 / cfg.reward_scale))
@@ -236,7 +236,7 @@ def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list
     return rollout(policy, task, targets, episodes, seeds=[s + 100_000 for s in seeds])
 
 
-def train_seed(cfg, data, task, targets, seed: int, run: Path, activation: str, log_every: int = 100) -> dict:
+def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 100) -> dict:
     """Train one seed with d3rlpy's own sampler and update (the body of its ``fit`` loop), evaluating
     as dt-primal does; writes ``run``/evals.jsonl, model.d3 and eval.json (dt-primal's formats)."""
     import d3rlpy
@@ -248,7 +248,7 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, activation: str, 
     else:
         d3rlpy.seed(seed)
         dataset = to_replay_buffer(data)
-        algo = build_algo(cfg, activation)
+        algo = build_algo(cfg)
         prepare(algo, dataset)
         curve = run / "evals.jsonl"
         curve.write_text("")
@@ -276,7 +276,7 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, activation: str, 
     reports = evaluate([algo], task, targets, cfg.eval_episodes, cfg, [seed])[0]
     result = {"checkpoint": str(model_file), "step": cfg.steps, "task": task.gym_id, "dataset": cfg.dataset,
               "model": MODEL, "seed": seed, "eval_seconds": time.perf_counter() - t0, "targets": reports,
-              "d3rlpy": d3rlpy.__version__, "activation": activation, "precision": "fp32",
+              "d3rlpy": d3rlpy.__version__, "activation": cfg.activation, "precision": "fp32",
               "settings": {k: getattr(cfg, k) for k in ("n_layer", "d_model", "n_head", "context", "dropout", "lr",
                                                          "weight_decay", "warmup_steps", "grad_clip", "batch_size",
                                                          "reward_scale", "steps")}}
@@ -299,18 +299,29 @@ def cmd_train(args: argparse.Namespace) -> None:
     targets = cfg.targets or list(task.targets)
     print(f"d3rlpy DT on {cfg.dataset}: d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers, K {cfg.context}, "
           f"lr {cfg.lr:g}, warm-up {cfg.warmup_steps}, {cfg.steps} steps, batch {cfg.batch_size}, activation "
-          f"{args.activation}, {args.threads} threads", flush=True)
-    for note in differences(cfg, args.activation):
+          f"{cfg.activation}, {args.threads} threads", flush=True)
+    for note in differences(cfg.precision):
         print(f"  differs: {note}", flush=True)
     for seed in args.seeds:
         run = run_dir(args.out, cfg.dataset, MODEL, seed)
         if (run / "eval.json").exists():
             print(f"seed {seed}: {run}/eval.json exists, skipped", flush=True)
             continue
-        train_seed(cfg, data, task, targets, seed, run, args.activation)
+        train_seed(cfg, data, task, targets, seed, run)
 
 
 # ------------------------------------------------------------------------------ the comparison
+
+
+def recorded_activation(rows: list[dict]) -> str:
+    """The MLP activation of dt-primal's runs in ``rows``, from their eval.json's config; GELU where none
+    is recorded (every run before the option trained with GELU)."""
+    for r in rows:
+        for seed in r["finished_seeds"]:
+            cfg = json.loads((Path(r["dir"]) / f"seed_{seed}" / "eval.json").read_text()).get("config")
+            if cfg:
+                return cfg.get("activation", "gelu")
+    return "gelu"
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -321,22 +332,23 @@ def cmd_report(args: argparse.Namespace) -> None:
     rows = [r for d in datasets for r in ours + theirs if r["dataset"] == d]
     if not rows:
         sys.exit("no finished run to compare yet")
-    args.d3rlpy.mkdir(parents=True, exist_ok=True)
-    table = write_tables(rows, args.d3rlpy, name="crosscheck")
+    out = args.out or args.d3rlpy
+    out.mkdir(parents=True, exist_ok=True)
+    table = write_tables(rows, out, name="crosscheck")
     gaps = gap_rows(rows, DT_PAPER, D3RLPY_LABEL)
     evals = [json.loads(p.read_text()) for p in sorted(args.d3rlpy.glob(f"*/{MODEL}/seed_*/eval.json"))]
-    activation = evals[0].get("activation", "gelu") if evals else "gelu"
+    activations = (evals[0].get("activation", "gelu") if evals else "gelu", recorded_activation(ours))
     known = [r["settings"]["precision"] for r in ours if r["settings"]]
     precision = known[0] if known else "unknown (no checkpoint or train.log of dt-primal's runs)"
     md = (table + f"\n- **{D3RLPY_LABEL}**: d3rlpy {evals[0].get('d3rlpy', '') if evals else ''}'s "
           f"`DecisionTransformer` at the same settings, evaluated by dt-primal's evaluation "
           f"(`bench/d3rlpy_crosscheck.py`). Where it differs:\n"
-          + "".join(f"  - {n}\n" for n in differences(SimpleNamespace(precision=precision), activation))
+          + "".join(f"  - {n}\n" for n in differences(precision, activations))
           + "\ndt-primal DT − d3rlpy DT:\n\n" + gap_table(gaps, "dt-primal DT", "d3rlpy DT"))
-    (args.d3rlpy / "crosscheck.md").write_text(md)
-    (args.d3rlpy / "crosscheck.json").write_text(json.dumps({"rows": rows, "gaps": gaps}, indent=1))
+    (out / "crosscheck.md").write_text(md)
+    (out / "crosscheck.json").write_text(json.dumps({"rows": rows, "gaps": gaps}, indent=1))
     print(md)
-    print(f"wrote {args.d3rlpy}/crosscheck.md, crosscheck.json, crosscheck.csv")
+    print(f"wrote {out}/crosscheck.md, crosscheck.json, crosscheck.csv")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,22 +360,21 @@ def main(argv: list[str] | None = None) -> None:
     from dt_primal.config import PRESETS, add_config_args
     t.add_argument("--preset", choices=list(PRESETS), default="dt-paper", help="dt-primal's preset (default dt-paper)")
     t.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    t.add_argument("--activation", choices=("gelu", "relu"), default="gelu",
-                   help="d3rlpy's MLP activation (default gelu, dt-primal's; the DT paper used relu)")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     add_config_args(t, only=("dataset", "env", "download", "model", "n_layer", "d_model", "n_head", "context",
-                             "dropout", "max_ep_len", "steps", "batch_size", "lr", "weight_decay", "warmup_steps",
+                             "dropout", "activation", "max_ep_len", "steps", "batch_size", "lr", "weight_decay", "warmup_steps",
                              "grad_clip", "precision", "reward_scale", "targets", "eval_every", "eval_episodes_during",
                              "eval_episodes"))
     t.add_argument("--out", type=Path, default=Path("runs/d3rlpy-crosscheck"),
                    help="runs go to OUT/<dataset slug>/d3rlpy-dt/seed_N, as the sweep lays out its runs")
-    r = sub.add_parser("report", allow_abbrev=False,
-                       help="per dataset: both implementations' scores, and the gap in standard errors")
-    r.add_argument("--d3rlpy", type=Path, required=True, help="the train command's --out (the report goes there)")
+    r = sub.add_parser("report", allow_abbrev=False, help="per dataset: both implementations' scores, and the gap in standard errors")
+    r.add_argument("--d3rlpy", type=Path, required=True, help="the train command's --out")
     r.add_argument("--dt-primal", type=Path, required=True,
                    help="a sweep folder with dt-primal's DT runs (--models dt -- --preset dt-paper ...)")
     r.add_argument("--datasets", nargs="+", required=True)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--out", type=Path, default=None,
+                   help="where crosscheck.{md,json,csv} go (default: the --d3rlpy folder)")
     args = p.parse_args(argv)
     if args.cmd == "train":
         cmd_train(args)

@@ -204,12 +204,13 @@ def tiny_algo():
         ep["rewards"] = rng.uniform(0, 3, len(ep["rewards"])).astype(np.float32)
         ep["terminals"] = ep.pop("terminations")
     data = Trajectories.from_episodes(eps, env="Hopper-v5", source="tiny")
-    cfg = dataclasses.replace(make_config("dt-paper"), d_model=16, n_layer=2, context=4, batch_size=8, warmup_steps=2)
+    cfg = dataclasses.replace(make_config("dt-paper"), d_model=16, n_layer=2, context=4, batch_size=8, warmup_steps=2,
+                              max_ep_len=1000)
     d3rlpy.seed(0)
     dataset = to_replay_buffer(data)
     # the same episodes; d3rlpy never ends a window at the last step of an episode that timed out
     assert dataset.size() == 4 and dataset.transition_count == int(data.lengths.sum()) - int((~data.terminals).sum())
-    algo = build_algo(cfg, "gelu")
+    algo = build_algo(dataclasses.replace(cfg, activation="gelu"))
     prepare(algo, dataset)
     for _ in range(3):
         algo.update(dataset.sample_trajectory_batch(cfg.batch_size, length=cfg.context))
@@ -277,6 +278,22 @@ def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
     se = np.sqrt(np.var([10, 11, 12], ddof=1) / 3 + np.var([30, 32, 34], ddof=1) / 3)
     assert f"| hopper/medium-replay | 3600 | -21.0 (SE {se:.1f}, {-21 / se:+.1f} SE) |" in md
     assert json.loads((theirs / "crosscheck.json").read_text())["gaps"][0]["last"]["n_b"] == 3
+    assert "MLP activation" not in md  # neither side records one: both trained with GELU
+
+
+def test_crosscheck_report_names_the_mlp_activation_where_the_records_differ(tmp_path):
+    from bench.d3rlpy_crosscheck import MODEL, main
+    d = "dt-primal/hopper/medium-replay-v0"
+    ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"
+    for s in range(3):
+        fake_run(ours, d, "dt", s, (10, 12), [(1, 1)])
+        fake_run(theirs, d, MODEL, s, (30, 25), [(1, 1)])
+        for out, record in ((ours, {"config": {"activation": "relu"}}), (theirs, {"activation": "gelu"})):
+            path = run_dir(out, d, "dt" if out == ours else MODEL, s) / "eval.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **record}))
+    main(["report", "--d3rlpy", str(theirs), "--dt-primal", str(ours), "--datasets", d, "--out", str(tmp_path / "cc")])
+    assert "MLP activation: d3rlpy gelu, dt-primal relu" in (tmp_path / "cc" / "crosscheck.md").read_text()
+    assert not (theirs / "crosscheck.md").exists()
 
 
 def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_keep_gelu(tmp_path):
