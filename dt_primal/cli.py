@@ -16,7 +16,7 @@ from dt_primal.evaluation import aggregate, markdown
 # functions whose presence in a traceback means the evaluation was running
 _EVALUATION_FUNCTIONS = {"rollout", "evaluate", "evaluate_and_record"}
 # files whose presence in a traceback (without the evaluation's functions) means the training step was running
-_TRAINING_FILES = {"step.py", "training.py", "model.py", "attention.py", "ensemble.py", "dropout.py"}
+_TRAINING_FILES = {"step.py", "training.py", "model.py", "attention.py", "members.py", "dropout.py"}
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 

@@ -1,6 +1,7 @@
-"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. The seeds of each
-(dataset, model) train in one process as one ensemble (``train.py --seeds``, through
-``dt_primal.run.train_command``), several groups at once: a local process pool (``--jobs``, e.g.
+"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. Per model, the
+datasets whose models share an architecture and their seeds train in one process as one ensemble
+(``train.py --dataset ... --seeds ...``, through ``dt_primal.run.train_command``; Table 4 is six
+ensembles, docs/ensembles.md), several groups at once: a local process pool (``--jobs``, e.g.
 sharing one GPU), or one Ray task per group on a Ray cluster (``--backend ray``); finished runs are
 skipped and interrupted ones resumed (several sweeps may share one folder: a group that one of them
 is training is locked). Then one aggregated table (Markdown, CSV), a bar chart and learning curves.
@@ -13,7 +14,7 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
 
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
-  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs
+  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
   python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
   python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
   python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
@@ -47,6 +48,7 @@ from dt_primal.cli import run_main
 from dt_primal.errors import UserError
 from dt_primal.evaluation import mean_std, pm, score, table
 from dt_primal.run import Loader, application_loader, train_command
+from dt_primal.runfolder import dataset_slug
 
 ROOT = Path(__file__).resolve().parents[1]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
@@ -55,8 +57,7 @@ TABLE4 = [f"dt-primal/{env}/{level}-v0" for env in ("halfcheetah", "hopper", "wa
 
 
 def group_dir(out: Path, dataset: str, model: str) -> Path:
-    slug = dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
-    return out / slug / model
+    return out / dataset_slug(dataset) / model
 
 
 def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
@@ -69,33 +70,83 @@ COMMAND = [sys.executable, "-m", "dt_primal.run"]  # train.py, as the library ru
 Trainer = Callable[[list[str], TextIO], int]
 
 
-def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str],
-              trainer: Trainer) -> tuple[Path, list[int], int | None]:
-    """Train the seeds of (dataset, model) that have not finished, as ensembles: those that started
-    resume together, the others start together. A group another sweep holds is left to it.
-    Returns (group dir, the seeds trained, exit status or BUSY)."""
-    gd = group_dir(out, dataset, model)
-    gd.mkdir(parents=True, exist_ok=True)
-    with open(gd / ".lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
-        except BlockingIOError:
-            return gd, [], BUSY
-        todo = [s for s in seeds if not (run_dir(out, dataset, model, s) / "eval.json").exists()]
-        started = [s for s in todo if (run_dir(out, dataset, model, s) / "last.pt").exists()]
-        for part, resume in ((started, True), ([s for s in todo if s not in started], False)):
-            if not part:
-                continue
-            argv = ["--dataset", dataset, "--model", model, "--seeds", *map(str, part), "--out", str(gd), *extra,
-                    *(["--resume"] if resume else [])]
-            log_path = gd / "train.log"
-            cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
-            with open(log_path, "a") as log:
-                log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n"); log.flush()
-                rc = trainer(argv, log)
-            if rc:
-                return gd, todo, rc
-        return gd, todo, 0
+def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str],
+              trainer: Trainer) -> tuple[str, list[int], int | None]:
+    """Train the runs of (``datasets``, model) that have not finished: datasets whose models share an
+    architecture (``ensemble_groups``), as ensembles: the runs that started resume together, the others
+    start together (datasets with the same seeds left in one ensemble). A group another sweep holds
+    (any of its folders) is left to it. Returns (the group's folders, the seeds trained, exit status or BUSY)."""
+    dirs = [group_dir(out, d, model) for d in datasets]
+    name = " + ".join(map(str, dirs))
+    with contextlib.ExitStack() as held:
+        for gd in dirs:
+            gd.mkdir(parents=True, exist_ok=True)
+            lock = held.enter_context(open(gd / ".lock", "w"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
+            except BlockingIOError:
+                return name, [], BUSY
+        todo = {d: [s for s in seeds if not (run_dir(out, d, model, s) / "eval.json").exists()] for d in datasets}
+        trained = sorted({s for left in todo.values() for s in left})
+        for resume in (True, False):
+            parts: dict[tuple[int, ...], list[str]] = {}  # seeds -> the datasets with those seeds to train
+            for d, left in todo.items():
+                part = tuple(s for s in left if (run_dir(out, d, model, s) / "last.pt").exists() == resume)
+                if part:
+                    parts.setdefault(part, []).append(d)
+            for part, ds in parts.items():
+                rc = train_ensemble(ds, model, list(part), out, extra, trainer, resume)
+                if rc:
+                    return name, trained, rc
+        return name, trained, 0
+
+
+def train_ensemble(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], trainer: Trainer,
+                   resume: bool) -> int:
+    """One ``train.py --dataset ... --seeds ...`` into the sweep's layout, logged in the first dataset's
+    train.log (the others' logs name the command and where its output went); its exit status."""
+    where = group_dir(out, datasets[0], model) if len(datasets) == 1 else out  # several: OUT/DATASET/MODEL/seed_N
+    argv = ["--dataset", *datasets, "--model", model, "--seeds", *map(str, seeds), "--out", str(where), *extra,
+            *(["--resume"] if resume else [])]
+    logs = [group_dir(out, d, model) / "train.log" for d in datasets]
+    for i, log_path in enumerate(logs):
+        cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
+        with open(log_path, "a") as log:
+            log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n")
+            if i:
+                log.write(f"(one ensemble with {datasets[0]}: its output is in {logs[0]})\n")
+    with open(logs[0], "a") as log:
+        return trainer(argv, log)
+
+
+def train_options(argv: list[str]) -> tuple[str, dict]:
+    """The preset and the Config fields that a train.py command line ``argv`` sets."""
+    from dt_primal.config import add_config_args, overrides
+    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    p.add_argument("--preset", default="paper")
+    add_config_args(p)
+    known, _ = p.parse_known_args(argv)
+    return known.preset, overrides(known)
+
+
+def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) -> list[tuple[list[str], str]]:
+    """The (datasets, model) groups that train as one ensemble each: per model, the datasets whose models
+    share an architecture (``dt_primal.training.architecture``; in Table 4 the three datasets of a task,
+    except halfcheetah's with Primal.+DT, whose KSVD rank differs per dataset). A dataset whose task
+    its name does not tell trains alone."""
+    from dt_primal.checks import env_sizes
+    from dt_primal.config import make_config
+    from dt_primal.training import architecture
+    from envs import find_task
+    preset, given = train_options(extra)
+    groups: dict[tuple, list[str]] = {}
+    for m in models:
+        for d in datasets:
+            task = find_task(given.get("env") or d)
+            cfg = make_config(preset, **{**given, "dataset": d, "model": m})
+            key = (m, d) if task is None else (m, architecture(env_sizes(task), task, cfg.resolved(task)))
+            groups.setdefault(key, []).append(d)
+    return [(ds, key[0]) for key, ds in groups.items()]
 
 
 def python_path() -> str:
@@ -133,14 +184,14 @@ class Stopped(Exception):
     """A group's training stopped by SIGINT or SIGTERM (a node being shut down) after writing its checkpoints."""
 
 
-def ray_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
-              threads: int, cwd: str) -> tuple[Path, list[int], int | None]:
+def ray_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
+              threads: int, cwd: str) -> tuple[str, list[int], int | None]:
     """One Ray task: ``run_group`` on a worker, in the sweep's folder ``cwd`` where this node has it (relative
     paths mean what they mean to the sweep). When Ray runs it again, after its worker or node died or
     a signal stopped it, the seeds that had written a checkpoint resume from their ``last.pt``."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    gd, trained, rc = run_group(dataset, model, seeds, out, extra, in_process(load_dataset, threads))
+    gd, trained, rc = run_group(datasets, model, seeds, out, extra, in_process(load_dataset, threads))
     if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         raise Stopped(f"{gd} stopped by signal {rc - 128} after its checkpoint")
     return gd, trained, rc
@@ -180,7 +231,7 @@ def start_ray(address: str | None):
     return ray
 
 
-def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
+def run_groups_on_ray(groups: list[tuple[list[str], str]], args, extra: list[str]):
     """Yield ``run_group``'s result for each group as its Ray task finishes; for a task Ray gave up on
     (its worker died more than ``RAY_RETRIES`` times), the reason instead of an exit status."""
     from dt_primal.sweep import Stopped, ray_group  # sent to the workers by name, also when this file runs as __main__
@@ -197,10 +248,11 @@ def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
         try:
             yield ray.get(done)
         except ray.exceptions.RayError as exc:
-            yield group_dir(args.out, d, m), [], f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"
+            yield " + ".join(str(group_dir(args.out, x, m)) for x in d), [], \
+                f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"
 
 
-def run_groups_locally(groups: list[tuple[str, str]], args, extra: list[str]):
+def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[str]):
     """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -225,7 +277,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     """The ``RECORDED`` settings a finished run trained with: from its eval.json, else its checkpoint, else
     the last train command line the sweep logged in the group's train.log; None when none is there
     (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
-    from dt_primal.config import PRESETS, add_config_args, make_config, overrides
+    from dt_primal.config import PRESETS, make_config
     cfg = json.loads((group / f"seed_{seed}" / "eval.json").read_text()).get("config", {})
     if all(k in cfg for k in RECORDED):
         return {k: cfg[k] for k in RECORDED}
@@ -239,15 +291,11 @@ def run_settings(group: Path, seed: int) -> dict | None:
     command = lambda a: a.endswith("train.py") or a == "dt_primal.run"  # earlier sweeps logged train.py by path
     if not cmds or not any(map(command, cmds[-1])):
         return None
-    argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:]
-    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    p.add_argument("--preset", default="paper")
-    add_config_args(p)
-    known, _ = p.parse_known_args(argv)
-    if known.preset not in PRESETS:
+    preset, given = train_options(cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:])
+    if preset not in PRESETS:
         return None
     try:
-        cfg = make_config(known.preset, **overrides(known))
+        cfg = make_config(preset, **given)
     except Exception:
         return None
     return {k: getattr(cfg, k) for k in RECORDED}
@@ -497,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local: a pool of --jobs child processes on this machine (default); ray: one Ray task per "
                         "(dataset, model) group, on a Ray cluster (pip install -r requirements-ray.txt)")
-    p.add_argument("--jobs", type=int, default=1, help="local: (dataset, model) groups trained at once")
+    p.add_argument("--jobs", type=int, default=1, help="local: ensembles (groups of datasets of one model) trained at once")
     p.add_argument("--threads", type=int, default=None,
                    help="local: CPU threads per run (default: the cores divided by --jobs)")
     p.add_argument("--ray-address", default=None,
@@ -517,7 +565,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.datasets = [d for spec in args.datasets for d in (TABLE4 if spec == "table4" else [spec])]
     args.out.mkdir(parents=True, exist_ok=True)
-    groups = [(d, m) for d in args.datasets for m in args.models]
+    groups = ensemble_groups(args.datasets, args.models, extra)
     if not args.aggregate_only:
         t0, failed = time.time(), []
         results = (run_groups_on_ray if args.backend == "ray" else run_groups_locally)(groups, args, extra)
@@ -525,7 +573,7 @@ def main(argv: list[str] | None = None) -> None:
             seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
             failure = rc if isinstance(rc, str) else f"exit {rc}"  # a string: why Ray gave up on the group
             status = {0: f"done ({seeds})" if trained else "done before",
-                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see {gd}/train.log)")
+                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see train.log there)")
             print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
             if rc not in (0, BUSY):
                 failed.append(gd)
