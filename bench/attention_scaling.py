@@ -55,9 +55,10 @@ def run_point(kind: str, length: int, batch: int, d_model: int, heads: int, s: i
 
     primal, dropout = KINDS[kind]
     torch.manual_seed(0)
-    block = Block(Config(d_model=d_model, n_head=heads, s=s, dropout=dropout), primal=primal).train()
-    x = torch.randn(batch, length, d_model, requires_grad=True)
-    valid = torch.ones(batch, length, dtype=torch.bool)
+    cfg = Config(d_model=d_model, n_head=heads, s=s, dropout=dropout).model_config(state_dim=1, act_dim=1)
+    block = Block(cfg, primal=primal, members=1).train()
+    x = torch.randn(1, batch, length, d_model, requires_grad=True)  # one member
+    valid = torch.ones(1, batch, length, dtype=torch.bool)
 
     def fwd_bwd():
         y, J = block(x, valid)

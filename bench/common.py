@@ -140,17 +140,14 @@ def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capt
     as ``train.py`` does. ``phase(name)`` (a context manager, e.g. torch.profiler.record_function)
     labels the parts of the step; ``capture``: on CUDA, replay it as a CUDA graph. Returns the step."""
     from dt_primal.data import WindowSampler
-    from dt_primal.model.transformer import DecisionTransformer
+    from dt_primal.training.loop import fresh_model
     from dt_primal.training.step import TrainStep
 
     device = torch.device(device)
-    models, gens = [], []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        gens.append(torch.Generator(device=device).manual_seed(seed))
-        models.append(DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
+    model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), device)
+    gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
-    return TrainStep(cfg, models, sampler, gens, device, capture=capture, phase=phase)
+    return TrainStep(cfg, model, sampler, gens, device, capture=capture, phase=phase)
 
 
 def short_run_args(steps: int, eval_episodes: int, precision: str, device: str = "cpu") -> list[str]:

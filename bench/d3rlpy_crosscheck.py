@@ -25,7 +25,7 @@ scaler, timesteps counted from 1 as its trajectory slicer and wrapper count them
 the action is the model's output at the newest step (its eval mode drops the newest action token).
 The evaluation passes raw observations and raw returns-to-go (state mean 0, std 1, reward scale 1), so
 d3rlpy's own preprocessing is the only one. ``D3rlpyPolicies`` gives several trained algos the
-interface ``rollout`` takes of an ``Ensemble``. tests/test_baseline.py checks the adapter against
+interface ``rollout`` takes of dt-primal's model. tests/test_baseline.py checks the adapter against
 d3rlpy's ``predict`` and its stateful wrapper.
 
 Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``train`` too):
@@ -133,15 +133,16 @@ class D3rlpyMember:
 
 
 class D3rlpyPolicies:
-    """Trained d3rlpy DTs (one per seed) with the interface ``rollout`` takes of an ``Ensemble``:
-    ``size``, ``vmap`` (False: member by member, on live episodes only), ``device``, ``act_dim``,
-    ``max_ep_len``, ``template.training``, ``train(mode)`` and ``member_call(m)``."""
+    """Trained d3rlpy DTs (one per seed) with the interface ``Policy`` takes of a member-batched
+    ``DecisionTransformer``: ``members``, ``config.act_dim``, ``device``, ``max_ep_len``,
+    ``training``, ``train(mode)`` and a call on (M, B, K, ...) inputs with ``last_only``, which runs
+    each d3rlpy model on its member's windows."""
 
-    vmap, device = False, torch.device("cpu")
+    device = torch.device("cpu")
 
-    def __init__(self, members: list[D3rlpyMember], act_dim: int, max_ep_len: int = 1000):
-        self.members, self.size, self.act_dim, self.max_ep_len = members, len(members), act_dim, max_ep_len
-        self.template = SimpleNamespace(training=False)
+    def __init__(self, policies: list[D3rlpyMember], act_dim: int, max_ep_len: int = 1000):
+        self.policies, self.members, self.max_ep_len = policies, len(policies), max_ep_len
+        self.config = SimpleNamespace(act_dim=act_dim)
         self.train(False)
 
     @classmethod
@@ -149,13 +150,15 @@ class D3rlpyPolicies:
         return cls([D3rlpyMember.from_algo(a) for a in algos], algos[0].impl.action_size, max_ep_len)
 
     def train(self, mode: bool = True) -> "D3rlpyPolicies":
-        for m in self.members:
-            m.transformer.train(mode)
-        self.template.training = mode
+        for p in self.policies:
+            p.transformer.train(mode)
+        self.training = mode
         return self
 
-    def member_call(self, m: int):
-        return self.members[m]
+    def __call__(self, states, actions, returns_to_go, timesteps, valid=None, last_only: bool = True):
+        preds = [p(*(x[m] for x in (states, actions, returns_to_go, timesteps)), valid, last_only)[0]
+                 for m, p in enumerate(self.policies)]
+        return torch.stack(preds), []
 
 
 # ------------------------------------------------------------------------------ d3rlpy's learner

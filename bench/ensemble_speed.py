@@ -1,13 +1,14 @@
 """Training throughput of ensembles: updates/s and member-updates/s of the library's training step
 (``dt_primal.training.step.TrainStep``, what ``train.py --seeds`` runs) for ensembles of several sizes, run
 eagerly, compiled (``--compile``) or captured as a CUDA graph, at the Primal.+DT paper's size and at
-the DT paper's size, in fp32 / tf32 / bf16; and how the members run (``vmap`` over them, the CUDA path, or a loop
-over them, the CPU path).
+the DT paper's size, in fp32 / tf32 / bf16. The members are one tensor dimension of the model
+(``dt_primal.model.members``).
 
   python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
   python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
       --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
-  python bench/ensemble_speed.py --count-ops --members 1 3 18 --members-by loop vmap   # operations per update
+  python bench/ensemble_speed.py --count-ops --members 1 4 --sizes spec --precisions fp32   # operations per update
+  python bench/ensemble_speed.py --device cuda --members 18 --modes compiled+captured --precisions bf16 --profile
   python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
 
 One update = every member draws its batch of 64 windows (K 20) and takes one AdamW step. Each
@@ -55,21 +56,17 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def library_step(data, size: str, members: int, precision: str, members_by: str, device: str, compile: bool = False,
+def library_step(data, size: str, members: int, precision: str, device: str, compile: bool = False,
                  capture: bool = True):
-    """The library's training step for one setting; ``members_by`` vmap / loop forces how the members run."""
+    """The library's training step for one setting."""
     cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile=compile,
                       **SIZES[size][1])
-    step = common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
-    if members_by != "default":
-        step.ensemble.vmap = members_by == "vmap"
-    return step
+    return common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
 
 
 @contextlib.contextmanager
 def torch_dropout(on: bool):
-    """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU, and what vmap needs
-    (the cheap masks cannot be vmapped)."""
+    """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU."""
     seam = dt_primal.model.dropout.cheap_masks
     if on:
         dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
@@ -79,40 +76,45 @@ def torch_dropout(on: bool):
         dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = seam
 
 
-def count_ops(data, size: str, members: int, precision: str, members_by: str, device: str) -> dict:
+def count_ops(data, size: str, members: int, precision: str, device: str) -> dict:
     """ATen operations (views aside) in one eager update, the second: what a CUDA graph of the step replays."""
-    step = library_step(data, size, members, precision, members_by, device, capture=False)
+    step = library_step(data, size, members, precision, device, capture=False)
     with torch_dropout(True):
         step()
         with OpCounter() as counter:
             step()
-    return {"size": size, "members": members, "precision": precision,
-            "members_by": "vmap" if step.ensemble.vmap else "loop", "ops": sum(counter.ops.values()),
+    return {"size": size, "members": members, "precision": precision, "ops": sum(counter.ops.values()),
             "top": counter.ops.most_common(6)}
 
 
-def time_setting(data, size: str, members: int, mode: str, precision: str, members_by: str, device: str,
-                 warmup: int, updates: int) -> dict:
+def time_setting(data, size: str, members: int, mode: str, precision: str, device: str, warmup: int,
+                 updates: int) -> dict:
     torch._dynamo.reset()  # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
-    step = library_step(data, size, members, precision, members_by, device, compile="compiled" in mode,
-                        capture="captured" in mode)
+    step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    with torch_dropout(step.ensemble.vmap):
-        t0 = time.perf_counter()
-        for _ in range(warmup):
-            step()
-        sync()
-        first = time.perf_counter() - t0
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(updates):
-            step()
-        sync()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    how = members_by if members_by != "default" else ("vmap" if step.ensemble.vmap else "loop")
-    return {"size": size, "members": members, "mode": mode, "precision": precision, "members_by": how,
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    first = time.perf_counter() - t0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(updates):
+        step()
+    sync()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"size": size, "members": members, "mode": mode, "precision": precision,
             "ms_per_update": 1e3 * wall / updates, "updates_per_s": updates / wall,
             "member_updates_per_s": members * updates / wall, "cpu_ms_per_update": 1e3 * cpu / updates,
             "warmup_s": first}
+
+
+def settings(args):
+    """(size, precision, mode, members, untimed updates) of every setting asked for."""
+    for size in args.sizes:
+        for precision in args.precisions:
+            for mode in args.modes:
+                for m in args.members:
+                    yield size, precision, mode, m, max(args.warmup, 5 if "captured" in mode else 1)
 
 
 def main() -> None:
@@ -125,13 +127,16 @@ def main() -> None:
                         "compiled+captured (--compile)")
     p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
-    p.add_argument("--members-by", nargs="+", choices=("default", "vmap", "loop"), default=["default"],
-                   help="how the members run: the device's default (vmap on CUDA, a loop elsewhere), or forced")
     p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (at least 5 when capturing)")
     p.add_argument("--count-ops", action="store_true",
                    help="count the ATen operations of one eager update per size, precision and member count instead of "
                         "timing (views aside: each is about one kernel launch on a GPU); writes its own section")
+    p.add_argument("--profile", action="store_true",
+                   help="per setting: the FLOPs of an update, the model-FLOPs utilisation at the timed rate and the five "
+                        "kernels (operators on a CPU) with the most device time, from torch.profiler; its own section")
+    p.add_argument("--peak-tflops", type=float, default=989.4,
+                   help="--profile: the device's peak for the precision, in TFLOP/s (default: an H100 SXM's dense bf16)")
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 1 and 2 members, 2 updates")
     args = p.parse_args()
     if args.quick:
@@ -139,50 +144,96 @@ def main() -> None:
     data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
     if args.count_ops:
         return ops_section(args, data)
+    if args.profile:
+        return profile_section(args, data)
     records = []
-    for size in args.sizes:
-        for precision in args.precisions:
-            for mode in args.modes:
-                for members_by in args.members_by:
-                    for m in args.members:
-                        r = time_setting(data, size, m, mode, precision, members_by, args.device,
-                                         max(args.warmup, 5 if "captured" in mode else 1), args.updates)
-                        records.append(r)
-                        print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {r['members_by']:4s} {m:2d} members: "
-                              f"{r['ms_per_update']:.1f} ms, {r['updates_per_s']:.1f} updates/s, "
-                              f"{r['member_updates_per_s']:.1f} member-updates/s (load {common.load_avg():.2f})", flush=True)
+    for size, precision, mode, m, warmup in settings(args):
+        r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates)
+        records.append(r)
+        print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
+              f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
+              f"(load {common.load_avg():.2f})", flush=True)
     section = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + \
         ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     if not args.quick:
         common.save_results(section, {"records": records, "args": vars(args)})
-    rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members_by"], r["members"], f"{r['ms_per_update']:.1f}",
+    rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members"], f"{r['ms_per_update']:.1f}",
              f"{r['cpu_ms_per_update']:.0f}", f"{r['updates_per_s']:.1f}", f"**{r['member_updates_per_s']:.1f}**",
              f"{r['warmup_s']:.1f}"] for r in records]
-    single = {(r["size"], r["precision"], r["mode"], r["members_by"]): r["ms_per_update"] for r in records if r["members"] == 1}
-    notes = [f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}, {r['members_by']}: {r['members']} members take "
+    single = {(r["size"], r["precision"], r["mode"]): r["ms_per_update"] for r in records if r["members"] == 1}
+    notes = [f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: {r['members']} members take "
              f"{r['ms_per_update'] / single[key]:.2f}× the time of one per update, i.e. "
              f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
-             for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"], r["members_by"])) in single]
+             for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"])) in single]
     body = "\n".join([
         f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, Primal.+DT "
         f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} untimed "
-        f"ones (capture and compilation happen there: see the warm-up column). *members by*: `vmap` runs the members "
-        f"as one batched model, `loop` one after another (the library's default on a CPU).", "",
-        common.md_table(["size", "precision", "mode", "members by", "members", "ms per update (wall)",
-                         "CPU ms per update", "updates/s", "member-updates/s", "warm-up s"], rows), "",
+        f"ones (capture and compilation happen there: see the warm-up column). The members are one tensor dimension "
+        f"of the model (docs/ensembles.md).", "",
+        common.md_table(["size", "precision", "mode", "members", "ms per update (wall)", "CPU ms per update",
+                         "updates/s", "member-updates/s", "warm-up s"], rows), "",
         *[f"- {n}" for n in notes]])
     common.write_section(section, f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
                          body, args.quick)
 
 
+def profile_setting(data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int,
+                    peak_tflops: float) -> dict:
+    """FLOPs of one update (``FlopCounterMode`` on an eager update: the matrix products and attention),
+    the model-FLOPs utilisation at the rate ``time_setting`` measures, and the five kernels with the
+    most device time (self time of the operators on a CPU) over ``updates`` profiled updates."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+    eager = library_step(data, size, members, precision, device, capture=False)
+    eager()
+    with FlopCounterMode(display=False) as flops:
+        eager()
+    r = time_setting(data, size, members, mode, precision, device, warmup, updates)
+    step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
+    for _ in range(warmup):
+        step()
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(updates):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events = [e for e in prof.key_averages() if own(e) > 0 and not e.key.startswith(("ProfilerStep", "cudaGraph"))]
+    total = sum(own(e) for e in events)
+    top = [(e.key, own(e) / total) for e in sorted(events, key=own, reverse=True)[:5]]
+    return r | {"gflop_per_member_update": flops.get_total_flops() / members / 1e9,
+                "mfu": flops.get_total_flops() * r["updates_per_s"] / (peak_tflops * 1e12), "top": top}
+
+
+def profile_section(args, data) -> None:
+    """``--profile``: FLOPs, model-FLOPs utilisation and the largest kernels per setting, as a section."""
+    rows = []
+    for size, precision, mode, m, warmup in settings(args):
+        r = profile_setting(data, size, m, mode, precision, args.device, warmup, args.updates, args.peak_tflops)
+        rows.append([SIZES[size][0], precision, mode, m, f"{r['gflop_per_member_update']:.1f}",
+                     f"{r['member_updates_per_s']:.1f}", f"**{r['mfu']:.1%}**",
+                     "; ".join(f"`{name[:60]}` {share:.0%}" for name, share in r["top"])])
+        print(" | ".join(map(str, rows[-1])), flush=True)
+    body = "\n".join([
+        f"The library's training step on `--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, "
+        f"s 64): GFLOP per member-update (counted by `torch.utils.flop_counter.FlopCounterMode` on an eager update), "
+        f"member-updates/s ({args.updates} timed updates), the model-FLOPs utilisation against a peak of "
+        f"{args.peak_tflops:g} TFLOP/s, and the five kernels with the most device time over {args.updates} profiled "
+        f"updates (`torch.profiler`; on a CPU the operators' self time), with their share of it.", "",
+        common.md_table(["size", "precision", "mode", "members", "GFLOP per member-update", "member-updates/s", "MFU",
+                         "largest kernels (share of device time)"], rows)])
+    common.write_section("ensemble_profile" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+                         f"Ensembles: FLOPs, utilisation and largest kernels ({args.device})", body, args.quick)
+
+
 def ops_section(args, data) -> None:
     """``--count-ops``: the operations of one update for every setting asked for, as a section of docs/benchmarks.md."""
-    records = [count_ops(data, size, m, precision, members_by, args.device) for size in args.sizes
-               for precision in args.precisions for members_by in args.members_by for m in args.members]
+    records = [count_ops(data, size, m, precision, args.device) for size in args.sizes
+               for precision in args.precisions for m in args.members]
     for r in records:
-        print(f"{SIZES[r['size']][0]:32s} {r['precision']} {r['members_by']:4s} {r['members']:2d} members: {r['ops']} ops",
-              flush=True)
-    rows = [[SIZES[r["size"]][0], r["precision"], r["members_by"], r["members"], f"**{r['ops']}**",
+        print(f"{SIZES[r['size']][0]:32s} {r['precision']} {r['members']:2d} members: {r['ops']} ops", flush=True)
+    rows = [[SIZES[r["size"]][0], r["precision"], r["members"], f"**{r['ops']}**",
              ", ".join(f"`{name}` {n}" for name, n in r["top"])] for r in records]
     body = "\n".join([
         f"ATen operations in one eager update of the library's training step (`dt_primal.training.step.TrainStep`) on "
@@ -190,7 +241,7 @@ def ops_section(args, data) -> None:
         f"`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, and a "
         f"CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer kernels "
         f"(sampling, clipping and AdamW stay outside it).", "",
-        common.md_table(["size", "precision", "members by", "members", "operations per update", "most frequent"], rows)])
+        common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows)])
     common.write_section("ensemble_ops" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
                          f"Ensembles: operations per update ({args.device})", body, args.quick)
 

@@ -30,7 +30,6 @@ import torch
 from dt_primal.config import make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
-from dt_primal.model.ensemble import Ensemble
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
 from envs import TASKS, Task
@@ -41,32 +40,33 @@ def sequential_rollout(model: DecisionTransformer, task: Task, target: float, ep
                        reward_scale: float, context: int, precision: str, last_only: bool,
                        seed: int = 0) -> tuple[int, list[float]]:
     """The classic DT evaluation: one env, one episode after another, one forward per step over
-    the last ``context`` steps. Returns (total env-steps, episode returns)."""
+    the last ``context`` steps (of a one-member model). Returns (total env-steps, episode returns)."""
     model.eval()
     env = task.make()
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     mean, std = (torch.as_tensor(a, dtype=torch.float32) for a in (state_mean, state_std))
     T = model.max_ep_len
-    timesteps = torch.arange(T)[None]
+    timesteps = torch.arange(T)[None, None]
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     steps, returns = 0, []
     for ep in range(episodes):
         obs, _ = env.reset(seed=seed + ep)
-        states, actions, rtg = torch.zeros(1, T, obs_dim), torch.zeros(1, T, act_dim), torch.zeros(1, T, 1)
-        rtg[0, 0, 0] = target / reward_scale
+        states, actions, rtg = torch.zeros(1, 1, T, obs_dim), torch.zeros(1, 1, T, act_dim), torch.zeros(1, 1, T, 1)
+        rtg[0, 0, 0, 0] = target / reward_scale
         ret = 0.0
         for t in range(T):
-            states[0, t] = (torch.as_tensor(obs, dtype=torch.float32) - mean) / std
+            states[0, 0, t] = (torch.as_tensor(obs, dtype=torch.float32) - mean) / std
             lo = max(0, t + 1 - context)
             with autocast:
-                pred, _ = model(states[:, lo:t + 1], actions[:, lo:t + 1], rtg[:, lo:t + 1], timesteps[:, lo:t + 1], last_only=last_only)
-            actions[0, t] = pred[0, -1].float()
-            obs, reward, term, trunc, _ = env.step(actions[0, t].numpy())
+                window = (x[..., lo:t + 1, :] for x in (states, actions, rtg))
+                pred, _ = model(*window, timesteps[..., lo:t + 1], last_only=last_only)
+            actions[0, 0, t] = pred[0, 0, -1].float()
+            obs, reward, term, trunc, _ = env.step(actions[0, 0, t].numpy())
             ret += reward; steps += 1
             if term or trunc:
                 break
             if t + 1 < T:
-                rtg[0, t + 1, 0] = rtg[0, t, 0] - reward / reward_scale
+                rtg[0, 0, t + 1, 0] = rtg[0, 0, t, 0] - reward / reward_scale
         returns.append(ret)
     env.close()
     return steps, returns
@@ -78,8 +78,9 @@ def warm_up(model: DecisionTransformer, batch: int, context: int, precision: str
     model.eval()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         for b in (batch, 1):
-            model(torch.zeros(b, context, model.embed_state.in_features), torch.zeros(b, context, model.embed_action.in_features),
-                  torch.zeros(b, context, 1), torch.arange(context).expand(b, -1))
+            model(torch.zeros(1, b, context, model.embed_state.weight.shape[-1]),
+                  torch.zeros(1, b, context, model.embed_action.weight.shape[-1]), torch.zeros(1, b, context, 1),
+                  torch.arange(context).expand(1, b, -1))
 
 
 def forward_clock(model: DecisionTransformer):
@@ -144,9 +145,9 @@ def main() -> None:
         common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
         warm_up(model, args.episodes, cfg.context, run["precision"])
         batched, batched_cpu, forward_share = [], [], []
-        policy = Policy(Ensemble([model]), *common_args, run["precision"])
+        policy = Policy(model, *common_args, run["precision"])
         for _ in range(args.repeats):
-            forward_s, hooks = forward_clock(policy.ensemble.template)
+            forward_s, hooks = forward_clock(model)
             t0, c0 = time.perf_counter(), time.process_time()
             reports = rollout(policy, task, [args.target], args.episodes)[0]
             batched.append(time.perf_counter() - t0); batched_cpu.append(time.process_time() - c0)

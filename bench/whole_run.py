@@ -33,7 +33,6 @@ import torch
 from dt_primal.config import make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
-from dt_primal.model.ensemble import Ensemble
 from dt_primal.model.transformer import DecisionTransformer
 from envs import TASKS
 
@@ -44,7 +43,7 @@ class StepClock(DecisionTransformer):
     """A DecisionTransformer that notes when each forward pass starts and over how many steps."""
 
     def forward(self, states, *rest, **kwargs):
-        self.calls.append((time.perf_counter(), states.shape[1]))
+        self.calls.append((time.perf_counter(), states.shape[2]))  # states (members, episodes, steps, obs)
         return super().forward(states, *rest, **kwargs)
 
 
@@ -56,11 +55,11 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
     torch.manual_seed(0)
     model = StepClock(cfg.model_config(11, 3)).to(device)
     model.calls = []
-    policy = Policy(Ensemble([model]), np.zeros(11), np.ones(11), cfg.reward_scale, context, precision)
+    policy = Policy(model, np.zeros(11), np.ones(11), cfg.reward_scale, context, precision)
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=context + probe + 1)
     targets = list(TASKS["hopper"].targets)[: 1 if episodes < 2 else 2]
     rollout(policy, task, targets, episodes // len(targets))
-    calls = policy.ensemble.template.calls  # the forward passes run the ensemble's copy of the model
+    calls = model.calls
     full = [t1 - t0 for (t0, w), (t1, _) in zip(calls, calls[1:]) if w == context]
     return float(np.median(full))
 

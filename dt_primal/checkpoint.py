@@ -21,6 +21,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.model.members import stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.untrusted import load_torch
 
@@ -177,17 +178,21 @@ def load_members(paths: list[Path]) -> list[dict]:
     return ckpts
 
 
-def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> DecisionTransformer:
-    """The checkpoint's model, with its weights."""
-    cfg = ModelConfig.from_record(ckpt["model_config"])
-    model = DecisionTransformer(cfg).to(device)
+def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> DecisionTransformer:
+    """The checkpoints' models, with their weights, as the members of one model (``dt_primal.model.members``);
+    they share the first one's architecture."""
+    cfg = ModelConfig.from_record(ckpts[0]["model_config"])
     try:
-        model.load_state_dict(ckpt["model"])
-    except (RuntimeError, TypeError, AttributeError) as exc:
+        return stack_members(lambda n: DecisionTransformer(cfg, members=n), [c["model"] for c in ckpts], device)
+    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
         raise UserError(f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
                         f"{cfg.n_layer} layers and {cfg.n_head} heads (its config disagrees with its weights: "
                         f"{str(exc).splitlines()[0]}). The file is incompatible or damaged.") from exc
-    return model
+
+
+def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> DecisionTransformer:
+    """The checkpoint's model (one member), with its weights."""
+    return model_from_checkpoints([ckpt], device)
 
 
 def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:

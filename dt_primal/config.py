@@ -198,6 +198,11 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
         if f.type == "bool":
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"default {'on' if f.default else 'off'}")
+        elif f.name == "dataset":
+            parser.add_argument(*flags, nargs="+", default=None,
+                                help=f"the dataset (default {f.default}); train.py takes several whose models share "
+                                     f"an architecture, trained as one ensemble, each member on its own dataset "
+                                     f"(docs/ensembles.md)")
         elif f.name == "targets":
             parser.add_argument(*flags, type=float, nargs="+", default=None,
                                 help="returns to condition on (default: the task's two for halfcheetah, hopper and "
@@ -211,9 +216,12 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
 
 
 def overrides(args: argparse.Namespace) -> dict:
-    """The Config fields the user set on the command line."""
+    """The Config fields the user set on the command line; of several ``--dataset``, the first."""
     names = {f.name for f in fields(Config)}
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    if isinstance(given.get("dataset"), list):
+        given["dataset"] = given["dataset"][0]
+    return given
 
 
 def make_config(preset: str = "paper", **changes) -> Config:

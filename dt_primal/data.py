@@ -142,38 +142,53 @@ def flags(value, what: str, where: str) -> np.ndarray:
 
 
 class WindowSampler:
-    """Draws training windows of K steps, right-padded, entirely on ``device``.
+    """Draws training windows of K steps, right-padded, entirely on ``device``, from one dataset or
+    several (``data``, ``state_mean`` and ``state_std`` then lists, one entry per dataset), whose
+    steps lie one after another in one store so that all members' windows are one gather.
 
-    A window starts at a uniformly drawn step of the whole store, which is the same as drawing the
+    A window starts at a uniformly drawn step of its dataset, which is the same as drawing the
     episode with probability proportional to its length and then a start inside it. Returns-to-go
-    use γ = 1 and are divided by ``reward_scale``; states are normalised.
+    use γ = 1 and are divided by ``reward_scale``; states are normalised with their dataset's statistics.
     """
 
-    def __init__(self, data: Trajectories, context: int, reward_scale: float, state_mean: np.ndarray,
-                 state_std: np.ndarray, device: torch.device | str = "cpu"):
-        starts, ends = data.starts, data.starts + data.lengths
-        ep_of_step = np.repeat(np.arange(len(data.lengths)), data.lengths)
-        step_in_ep = np.arange(len(data.rewards)) - starts[ep_of_step]
-        rew = data.rewards.astype(np.float64)
-        # return-to-go: reward sum from step i to its episode's end
-        tail = np.cumsum(rew[::-1])[::-1]
-        rtg = tail - np.append(tail, 0.0)[ends[ep_of_step]]
-        as_t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=device)
-        self.states = as_t((data.observations - state_mean) / state_std, torch.float32)
-        self.actions = as_t(data.actions, torch.float32)
-        self.rtg = as_t(rtg / reward_scale, torch.float32)
-        self.timesteps = as_t(step_in_ep, torch.long)
-        self.end = as_t(ends[ep_of_step], torch.long)  # exclusive end of each step's episode
+    def __init__(self, data: Trajectories | list[Trajectories], context: int, reward_scale: float,
+                 state_mean: np.ndarray | list[np.ndarray], state_std: np.ndarray | list[np.ndarray],
+                 device: torch.device | str = "cpu"):
+        parts = list(zip(*(x if isinstance(data, list) else [x] for x in (data, state_mean, state_std))))
+        sizes = [len(d.rewards) for d, _, _ in parts]
+        self.sizes, self.first = sizes, np.cumsum([0] + sizes[:-1])
+        store = [self._arrays(d, mean, std, reward_scale) for d, mean, std in parts]
+        as_t = lambda i, dt: torch.as_tensor(np.concatenate([a[i] for a in store]), dtype=dt, device=device)
+        self.states, self.actions, self.rtg = (as_t(i, torch.float32) for i in range(3))
+        self.timesteps = as_t(3, torch.long)
+        self.end = as_t(4, torch.long) + torch.as_tensor(np.repeat(self.first, sizes), device=device)
         self.offsets = torch.arange(context, device=device)
         self.context, self.device = context, device
+
+    @staticmethod
+    def _arrays(data: Trajectories, state_mean, state_std, reward_scale: float) -> tuple[np.ndarray, ...]:
+        """One dataset's normalised states, actions, scaled returns-to-go, step in episode, and the
+        exclusive end of each step's episode (indices within the dataset)."""
+        starts, ends = data.starts, data.starts + data.lengths
+        ep_of_step = np.repeat(np.arange(len(data.lengths)), data.lengths)
+        rew = data.rewards.astype(np.float64)
+        tail = np.cumsum(rew[::-1])[::-1]  # return-to-go: reward sum from step i to its episode's end
+        rtg = tail - np.append(tail, 0.0)[ends[ep_of_step]]
+        step_in_ep = np.arange(len(data.rewards)) - starts[ep_of_step]
+        return (data.observations - state_mean) / state_std, data.actions, rtg / reward_scale, step_in_ep, ends[ep_of_step]
+
+    def first_steps(self, datasets: list[int]) -> torch.Tensor:
+        """Where each of ``datasets`` (indices) starts in the store: (len(datasets),) long."""
+        return torch.as_tensor(self.first[datasets], dtype=torch.long, device=self.device)
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """``batch_size`` windows: (B, K, ...) tensors ``states``, ``actions``, ``returns_to_go``, ``timesteps``, ``valid``."""
         return self.windows(self.starts(batch_size, generator))
 
-    def starts(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The first steps of ``batch_size`` windows, drawn uniformly from ``generator``: (B,) long."""
-        return torch.randint(len(self.rtg), (batch_size,), device=self.device, generator=generator)
+    def starts(self, batch_size: int, generator: torch.Generator | None = None, dataset: int = 0) -> torch.Tensor:
+        """The first steps of ``batch_size`` windows, drawn uniformly from ``generator``: (B,) long,
+        indices within the dataset ``dataset`` (add ``first_steps`` for the store's)."""
+        return torch.randint(self.sizes[dataset], (batch_size,), device=self.device, generator=generator)
 
     def windows(self, start: torch.Tensor) -> dict[str, torch.Tensor]:
         """The windows beginning at the steps ``start`` (any shape S): (*S, K, ...) tensors. One gather

@@ -4,7 +4,9 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
   python train.py --preset quick                       # minutes on a CPU
   python train.py --dataset dt-primal/hopper/medium-replay-v0 --model primal --seeds 0 1 2 --out runs/hmr
   python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
-  (--seeds trains the seeds in one process as one ensemble; each as it would train alone)
+  python train.py --dataset dt-primal/hopper/medium-v0 dt-primal/hopper/medium-replay-v0 --seeds 0 1 2 --out runs/h
+  (--seeds, and several --dataset of one task, train in one process as one ensemble, each member as it
+  would train alone; several datasets write OUT/DATASET/MODEL/seed_N: docs/ensembles.md)
   torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/sweeps.md)
 
 ``train_command`` is that command as a function of the library: ``train.py`` and the sweep's workers
@@ -31,7 +33,7 @@ from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import normalized_text, scoring
 from dt_primal.training.checks import check_run_inputs
 from dt_primal.training.loop import Interrupted, distributed, train
-from dt_primal.training.run_folder import hold_run_folder
+from dt_primal.training.run_folder import hold_run_folder, member_folders
 
 # load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from (datasets.loaders.load_dataset)
 Loader = Callable[..., Trajectories]
@@ -75,17 +77,24 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
         raise UserError(f"--seed {given['seed']} and --seeds {' '.join(map(str, args.seeds))} were both given: --seeds "
                         f"trains each of its seeds as --seed N alone would; leave out --seed.")
     cfg = make_config(args.preset, **given)
-    first = Path(cfg.out) / (f"seed_{args.seeds[0]}" if args.seeds else "") / "last.pt"
+    specs = list(dict.fromkeys(args.dataset)) if args.dataset else None  # else the checkpoint's, or the default
+    seeds = args.seeds or ([cfg.seed] if specs and len(specs) > 1 else None)
+    first = member_folders(Path(cfg.out), seeds, specs, cfg.model)[0] / "last.pt"
     if args.resume and first.exists():  # the checkpoint's settings, except those given now
         cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
-    with distributed(cfg.device) as (rank, world), hold_run_folder(cfg.out, args.seeds, enabled=rank == 0) as folder:
-        data = load_dataset(cfg.dataset, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
-        if rank == 0:
-            print(scoring(data.task, cfg.targets))
-        check_run_inputs(data, cfg, args.seeds, rescale_actions=args.rescale_actions, notes=rank == 0)
-        folder.check_dataset(data, resume=args.resume)
+    specs = specs or [cfg.dataset]
+    with distributed(cfg.device) as (rank, world), \
+            hold_run_folder(cfg.out, seeds, rank == 0, specs, cfg.model) as folder:
+        datas = {}
+        for spec in specs:
+            data = datas[spec] = load_dataset(spec, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
+            if rank == 0:
+                print(scoring(data.task, cfg.targets))
+            check_run_inputs(data, dataclasses.replace(cfg, dataset=spec), seeds, rescale_actions=args.rescale_actions,
+                             notes=rank == 0)
+        folder.check_dataset(list(datas.values()), resume=args.resume)
         try:
-            results = train(cfg, data, resume=args.resume, seeds=args.seeds)
+            results = train(cfg, datas, resume=args.resume, seeds=seeds)
         except Interrupted as exc:
             print(f"\n{exc}", file=sys.stderr)
             sys.exit(128 + exc.signum)
@@ -96,10 +105,13 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
                 print(f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
                       f"normalised score {normalized_text(r)} ({r['episodes']} episodes)")
         if args.seeds:
-            summary = write_report(results, Path(cfg.out) / "report.json")
-            for r in summary["across_checkpoints"]:
-                print(f"target {r['target']:g}: normalised score {normalized_text(r)} across {len(args.seeds)} seeds")
-            print(f"report: {Path(cfg.out) / 'report.md'}")
+            for k, spec in enumerate(specs):  # the members come dataset by dataset
+                out = Path(cfg.out) if len(specs) == 1 else folder.members[k * len(seeds)].parent
+                summary = write_report(results[k * len(seeds):(k + 1) * len(seeds)], out / "report.json")
+                for r in summary["across_checkpoints"]:
+                    print(f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "
+                          f"{normalized_text(r)} across {len(seeds)} seeds")
+                print(f"report: {out / 'report.md'}")
 
 
 if __name__ == "__main__":

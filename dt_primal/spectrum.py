@@ -28,15 +28,16 @@ from envs import Task
 
 @torch.no_grad()
 def layer_spectra(model, batch: dict) -> list[np.ndarray]:
-    """Per layer: the mean cumulative explained variance curve (3K,) of its attention matrices."""
+    """Per layer: the mean cumulative explained variance curve (3K,) of a one-member model's attention
+    matrices on ``batch``, windows (B, K, ...)."""
     inputs = []
     hooks = [b.attn.register_forward_pre_hook(lambda m, args: inputs.append((m, args[0]))) for b in model.blocks]
-    model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"])
+    model(*(batch[k][None] for k in ("states", "actions", "returns_to_go", "timesteps")))
     for h in hooks:
         h.remove()
     curves = []
     for attn, x in inputs:
-        s = torch.linalg.svdvals(attn.attention_matrix(x).double())  # (B, H, L)
+        s = torch.linalg.svdvals(attn.attention_matrix(x)[0].double())  # (B, H, L)
         var = s ** 2
         curves.append((var.cumsum(-1) / var.sum(-1, keepdim=True)).mean((0, 1)).numpy())
     return curves

@@ -150,8 +150,8 @@ def _step_envs(envs: list[gym.Env], actions: np.ndarray, alive: np.ndarray):
     return obs, rewards, terms, truncs
 
 
-def _worker(conn, task: Task, count: int) -> None:
-    envs = [task.make() for _ in range(count)]
+def _worker(conn, tasks: list[Task]) -> None:
+    envs = [task.make() for task in tasks]
     while True:
         command, payload = conn.recv()
         if command == "reset":
@@ -166,12 +166,15 @@ def _worker(conn, task: Task, count: int) -> None:
 
 
 class Episodes:
-    """``num_envs`` environments of a task that each run one episode, split into ``workers`` groups
-    stepped at the same time in worker processes (each group one env after another); ``workers`` <= 1
-    steps them all in this process. Gymnasium's AsyncVectorEnv would start one process per
-    environment, hundreds for an ensemble's evaluation."""
+    """``num_envs`` environments of a task (or of ``task[i]`` each, tasks with the same observation and
+    action sizes) that each run one episode, split into ``workers`` groups stepped at the same time
+    in worker processes (each group one env after another); ``workers`` <= 1 steps them all in this
+    process. Gymnasium's AsyncVectorEnv would start one process per environment, hundreds for an
+    ensemble's evaluation."""
 
-    def __init__(self, task: Task, num_envs: int, workers: int = 1):
+    def __init__(self, task: Task | list[Task], num_envs: int, workers: int = 1):
+        tasks = task if isinstance(task, list) else [task] * num_envs
+        task = tasks[0]
         self.num_envs, self.workers = num_envs, max(1, min(workers, num_envs))
         bounds = np.linspace(0, num_envs, self.workers + 1).round().astype(int)
         self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -179,13 +182,13 @@ class Episodes:
         self.observation_shape, self.action_shape = probe.observation_space.shape, probe.action_space.shape
         probe.close()
         if self.workers == 1:
-            self.envs = [task.make() for _ in range(num_envs)]
+            self.envs = [t.make() for t in tasks]
             return
         ctx = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
         for s in self.slices:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child, task, s.stop - s.start), daemon=True)
+            proc = ctx.Process(target=_worker, args=(child, tasks[s]), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent); self.procs.append(proc)

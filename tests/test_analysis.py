@@ -58,13 +58,13 @@ def test_spectrum_curves_are_cumulative_fractions():
     net = DecisionTransformer(cfg.model_config(11, 3)).eval()
     K = 5
     batch = {"states": torch.randn(4, K, 11), "actions": torch.rand(4, K, 3), "returns_to_go": torch.randn(4, K, 1),
-             "timesteps": torch.arange(K).repeat(4, 1)}
+             "timesteps": torch.arange(K).repeat(4, 1)}  # windows of one model: (B, K, ...)
     curves = layer_spectra(net, batch)
     assert len(curves) == 2
     for c in curves:
         assert c.shape == (3 * K,) and np.all(np.diff(c) >= -1e-12) and abs(c[-1] - 1) < 1e-9
-    phi = net.blocks[1].attn.attention_matrix(torch.randn(1, 3 * K, 32))
-    assert phi.shape == (1, 2, 3 * K, 3 * K) and phi.abs().max() <= 1 + 1e-6  # cosine similarities
+    phi = net.blocks[1].attn.attention_matrix(torch.randn(1, 1, 3 * K, 32))
+    assert phi.shape == (1, 1, 2, 3 * K, 3 * K) and phi.abs().max() <= 1 + 1e-6  # cosine similarities
 
 
 def test_learning_curves_average_only_the_finished_runs(tmp_path):

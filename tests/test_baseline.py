@@ -59,7 +59,7 @@ def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start()
         for name in ("embed_state", "embed_action", "embed_return", "predict_action"):
             default, gpt2 = getattr(nets["torch"], name), getattr(nets["gpt2"], name)
             # uniform in ±1/sqrt(fan_in): std 1/sqrt(3 fan_in), at least 0.07 for these fan-ins (1 to 64)
-            assert default.weight.abs().max() <= default.in_features ** -0.5 and default.weight.std() > 0.05
+            assert default.weight.abs().max() <= default.weight.shape[-1] ** -0.5 and default.weight.std() > 0.05
             assert abs(float(gpt2.weight.std()) - 0.02) < 0.006 and not gpt2.bias.any()
         for net in nets.values():
             assert abs(float(net.blocks[0].mlp[0].weight.std()) - 0.02) < 0.002
@@ -185,7 +185,7 @@ def test_policies_run_in_dt_primals_batched_evaluation():
     reports = rollout(Policy(policies, np.zeros(11), np.ones(11), 1.0, 3), TASKS["hopper"], [3600.0, 1800.0], 2,
                       seeds=[5, 6])
     assert len(reports) == 2 and [r["episodes"] for r in reports[0]] == [2, 2]
-    assert policies.template.training and all(n.training for n in nets)  # the evaluation restores the mode
+    assert policies.training and all(n.training for n in nets)  # the evaluation restores the mode
     # every member saw its live episodes at once, the newest step's raw return as the conditioning
     assert all(len(n.calls) == 4 for n in nets) and nets[0].calls[0][2].shape == (4, 3, 1)
     assert set(nets[0].calls[0][2][:, -1, 0].tolist()) == {3600.0, 1800.0}

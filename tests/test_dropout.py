@@ -46,18 +46,18 @@ def test_written_out_training_attention_averages_to_the_sdpa_output():
     SDPA): the mean over many dropout draws must be the no-dropout (SDPA) output, padding and
     causality included, and padded keys must get no weight in any draw."""
     torch.manual_seed(3)
-    attn = SoftmaxAttention(16, 2, dropout=0.3)
-    x = torch.randn(2, 6, 16)
-    valid = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
+    attn = SoftmaxAttention(1, 16, 2, dropout=0.3)
+    x = torch.randn(1, 2, 6, 16)
+    valid = torch.tensor([[[True] * 6, [False, False, True, True, True, True]]])
     with torch.no_grad():
         expected = attn.eval()(x, valid)[0]
         attn.train()
         draws = torch.stack([attn(x, valid)[0] for _ in range(6000)])
         x_changed_padding = x.clone()
-        x_changed_padding[1, :2] = 100.0
+        x_changed_padding[0, 1, :2] = 100.0
         torch.manual_seed(4)
         a = attn(x, valid)[0]
         torch.manual_seed(4)
         b = attn(x_changed_padding, valid)[0]
     torch.testing.assert_close(draws.mean(0), expected, atol=0.02, rtol=0)
-    torch.testing.assert_close(a[1, 2:], b[1, 2:])
+    torch.testing.assert_close(a[0, 1, 2:], b[0, 1, 2:])

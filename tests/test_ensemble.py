@@ -1,5 +1,6 @@
-"""Seeds trained as one ensemble: each member is the run of its seed alone; resumption is exact and
-an interruption loses nothing; the CUDA code paths (vmap over members, the captured step)."""
+"""Seeds and datasets trained as one ensemble: each member is the run of its (dataset, seed) alone;
+resumption is exact and an interruption loses nothing; the step's operations do not grow with the
+members; the CUDA code path (the captured step)."""
 import copy
 import dataclasses
 import json
@@ -16,13 +17,13 @@ from dt_primal import checkpoint, data as data_module
 from dt_primal.config import Config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
-from dt_primal.model.ensemble import Ensemble
+from dt_primal.model.members import member_state, stack_members
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training.loop import train
 from dt_primal.training.step import TrainStep
 from envs import TASKS
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
-from test_train import ROOT, TINY, hopper_file
+from test_train import ROOT, TINY, hopper_file, make_episodes, write_d4rl
 
 CFG = Config(precision="fp32", dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
              eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu")
@@ -31,6 +32,14 @@ CFG = Config(precision="fp32", dataset="tiny", d_model=32, n_head=2, n_layer=2, 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return load_dataset(str(hopper_file(tmp_path_factory.mktemp("ens"))))
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """A second Hopper dataset, other episodes and statistics."""
+    path = tmp_path_factory.mktemp("ens2") / "hopper_other.hdf5"
+    write_d4rl(path, make_episodes(lengths=(30, 70, 45), seed=8))
+    return load_dataset(str(path))
 
 
 def weights(path):
@@ -50,20 +59,21 @@ def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
     model = DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim))
     reference = copy.deepcopy(model)
     sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
-    step = TrainStep(cfg, [model], sampler, [torch.Generator().manual_seed(0)], torch.device("cpu"))
+    step = TrainStep(cfg, model, sampler, [torch.Generator().manual_seed(0)], torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     opt = torch.optim.AdamW(reference.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
     for _ in range(7):
         step()
-        loss, _, _ = dt_loss(reference, sampler.sample(cfg.batch_size, gen), cfg.eta)
+        batch = {k: v.unsqueeze(0) for k, v in sampler.sample(cfg.batch_size, gen).items()}  # one member
+        loss, _, _ = dt_loss(reference, batch, cfg.eta)
         opt.zero_grad()
-        loss.backward()
+        loss.sum().backward()
         assert torch.nn.utils.clip_grad_norm_(reference.parameters(), cfg.grad_clip) > cfg.grad_clip  # it clips
         opt.step()
         sched.step()
     assert int(step.step) == 7 and float(step.lr) == pytest.approx(cfg.lr)
-    assert_same(step.ensemble.state_dict(0), reference.state_dict(), atol=1e-6)
+    assert_same(member_state(step.model, 0), member_state(reference, 0), atol=1e-6)
 
 
 @pytest.mark.parametrize("model", ["primal", "dt"])
@@ -135,6 +145,23 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
         assert not (tmp_path / "run" / f"seed_{s}" / "prev.pt").exists()
 
 
+def test_several_datasets_on_the_command_line_train_resume_and_report_per_dataset(data, other, tmp_path):
+    out, both = tmp_path / "run", [data.source, other.source]
+    common = [sys.executable, "train.py", "--dataset", *both, *TINY, "--seeds", "0", "1", "--warmup-steps", "2",
+              "--eval-every", "1000", "--eval-episodes", "1", "--out", str(out)]
+    res = subprocess.run([*common, "--steps", "3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([*common, "--steps", "5", "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and f"resumed from {out} at step 3" in res.stdout, res.stderr
+    for source in both:
+        folder = out / source.replace("/", "_").removesuffix(".hdf5") / "primal"
+        assert json.loads((folder / "report.json").read_text())["across_checkpoints"][0]["checkpoints"] == 2
+        for s in (0, 1):
+            result = json.loads((folder / f"seed_{s}" / "eval.json").read_text())
+            assert (result["dataset"], result["seed"], result["step"]) == (source, s, 5)
+
+
 def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path):
     out = tmp_path / "run"
     res = subprocess.run([sys.executable, "train.py", "--dataset", data.source, *TINY, "--seeds", "3", "5",
@@ -165,30 +192,65 @@ def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path
     assert res.returncode == 2 and "resume them with --seeds 3 5" in res.stderr, res.stderr
 
 
-def test_vmap_over_members_trains_and_acts_as_the_loop(data, tmp_path, monkeypatch):
-    """The CUDA path (one vmap over the members), run on the CPU: same weights and episodes as the loop."""
-    cfg = dataclasses.replace(CFG, dropout=0.0, steps=6)
-    train(dataclasses.replace(cfg, out=str(tmp_path / "loop")), data, seeds=[0, 1])
-    init = Ensemble.__init__
+def test_members_of_several_datasets_end_as_their_runs_alone(data, other, tmp_path):
+    """One ensemble over two datasets of one task: each (dataset, seed) member trains on its own data,
+    with its own statistics, into OUT/DATASET/MODEL/seed_N, as that run alone; and evaluates as it."""
+    cfg = dataclasses.replace(CFG, dropout=0.0, steps=6, eval_episodes=2)
+    both = {"a.hdf5": data, "b.hdf5": other}
+    results = train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), both, seeds=[0, 1])
+    assert [(r["dataset"], r["seed"]) for r in results] == [(data.source, 0), (data.source, 1), (other.source, 0),
+                                                            (other.source, 1)]
+    for spec, d in both.items():
+        for seed in (0, 1):
+            alone = train(dataclasses.replace(cfg, dataset=spec, seed=seed, out=str(tmp_path / f"{spec}{seed}")), d)[0]
+            member = tmp_path / "ens" / spec.removesuffix(".hdf5") / "primal" / f"seed_{seed}"
+            saved = torch.load(member / "last.pt", weights_only=False)
+            assert_same(saved["model"], weights(tmp_path / f"{spec}{seed}" / "last.pt"), atol=1e-4)
+            np.testing.assert_allclose(saved["state_mean"], d.state_stats()[0])
+            assert saved["config"]["dataset"] == spec and saved["config"]["seed"] == seed
+            mine = json.loads((member / "eval.json").read_text())
+            for ra, rb in zip(mine["targets"], alone["targets"]):
+                assert ra["lengths"] == rb["lengths"]
+                np.testing.assert_allclose(ra["returns"], rb["returns"], rtol=1e-3)
 
-    def with_vmap(self, models):
-        init(self, models)
-        self.vmap = True
-    monkeypatch.setattr(Ensemble, "__init__", with_vmap)
-    train(dataclasses.replace(cfg, out=str(tmp_path / "vmap")), data, seeds=[0, 1])
-    for s in (0, 1):
-        assert_same(weights(tmp_path / "loop" / f"seed_{s}" / "last.pt"), weights(tmp_path / "vmap" / f"seed_{s}" / "last.pt"))
-        a, b = (json.loads((tmp_path / run / f"seed_{s}" / "eval.json").read_text()) for run in ("loop", "vmap"))
-        for ra, rb in zip(a["targets"], b["targets"]):
-            assert ra["lengths"] == rb["lengths"]
-            np.testing.assert_allclose(ra["returns"], rb["returns"], rtol=1e-3)
+
+def test_datasets_whose_models_differ_are_refused_as_one_ensemble(data, tmp_path):
+    from dt_primal.errors import UserError
+    cfg = dataclasses.replace(CFG, s=None)  # the KSVD rank then comes from each dataset's name
+    with pytest.raises(UserError, match="cannot train as one ensemble.*separate runs"):
+        train(dataclasses.replace(cfg, out=str(tmp_path / "x")),
+              {"dt-primal/halfcheetah/medium-v0": data, "dt-primal/halfcheetah/medium-replay-v0": data}, seeds=[0])
+
+
+def test_operations_per_update_do_not_grow_with_the_members(data):
+    """Members are a tensor dimension: an update of 4 members runs as many operations as one of a
+    single member (a member's own batch draw aside), where a loop over members ran 4x as many."""
+    import collections
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ensemble_speed import OpCounter  # what bench/ensemble_speed.py --count-ops counts
+
+    def ops(members: int) -> collections.Counter:
+        torch.manual_seed(0)
+        model = DecisionTransformer(CFG.model_config(data.obs_dim, data.act_dim), members=members)
+        sampler = data_module.WindowSampler(data, CFG.context, CFG.reward_scale, *data.state_stats())
+        step = TrainStep(CFG, model, sampler, [torch.Generator().manual_seed(s) for s in range(members)],
+                         torch.device("cpu"))
+        step()
+        with OpCounter() as counter:
+            step()
+        return counter.ops
+    one, four = ops(1), ops(4)
+    assert four["randint"] - one["randint"] == 3  # each member draws its own batch from its own generator
+    assert sum(four.values()) <= 1.02 * sum(one.values())  # and every other operation runs once for all members
+    assert four["bmm"] + four["baddbmm"] == one["bmm"] + one["baddbmm"]
 
 
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
-    policy = Policy(Ensemble([DecisionTransformer(cfg.model_config(11, 3)), DecisionTransformer(cfg.model_config(11, 3))]),
-                    np.zeros(11), np.ones(11), 1000.0, cfg.context)
+    model = stack_members(lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
+                          [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)])
+    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context)
     args = (TASKS["hopper"], [3600.0, 1800.0], 3)
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
     assert one == three
@@ -211,21 +273,19 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("vmap", [False, True])
-def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data, vmap):
+def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data):
     """What a CUDA graph needs of the step, checked on the CPU: its update never reads a value back
     to the host, and changes no Python-side state (only tensors), so a replay is a real step."""
-    cfg = dataclasses.replace(CFG, dropout=0.0 if vmap else 0.1)
+    cfg = dataclasses.replace(CFG, dropout=0.1)
     torch.manual_seed(0)
-    models = [DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)) for _ in range(2)]
+    model = DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim), members=2)
     sampler = data_module.WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats())
-    step = TrainStep(cfg, models, sampler, [torch.Generator().manual_seed(s) for s in (0, 1)], torch.device("cpu"))
-    step.ensemble.vmap = vmap
+    step = TrainStep(cfg, model, sampler, [torch.Generator().manual_seed(s) for s in (0, 1)], torch.device("cpu"))
     step()  # the optimizer's state exists from here on, as before a capture
 
     def python_state():
         return {k: (id(v), v if isinstance(v, (int, float, bool, str, type(None))) else None)
-                for k, v in {**vars(step), **vars(step.ensemble)}.items()}
+                for k, v in vars(step).items()}
     before, steps = python_state(), int(step.step)
     step.opt.zero_grad(set_to_none=True)
     with HostSyncs() as syncs:

@@ -65,7 +65,7 @@ def test_a_checkpoint_holds_tensors_plain_data_and_the_resolved_architecture(run
     ckpt = checkpoint.load_checkpoint(run_dir / "last.pt")
     assert ckpt["model_config"] == dataclasses.asdict(make_config(**SMALL, max_ep_len=50).model_config(11, 3))
     model = checkpoint.model_from_checkpoint(ckpt)
-    assert model.config.s == 8 and model.embed_timestep.num_embeddings == 50
+    assert model.config.s == 8 and model.embed_timestep.weight.shape[1] == 50  # (members, rows, d_model)
 
 
 # --- checkpoints written before (format 1) ---
@@ -78,7 +78,9 @@ def test_a_checkpoint_written_by_an_earlier_version_evaluates(tmp_path):
 
 def test_a_checkpoint_written_by_an_earlier_version_resumes_exactly(tmp_path):
     """Resumed at its step 3, it ends with the weights of a run of 5 steps: the optimizer moments and the
-    random generators' states (NumPy's as a tuple of an array) carried over."""
+    random generators' states (NumPy's as a tuple of an array) carried over. To float rounding: the file's
+    first 3 steps ran before the weights had a member dimension, whose batched products round differently
+    (about 1e-7 here; a step moves these weights by about 1e-3)."""
     shutil.copytree(FORMAT1, tmp_path / "resumed")
     data = load_dataset(str(FORMAT1 / "hopper.pkl"))
     cfg = dataclasses.replace(Config(**checkpoint.load_checkpoint(FORMAT1 / "last.pt")["config"]), steps=5,
@@ -88,7 +90,7 @@ def test_a_checkpoint_written_by_an_earlier_version_resumes_exactly(tmp_path):
     a, b = (torch.load(tmp_path / d / "last.pt", weights_only=True) for d in ("straight", "resumed"))
     assert a["step"] == b["step"] == 5
     for k in a["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=1e-6, msg=k)
 
 
 def test_an_old_architecture_comes_from_the_weights_never_from_the_datasets_name(tmp_path):

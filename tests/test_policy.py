@@ -81,10 +81,9 @@ def test_one_policy_acts_for_one_environment_or_a_batch(run_dir):
 def test_a_policy_acts_beyond_its_context_and_its_episode_length():
     torch.manual_seed(0)
     from dt_primal.config import Config
-    from dt_primal.model.ensemble import Ensemble
     from dt_primal.model.transformer import DecisionTransformer
     model = DecisionTransformer(Config(d_model=16, n_head=2, n_layer=1, context=3, max_ep_len=4).model_config(2, 1))
-    policy = Policy(Ensemble([model]).train(False), np.zeros(2), np.ones(2), 1.0, 3)
+    policy = Policy(model.train(False), np.zeros(2), np.ones(2), 1.0, 3)
     policy.reset(1.0)
     actions = [policy.act(np.full(2, t / 10), reward=0.1) for t in range(8)]
     assert all(a.shape == (1,) and np.isfinite(a).all() for a in actions)

@@ -203,8 +203,8 @@ def test_single_step_episodes_are_valid_training_data(tmp_path):
     batch = WindowSampler(data, 4, 1.0, *data.state_stats()).sample(64, torch.Generator().manual_seed(0))
     assert (batch["valid"].sum(1) == 1).any()  # windows with a single real step
     model = DecisionTransformer(make_config(**SMALL).model_config(data.obs_dim, data.act_dim))
-    loss, _, _ = dt_loss(model, batch, 0.05)
-    loss.backward()
+    loss, _, _ = dt_loss(model, {k: v[None] for k, v in batch.items()}, 0.05)  # one member
+    loss.sum().backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 

@@ -46,12 +46,13 @@ def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
     sweep("--datasets", *data, "--backend", "ray", "--cpus-per-task", "1", "--out", str(tmp_path / "ray"),
           "--", *TINY, "--steps", "6")
     printed = capsys.readouterr().out
-    assert printed.count("done (seeds 0 1)") == 4  # two groups on each backend
+    assert printed.count("done (seeds 0 1)") == 2  # the two datasets (one task) as one ensemble on each backend
     local, on_ray = ((tmp_path / out / "results.md").read_text() for out in ("local", "ray"))
     assert on_ray == local and all(f"| {d} | primal |" in local for d in data)
     assert (tmp_path / "ray" / "results.csv").read_text() == (tmp_path / "local" / "results.csv").read_text()
     log = (group_dir(tmp_path / "ray", data[0], "primal") / "train.log").read_text()
-    assert log.count("$ python -m dt_primal.run ") == 1 and "--seeds 0 1 " in log
+    assert log.count("$ python -m dt_primal.run ") == 1 and f"--dataset {data[0]} {data[1]} " in log
+    assert "--seeds 0 1 " in log and "its output is in" in (group_dir(tmp_path / "ray", data[1], "primal") / "train.log").read_text()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])

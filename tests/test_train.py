@@ -62,7 +62,8 @@ def test_bad_input_exits_with_a_message(tmp_path):
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=24, warmup_steps=5, batch_size=8,
-                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=7)
+                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=7,
+                 precision="fp32")
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=10), data)  # "interrupted" at step 10
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True)

@@ -13,28 +13,32 @@ import os
 import numpy as np
 import torch
 
-from dt_primal.checkpoint import model_from_checkpoint, read_checkpoint
-from dt_primal.model.ensemble import Ensemble
+from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
+from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import acting_precision, autocast, tf32
 
 
 class Policy:
-    """Acts with the members of ``ensemble`` (one model, or several evaluated at once), conditioned on
-    a target return that drops by each reward / ``reward_scale`` (docs/method.md): each action is the model's
-    prediction from the last ``context`` steps of normalised observations ``(obs - state_mean) /
-    state_std``, returns-to-go and earlier actions, at its timesteps.
+    """Acts with the members of ``model`` (a ``DecisionTransformer`` of one member or several, which
+    run as one forward pass), conditioned on a target return that drops by each reward /
+    ``reward_scale`` (docs/method.md): each action is the model's prediction from the last ``context``
+    steps of normalised observations ``(obs - state_mean) / state_std``, returns-to-go and earlier
+    actions, at its timesteps.
 
-    ``state_mean``/``state_std``: (obs_dim,) or one row per member. ``ensemble``: an ``Ensemble`` or
-    anything with its ``size, vmap, device, act_dim, template.training, map`` and ``member_call``."""
+    ``state_mean``/``state_std``: (obs_dim,) or one row per member. ``model``: a ``DecisionTransformer``
+    or anything with its ``members``, ``config.act_dim``, ``device`` (else its parameters'), ``training``,
+    ``train(mode)``, ``max_ep_len`` and its call on (members, N, K, ...) inputs with ``last_only``."""
 
-    def __init__(self, ensemble: Ensemble, state_mean, state_std, reward_scale: float, context: int,
+    def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, context: int,
                  precision: str = "fp32"):
-        self.ensemble, self.reward_scale, self.context, self.precision = ensemble, reward_scale, context, precision
-        self.members, self.device, self.act_dim = ensemble.size, ensemble.device, ensemble.act_dim
+        self.model, self.reward_scale, self.context, self.precision = model, reward_scale, context, precision
+        self.members = model.members
+        self.device = getattr(model, "device", None) or next(model.parameters()).device
+        self.config = model.config  # the members' ModelConfig
+        self.act_dim = self.config.act_dim
         self.state_mean, self.state_std = (np.asarray(a, np.float32) for a in (state_mean, state_std))
         self._mean, self._std = (torch.as_tensor(a, device=self.device).reshape(-1, 1, a.shape[-1])
                                  for a in (self.state_mean, self.state_std))
-        self.config = getattr(ensemble.template, "config", None)  # the members' ModelConfig
         self.run_config: dict = {}  # the run's settings, for a policy loaded from a checkpoint
         self.reset(0.0)
 
@@ -69,21 +73,24 @@ class Policy:
         return action.reshape(*lead, self.act_dim).cpu().numpy()
 
     def _predict(self, states, actions, rtg, timesteps, live: np.ndarray | None) -> torch.Tensor:
-        """The newest step's action (M, N, act_dim) of every member's episodes: on CUDA one batched
-        forward over all of them, live or not; elsewhere member by member, on its live episodes only."""
-        E, (M, n) = self.ensemble, states.shape[:2]
-        with autocast(self.precision, self.device.type), tf32(self.precision):
-            if E.vmap:
-                return E.map(lambda member, s, a, r: member(s, a, r, timesteps.expand(n, -1), last_only=True)[0],
-                             states, actions, rtg)[:, :, -1].float()
-            out = states.new_zeros(M, n, self.act_dim)
-            for m in range(M):
-                rows = torch.as_tensor(np.arange(n) if live is None else np.flatnonzero(live[m]), device=self.device)
-                if len(rows):
-                    pred, _ = E.member_call(m)(states[m, rows], actions[m, rows], rtg[m, rows],
-                                               timesteps.expand(len(rows), -1), last_only=True)
-                    out[m, rows] = pred[:, -1].float()
+        """The newest step's action (M, N, act_dim) of every member's live episodes (zeros for the others),
+        in one forward pass of the model: on as many episodes per member as the member with the most live
+        ones has (the others' lists padded with a repeat), so that ended episodes cost nothing once every
+        member has some."""
+        M, n = states.shape[:2]
+        live = np.ones((M, n), bool) if live is None else live
+        rows = [np.flatnonzero(a) for a in live]
+        width = max(map(len, rows))
+        out = states.new_zeros(M, n, self.act_dim)
+        if width == 0:
             return out
+        index = (torch.arange(M, device=self.device)[:, None],
+                 torch.as_tensor(np.stack([np.resize(r if len(r) else [0], width) for r in rows]), device=self.device))
+        with autocast(self.precision, self.device.type), tf32(self.precision):
+            pred, _ = self.model(states[index], actions[index], rtg[index], timesteps.expand(M, width, -1),
+                                 last_only=True)
+        out[index] = pred[:, :, -1].float()
+        return out * torch.as_tensor(live, device=self.device)[..., None]
 
 
 def policy_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu",
@@ -91,11 +98,11 @@ def policy_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu
     """One Policy of the models of ``ckpts`` (``read_checkpoint``'s; one architecture, one reward
     scale), each with its own normalisation; ``precision`` (None or auto: the first run's, see
     ``acting_precision``)."""
-    models = [model_from_checkpoint(c, device) for c in ckpts]
+    model = model_from_checkpoints(ckpts, device).train(False)
     run = ckpts[0]["config"]
     mean, std = (np.stack([c[k] for c in ckpts]) if len(ckpts) > 1 else ckpts[0][k] for k in ("state_mean", "state_std"))
-    precision = acting_precision(precision, run["precision"], torch.device(device), models[0].config.d_model)[0]
-    policy = Policy(Ensemble(models).train(False), mean, std, run["reward_scale"], models[0].config.context, precision)
+    precision = acting_precision(precision, run["precision"], torch.device(device), model.config.d_model)[0]
+    policy = Policy(model, mean, std, run["reward_scale"], model.config.context, precision)
     policy.run_config = run
     return policy
 

@@ -3,5 +3,5 @@
   transformer.py   the Decision Transformer, its config and its loss (eq. 10)
   attention.py     softmax attention and Causal Primal-Attention (eq. 9), the KSVD objective (eq. 11)
   dropout.py       dropout masks that are cheap to draw on a CPU
-  ensemble.py      several seeds' models as one model with stacked weights
+  members.py       the member dimension every weight carries: an ensemble of seeds and datasets as one model
 """

@@ -27,7 +27,7 @@ def cheap_masks(x: torch.Tensor) -> bool:
     """Whether dropout on ``x`` draws the cheap masks of this module (on a CPU, where they make a bf16
     training step 1.1x faster at the Primal.+DT paper's size, and an fp32 one no slower: docs/benchmarks.md
     "Profile") instead of PyTorch's own: the model path's one device-specific choice. CUDA's fused
-    Philox kernel is fast, and ``vmap`` and CUDA graphs need PyTorch's dropout."""
+    Philox kernel is fast, and CUDA graphs need PyTorch's dropout."""
     return x.device.type == "cpu"
 
 

@@ -1,6 +1,7 @@
-"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. The seeds of each
-(dataset, model) train in one process as one ensemble (``train.py --seeds``, through
-``dt_primal.run.train_command``), several groups at once: a local process pool (``--jobs``, e.g.
+"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. Per model, the
+datasets whose models share an architecture and their seeds train in one process as one ensemble
+(``train.py --dataset ... --seeds ...``, through ``dt_primal.run.train_command``; Table 4 is six
+ensembles, docs/ensembles.md), several groups at once: a local process pool (``--jobs``, e.g.
 sharing one GPU), or one Ray task per group on a Ray cluster (``--backend ray``); finished runs are
 skipped and interrupted ones resumed (several sweeps may share one folder: a group that one of them
 is training is locked). Then one aggregated table (Markdown, CSV), a bar chart and learning curves.
@@ -13,7 +14,7 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
 
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
-  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs
+  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
   python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
   python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
   python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
@@ -25,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from dt_primal.sweep.grid import BUSY, TABLE4, run_groups_locally
+from dt_primal.sweep.grid import BUSY, TABLE4, ensemble_groups, run_groups_locally
 from dt_primal.sweep.plots import plot_bars, plot_curves
 from dt_primal.sweep.ray_cluster import run_groups_on_ray
 from dt_primal.sweep.results import DT_PAPER, collect
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local: a pool of --jobs child processes on this machine (default); ray: one Ray task per "
                         "(dataset, model) group, on a Ray cluster (pip install -r requirements-ray.txt)")
-    p.add_argument("--jobs", type=int, default=1, help="local: (dataset, model) groups trained at once")
+    p.add_argument("--jobs", type=int, default=1, help="local: ensembles (groups of datasets of one model) trained at once")
     p.add_argument("--threads", type=int, default=None,
                    help="local: CPU threads per run (default: the cores divided by --jobs)")
     p.add_argument("--ray-address", default=None,
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.datasets = [d for spec in args.datasets for d in (TABLE4 if spec == "table4" else [spec])]
     args.out.mkdir(parents=True, exist_ok=True)
-    groups = [(d, m) for d in args.datasets for m in args.models]
+    groups = ensemble_groups(args.datasets, args.models, extra)
     if not args.aggregate_only:
         t0, failed = time.time(), []
         results = (run_groups_on_ray if args.backend == "ray" else run_groups_locally)(groups, args, extra)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
             failure = rc if isinstance(rc, str) else f"exit {rc}"  # a string: why Ray gave up on the group
             status = {0: f"done ({seeds})" if trained else "done before",
-                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see {gd}/train.log)")
+                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see train.log there)")
             print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
             if rc not in (0, BUSY):
                 failed.append(gd)

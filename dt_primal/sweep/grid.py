@@ -3,6 +3,7 @@ as one ensemble, resumed where it stopped and locked while it trains; the local 
 ``--jobs`` groups at once, each in a child process."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
@@ -16,6 +17,7 @@ from typing import Callable, TextIO
 from dt_primal.cli import run_main
 from dt_primal.process import configure_process
 from dt_primal.run import Loader, train_command
+from dt_primal.training.run_folder import dataset_slug
 
 ROOT = Path(__file__).resolve().parents[2]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
@@ -24,8 +26,7 @@ TABLE4 = [f"dt-primal/{env}/{level}-v0" for env in ("halfcheetah", "hopper", "wa
 
 
 def group_dir(out: Path, dataset: str, model: str) -> Path:
-    slug = dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
-    return out / slug / model
+    return out / dataset_slug(dataset) / model
 
 
 def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
@@ -38,33 +39,83 @@ COMMAND = [sys.executable, "-m", "dt_primal.run"]  # train.py, as the library ru
 Trainer = Callable[[list[str], TextIO], int]
 
 
-def run_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str],
-              trainer: Trainer) -> tuple[Path, list[int], int | None]:
-    """Train the seeds of (dataset, model) that have not finished, as ensembles: those that started
-    resume together, the others start together. A group another sweep holds is left to it.
-    Returns (group dir, the seeds trained, exit status or BUSY)."""
-    gd = group_dir(out, dataset, model)
-    gd.mkdir(parents=True, exist_ok=True)
-    with open(gd / ".lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
-        except BlockingIOError:
-            return gd, [], BUSY
-        todo = [s for s in seeds if not (run_dir(out, dataset, model, s) / "eval.json").exists()]
-        started = [s for s in todo if (run_dir(out, dataset, model, s) / "last.pt").exists()]
-        for part, resume in ((started, True), ([s for s in todo if s not in started], False)):
-            if not part:
-                continue
-            argv = ["--dataset", dataset, "--model", model, "--seeds", *map(str, part), "--out", str(gd), *extra,
-                    *(["--resume"] if resume else [])]
-            log_path = gd / "train.log"
-            cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
-            with open(log_path, "a") as log:
-                log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n"); log.flush()
-                rc = trainer(argv, log)
-            if rc:
-                return gd, todo, rc
-        return gd, todo, 0
+def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str],
+              trainer: Trainer) -> tuple[str, list[int], int | None]:
+    """Train the runs of (``datasets``, model) that have not finished: datasets whose models share an
+    architecture (``ensemble_groups``), as ensembles: the runs that started resume together, the others
+    start together (datasets with the same seeds left in one ensemble). A group another sweep holds
+    (any of its folders) is left to it. Returns (the group's folders, the seeds trained, exit status or BUSY)."""
+    dirs = [group_dir(out, d, model) for d in datasets]
+    name = " + ".join(map(str, dirs))
+    with contextlib.ExitStack() as held:
+        for gd in dirs:
+            gd.mkdir(parents=True, exist_ok=True)
+            lock = held.enter_context(open(gd / ".lock", "w"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
+            except BlockingIOError:
+                return name, [], BUSY
+        todo = {d: [s for s in seeds if not (run_dir(out, d, model, s) / "eval.json").exists()] for d in datasets}
+        trained = sorted({s for left in todo.values() for s in left})
+        for resume in (True, False):
+            parts: dict[tuple[int, ...], list[str]] = {}  # seeds -> the datasets with those seeds to train
+            for d, left in todo.items():
+                part = tuple(s for s in left if (run_dir(out, d, model, s) / "last.pt").exists() == resume)
+                if part:
+                    parts.setdefault(part, []).append(d)
+            for part, ds in parts.items():
+                rc = train_ensemble(ds, model, list(part), out, extra, trainer, resume)
+                if rc:
+                    return name, trained, rc
+        return name, trained, 0
+
+
+def train_ensemble(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], trainer: Trainer,
+                   resume: bool) -> int:
+    """One ``train.py --dataset ... --seeds ...`` into the sweep's layout, logged in the first dataset's
+    train.log (the others' logs name the command and where its output went); its exit status."""
+    where = group_dir(out, datasets[0], model) if len(datasets) == 1 else out  # several: OUT/DATASET/MODEL/seed_N
+    argv = ["--dataset", *datasets, "--model", model, "--seeds", *map(str, seeds), "--out", str(where), *extra,
+            *(["--resume"] if resume else [])]
+    logs = [group_dir(out, d, model) / "train.log" for d in datasets]
+    for i, log_path in enumerate(logs):
+        cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
+        with open(log_path, "a") as log:
+            log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n")
+            if i:
+                log.write(f"(one ensemble with {datasets[0]}: its output is in {logs[0]})\n")
+    with open(logs[0], "a") as log:
+        return trainer(argv, log)
+
+
+def train_options(argv: list[str]) -> tuple[str, dict]:
+    """The preset and the Config fields that a train.py command line ``argv`` sets."""
+    from dt_primal.config import add_config_args, overrides
+    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    p.add_argument("--preset", default="paper")
+    add_config_args(p)
+    known, _ = p.parse_known_args(argv)
+    return known.preset, overrides(known)
+
+
+def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) -> list[tuple[list[str], str]]:
+    """The (datasets, model) groups that train as one ensemble each: per model, the datasets whose models
+    share an architecture (``dt_primal.training.loop.architecture``; in Table 4 the three datasets of a task,
+    except halfcheetah's with Primal.+DT, whose KSVD rank differs per dataset). A dataset whose task
+    its name does not tell trains alone."""
+    from dt_primal.config import make_config
+    from dt_primal.evaluation.checks import env_sizes
+    from dt_primal.training.loop import architecture
+    from envs import find_task
+    preset, given = train_options(extra)
+    groups: dict[tuple, list[str]] = {}
+    for m in models:
+        for d in datasets:
+            task = find_task(given.get("env") or d)
+            cfg = make_config(preset, **{**given, "dataset": d, "model": m})
+            key = (m, d) if task is None else (m, architecture(env_sizes(task), task, cfg.resolved(task)))
+            groups.setdefault(key, []).append(d)
+    return [(ds, key[0]) for key, ds in groups.items()]
 
 
 def python_path() -> str:
@@ -98,7 +149,7 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
     return trainer
 
 
-def run_groups_locally(groups: list[tuple[str, str]], args, extra: list[str]):
+def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[str]):
     """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(args.jobs) as pool:

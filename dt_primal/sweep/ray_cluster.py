@@ -16,14 +16,14 @@ class Stopped(Exception):
     """A group's training stopped by SIGINT or SIGTERM (a node being shut down) after writing its checkpoints."""
 
 
-def ray_group(dataset: str, model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
-              threads: int, cwd: str) -> tuple[Path, list[int], int | None]:
+def ray_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
+              threads: int, cwd: str) -> tuple[str, list[int], int | None]:
     """One Ray task: ``run_group`` on a worker, in the sweep's folder ``cwd`` where this node has it (relative
     paths mean what they mean to the sweep). When Ray runs it again, after its worker or node died or
     a signal stopped it, the seeds that had written a checkpoint resume from their ``last.pt``."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    gd, trained, rc = run_group(dataset, model, seeds, out, extra, in_process(load_dataset, threads))
+    gd, trained, rc = run_group(datasets, model, seeds, out, extra, in_process(load_dataset, threads))
     if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         raise Stopped(f"{gd} stopped by signal {rc - 128} after its checkpoint")
     return gd, trained, rc
@@ -63,7 +63,7 @@ def start_ray(address: str | None):
     return ray
 
 
-def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
+def run_groups_on_ray(groups: list[tuple[list[str], str]], args, extra: list[str]):
     """Yield ``run_group``'s result for each group as its Ray task finishes; for a task Ray gave up on
     (its worker died more than ``RAY_RETRIES`` times), the reason instead of an exit status."""
     ray = start_ray(args.ray_address)
@@ -79,4 +79,5 @@ def run_groups_on_ray(groups: list[tuple[str, str]], args, extra: list[str]):
         try:
             yield ray.get(done)
         except ray.exceptions.RayError as exc:
-            yield group_dir(args.out, d, m), [], f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"
+            yield " + ".join(str(group_dir(args.out, x, m)) for x in d), [], \
+                f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"

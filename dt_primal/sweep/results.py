@@ -3,14 +3,13 @@ their scores at the last checkpoint and over the last three evaluations, labelle
 they trained with."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
 from dt_primal.evaluation.reports import mean_std, score
-from dt_primal.sweep.grid import group_dir, run_dir
+from dt_primal.sweep.grid import group_dir, run_dir, train_options
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
 DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
@@ -28,7 +27,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     """The ``RECORDED`` settings a finished run trained with: from its eval.json, else its checkpoint, else
     the last train command line the sweep logged in the group's train.log; None when none is there
     (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
-    from dt_primal.config import PRESETS, add_config_args, make_config, overrides
+    from dt_primal.config import PRESETS, make_config
     cfg = json.loads((group / f"seed_{seed}" / "eval.json").read_text()).get("config", {})
     if all(k in cfg for k in RECORDED):
         return {k: cfg[k] for k in RECORDED}
@@ -42,15 +41,11 @@ def run_settings(group: Path, seed: int) -> dict | None:
     command = lambda a: a.endswith("train.py") or a == "dt_primal.run"  # earlier sweeps logged train.py by path
     if not cmds or not any(map(command, cmds[-1])):
         return None
-    argv = cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:]
-    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    p.add_argument("--preset", default="paper")
-    add_config_args(p)
-    known, _ = p.parse_known_args(argv)
-    if known.preset not in PRESETS:
+    preset, given = train_options(cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:])
+    if preset not in PRESETS:
         return None
     try:
-        cfg = make_config(known.preset, **overrides(known))
+        cfg = make_config(preset, **given)
     except Exception:
         return None
     return {k: getattr(cfg, k) for k in RECORDED}

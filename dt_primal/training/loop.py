@@ -1,4 +1,4 @@
-"""The run loop: trains the seeds of one (dataset, model) as one ensemble (``dt_primal.training.step``)
+"""The run loop: trains the seeds of one model on one dataset or several as one ensemble (``dt_primal.training.step``)
 and, around the step, at their periods: logging to TensorBoard and the progress bar, divergence
 checks, batched evaluation of every member at once, atomic checkpoints (``dt_primal.checkpoint``),
 and SIGINT/SIGTERM handling with exact ``--resume``. Several processes or GPUs train data-parallel
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoint, rng_state, save_checkpoints,
+from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoints, rng_state, save_checkpoints,
                                   set_rng_state)
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
@@ -29,9 +29,11 @@ from dt_primal.evaluation.checks import env_sizes
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline
 from dt_primal.evaluation.rollout import rollout
-from dt_primal.model.transformer import DecisionTransformer
+from dt_primal.model.members import all_finite, member_state, stack_members
+from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
+from dt_primal.training.run_folder import member_folders, member_name
 from dt_primal.training.step import TrainStep
 from envs import Task
 
@@ -152,69 +154,143 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def member_dirs(out: Path, seeds: list[int] | None) -> list[Path]:
-    """Where each member writes: OUT/seed_N for ``--seeds``, OUT itself for a single ``--seed``."""
-    return [out / f"seed_{s}" for s in seeds] if seeds else [out]
+@dataclasses.dataclass
+class Member:
+    """One (dataset, seed) of an ensemble: its data, its config (``dataset``, ``seed``, ``out`` and the
+    resolved architecture fields its own), task, conditioning targets, folder and normalisation."""
+    index: int  # of its dataset among the run's
+    data: Trajectories
+    cfg: Config
+    task: Task
+    folder: Path
+    state_mean: np.ndarray | None = None
+    state_std: np.ndarray | None = None
+
+    @property
+    def targets(self) -> list[float]:
+        return self.cfg.targets or list(self.task.targets)
+
+    @property
+    def last(self) -> Path:
+        return self.folder / "last.pt"
 
 
-def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int] | None = None) -> list[dict] | None:
-    """Train ``seeds`` (default: ``cfg.seed`` alone, into ``cfg.out``) as one ensemble, each member
-    into OUT/seed_N, exactly as each seed would train alone; returns each member's final evaluation
-    report (also written to its ``eval.json``). Under torchrun every process draws the same batches
-    and trains on its share; rank 0 alone writes files and evaluates, and the other ranks return None."""
+def architecture(sizes: tuple[int, int], task: Task, cfg: Config) -> tuple:
+    """What a dataset's model and evaluation depend on beyond the run's options, for ``cfg`` resolved
+    for its ``task``: observation and action ``sizes``, episode length, the KSVD rank (resolved per
+    dataset; of no matter without primal layers) and the number of targets. Datasets that agree on
+    it train as one ensemble; the tasks themselves may differ (docs/ensembles.md)."""
+    return tuple(sizes), cfg.max_ep_len, None if cfg.model == "dt" else cfg.s, len(cfg.targets or task.targets)
+
+
+def model_config(m: Member) -> ModelConfig:
+    """Member m's architecture (all members' agree, ``ensemble_members`` checks; a softmax-only model's
+    rank ``s`` is its dataset's, though no weight depends on it)."""
+    return m.cfg.model_config(m.data.obs_dim, m.data.act_dim)
+
+
+def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list[int] | None) -> list[Member]:
+    """The members of a run, dataset by dataset and seed by seed, in their folders (``member_folders``).
+    Datasets whose ``architecture`` differs cannot share an ensemble: a UserError says to train them apart."""
+    several = len(datasets) > 1  # then the folders are OUT/DATASET/MODEL/seed_N, also for one seed
+    folders = iter(member_folders(Path(cfg.out), seeds or ([cfg.seed] if several else None), list(datasets), cfg.model))
+    members = [Member(i, data, dataclasses.replace(cfg, dataset=spec, seed=seed).resolved(data.task), data.task,
+                      next(folders)) for i, (spec, data) in enumerate(datasets.items()) for seed in seeds or [cfg.seed]]
+    for m in members:
+        m.cfg = dataclasses.replace(m.cfg, out=str(m.folder))
+    for data in datasets.values():
+        check_env_matches(data, data.task)
+    first = members[0]
+    key = lambda m: architecture((m.data.obs_dim, m.data.act_dim), m.task, m.cfg)
+    odd = [m for m in members if key(m) != key(first)]
+    if odd:
+        (a, *_), (b, *_) = key(odd[0]), key(first)
+        raise UserError(f"{odd[0].cfg.dataset} and {first.cfg.dataset} cannot train as one ensemble: their models differ "
+                        f"(observation and action sizes {a} and {b}, KSVD rank s {odd[0].cfg.s} and {first.cfg.s}, "
+                        f"episode length {odd[0].cfg.max_ep_len} and {first.cfg.max_ep_len}) or their numbers of "
+                        f"targets do. Train them in separate runs (python -m dt_primal.sweep groups the datasets that "
+                        f"can share one).")
+    return members
+
+
+def check_folders(members: list[Member], cfg: Config, seeds: list[int] | None, resume: bool) -> bool:
+    """Whether the run continues from checkpoints (``resume`` and every member has one); refuses to start
+    over an existing run, and to resume only some members."""
+    found = [m.last.exists() for m in members]
+    if not resume and any(found):
+        held = next(m.last for m, f in zip(members, found) if f)
+        raise UserError(f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
+                        f"--out (or delete that folder) to start again.")
+    if resume and any(found) and not all(found):
+        raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(m.last) for m, f in zip(members, found) if f)}); "
+                        f"resume those with --seeds listing them, and train the others in another run.")
+    listed = sorted(Path(cfg.out).glob("seed_*/last.pt"))
+    if resume and not seeds and not any(found) and listed:
+        names = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in listed), key=int))
+        raise UserError(f"{cfg.out} holds the seeds {names} of an ensemble; resume them with --seeds {names}.")
+    if resume and not any(found):
+        print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    return resume and all(found)
+
+
+def fresh_model(cfg: ModelConfig, seeds: list[int], device: torch.device | str) -> DecisionTransformer:
+    """A model of ``len(seeds)`` members, member m initialised as a run of ``seeds[m]`` alone (a model
+    of one member built after seeding Python, NumPy and torch with it). Leaves the process's
+    generators seeded by the last seed (dropout draws from them)."""
+    build = lambda n: DecisionTransformer(cfg, members=n)
+    states = []
+    for seed in seeds:
+        random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
+        states.append(member_state(build(1).to(device), 0))
+    return stack_members(build, states, device)
+
+
+def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool = False,
+          seeds: list[int] | None = None) -> list[dict] | None:
+    """Train every (dataset, seed) as one ensemble, each member exactly as it would train alone:
+    ``data`` one dataset (``cfg.dataset``) or several by name, ``seeds`` default ``cfg.seed`` alone.
+    Members write into ``member_folders`` (OUT, OUT/seed_N, or OUT/DATASET/MODEL/seed_N); returns
+    each member's final evaluation report (also written to its ``eval.json``). Under torchrun every
+    process draws the same batches and trains on its share; rank 0 alone writes files and
+    evaluates, and the other ranks return None."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    task = data.task
-    cfg = cfg.resolved(task)  # checkpoints store the rank and episode length they were trained with
     seed_list = seeds or [cfg.seed]
     if len(set(seed_list)) < len(seed_list):
         raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, seed_list))}); give each seed once.")
-    dirs = member_dirs(Path(cfg.out), seeds)
-    lasts = [d / "last.pt" for d in dirs]
+    members = ensemble_members(cfg, data if isinstance(data, dict) else {cfg.dataset: data}, seeds)
+    out, cfg = cfg.out, members[0].cfg
+    lasts, dirs = [m.last for m in members], [m.folder for m in members]
+    where = lasts[0] if len(lasts) == 1 else Path(out) / ("seed_*" if len(members) == len(seed_list) else "*/*/seed_*") / "last.pt"
     device = resolve_device(cfg.device)
-    check_env_matches(data, task)
-    if not resume and any(p.exists() for p in lasts):
-        held = next(p for p in lasts if p.exists())
-        raise UserError(f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
-                        f"--out (or delete that folder) to start again.")
     if cfg.batch_size % world:
         raise UserError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes ({world}), "
                         f"which each train on an equal share of every batch.")
-    found = [p.exists() for p in lasts]
-    if resume and any(found) and not all(found):
-        raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(p) for p, f in zip(lasts, found) if f)}); "
-                        f"resume those with --seeds listing them, and train the others in another run.")
-    members = sorted(Path(cfg.out).glob("seed_*/last.pt"))
-    if resume and not seeds and not any(found) and members:
-        listed = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in members), key=int))
-        raise UserError(f"{cfg.out} holds the seeds {listed} of an ensemble; resume them with --seeds {listed}.")
-    ckpts = load_members(lasts) if resume and all(found) else None
-    if resume and ckpts is None:
-        print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    ckpts = load_members(lasts) if check_folders(members, cfg, seeds, resume) else None
     if ckpts is not None:
-        check_steps_left(ckpts[0]["step"], cfg.steps, lasts[0] if len(lasts) == 1 else Path(cfg.out))
-    targets = cfg.targets or list(task.targets)
-    if ckpts is not None:
-        for path, ckpt, seed in zip(lasts, ckpts, seed_list):
-            check_same_dataset(ckpt, data, path)
-            check_unchanged(Config(**ckpt["config"]), dataclasses.replace(cfg, seed=seed), path)
-        state_mean, state_std = ckpts[0]["state_mean"], ckpts[0]["state_std"]
-    else:
-        state_mean, state_std = data.state_stats()
+        check_steps_left(ckpts[0]["step"], cfg.steps, lasts[0] if len(lasts) == 1 else Path(out))
+    for i, m in enumerate(members):
+        if ckpts is not None:
+            check_same_dataset(ckpts[i], m.data, m.last)
+            check_unchanged(Config(**ckpts[i]["config"]), m.cfg, m.last)
+            m.state_mean, m.state_std = ckpts[i]["state_mean"], ckpts[i]["state_std"]
+        else:
+            m.state_mean, m.state_std = m.data.state_stats()
 
     cfg = dataclasses.replace(cfg, precision=agreed_precision(cfg, device, rank))  # recorded resolved
+    for m in members:
+        m.cfg = dataclasses.replace(m.cfg, precision=cfg.precision)
 
     # each member as its seed alone: initialised and drawing batches from its seed; dropout draws from
     # the process's generator. Under torchrun every rank seeds alike and draws the same batches and
     # masks, so a checkpoint holds the state of all of them and --resume is exact with any number of processes.
-    models, gens = [], []
-    for i, seed in enumerate(seed_list):
-        random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
-        gens.append(torch.Generator(device=device).manual_seed(seed))
-        models.append(model_from_checkpoint(ckpts[i], device) if ckpts else
-                      DecisionTransformer(cfg.model_config(data.obs_dim, data.act_dim)).to(device))
-    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, state_mean, state_std, device)
-    train_step = TrainStep(cfg, models, sampler, gens, device, rank, world, capture=cfg.cuda_graph)
-    ensemble = train_step.ensemble
+    model = (model_from_checkpoints(ckpts, device) if ckpts else
+             fresh_model(model_config(members[0]), [m.cfg.seed for m in members], device))
+    gens = [torch.Generator(device=device).manual_seed(m.cfg.seed) for m in members]
+    parts = {m.index: m for m in members}.values()  # one member of each dataset
+    sampler = WindowSampler([m.data for m in parts], cfg.context, cfg.reward_scale, [m.state_mean for m in parts],
+                            [m.state_std for m in parts], device)
+    train_step = TrainStep(cfg, model, sampler, gens, device, rank, world, capture=cfg.cuda_graph,
+                           datasets=[m.index for m in members])
     step, saved_step = 0, None
     if ckpts is not None:
         try:
@@ -225,22 +301,24 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             raise UserError(f"The training state in {lasts[0]} is damaged ({type(exc).__name__}: {exc}); evaluate "
                             f"it with evaluate.py, or start a new run with another --out.") from exc
         step = saved_step = ckpts[0]["step"]
-        print(f"resumed from {lasts[0] if len(lasts) == 1 else cfg.out} at step {step}")
-    eval_seeds = [s + 100_000 for s in seed_list]
+        print(f"resumed from {lasts[0] if len(lasts) == 1 else out} at step {step}")
+    eval_seeds = [m.cfg.seed + 100_000 for m in members]
+    names = [member_name(m.cfg.dataset, m.cfg.seed, len(parts) > 1) for m in members]
 
     def checkpoint():
         nonlocal saved_step
         save_checkpoints(lasts, [{
-            "model": ensemble.state_dict(i), "optimizer": train_step.member_optimizer_state(i), "step": step,
-            "rng": rng_state(gens[i]), "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, out=str(d))),
-            "task": dataclasses.asdict(task), "state_mean": state_mean, "state_std": state_std, "dataset": data.source,
-            "model_config": dataclasses.asdict(ensemble.template.config)} for i, (seed, d) in enumerate(zip(seed_list, dirs))])
+            "model": member_state(model, i), "optimizer": train_step.member_optimizer_state(i), "step": step,
+            "rng": rng_state(gens[i]), "config": dataclasses.asdict(m.cfg), "task": dataclasses.asdict(m.task),
+            "state_mean": m.state_mean, "state_std": m.state_std, "dataset": m.data.source,
+            "model_config": dataclasses.asdict(model_config(m))} for i, m in enumerate(members)])
         saved_step = step
 
-    policy = Policy(ensemble, state_mean, state_std, cfg.reward_scale, cfg.context, cfg.precision)
+    policy = Policy(model, np.stack([m.state_mean for m in members]), np.stack([m.state_std for m in members]),
+                    cfg.reward_scale, cfg.context, cfg.precision)
 
     def evaluate(episodes: int) -> list[list[dict]]:
-        return rollout(policy, task, targets, episodes, seeds=eval_seeds)
+        return rollout(policy, [m.task for m in members], [m.targets for m in members], episodes, seeds=eval_seeds)
 
     writers, curve_paths = [], [d / "evals.jsonl" for d in dirs]
     if rank == 0:
@@ -252,7 +330,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             writers.append(SummaryWriter(str(d)))
 
     def log(sums: np.ndarray, seconds: float):
-        lam = {i: b.attn.Lambda for i, b in enumerate(ensemble.template.blocks) if hasattr(b.attn, "Lambda")}
+        lam = [b.attn.Lambda.detach() for b in model.blocks if hasattr(b.attn, "Lambda")]
         lr = float(train_step.lr)
         for m, writer in enumerate(writers):
             loss_v, action_v, j2_v = sums[m]
@@ -262,8 +340,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
             writer.add_scalar("lr", lr, step)
             if lam:
                 writer.add_scalar("ksvd/J_squared", j2_v, step)
-                for k, i in enumerate(lam):
-                    values = ensemble.params[f"blocks.{i}.attn.Lambda"][m].detach()
+                for k, values in enumerate(v[m] for v in lam):
                     writer.add_scalar(f"ksvd/lambda_mean/{k}", values.mean().item(), step)
                     writer.add_scalar(f"ksvd/lambda_abs_max/{k}", values.abs().max().item(), step)
         bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{n_log / seconds:.1f}")
@@ -279,8 +356,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
                 f.write(json.dumps({"step": step, "reports": [{k: v for k, v in r.items() if k not in ("returns", "lengths")}
                                                                for r in reports]}) + "\n")
         bar.write(f"step {step}: " + "; ".join(
-            f"seed {s}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
-            for s, reports in zip(seed_list, per_member)))
+            f"{name}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
+            for name, reports in zip(names, per_member)))
 
     def close():
         bar.close()
@@ -291,7 +368,8 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
         print("--compile: the first steps compile the members' loss (about 20-30 s on an H100, a minute or more on a "
               "CPU) before the progress bar moves")
     t_log, n_log = time.perf_counter(), 0
-    who = f"seed {seed_list[0]}" if len(seed_list) == 1 else f"seeds {' '.join(map(str, seed_list))}"
+    who = names[0] if len(names) == 1 else ", ".join(dict.fromkeys(n.rsplit(" seed ", 1)[0] for n in names)) + \
+        f" seeds {' '.join(map(str, seed_list))}"
     bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.model} {who}", unit="step", mininterval=5, disable=rank != 0)
     with _StopSignal(device) as stop:
         while step < cfg.steps:
@@ -307,14 +385,14 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
                     dist.all_reduce(sums)
                     sums /= world
                 sums_v = (sums / n_log).cpu().numpy()
-                finite = np.isfinite(sums_v).all(1) & ensemble.all_finite().cpu().numpy()
+                finite = np.isfinite(sums_v).all(1) & all_finite(model).cpu().numpy()
                 if not finite.all():
                     kept = "no checkpoint was written" if saved_step is None else \
-                        f"{lasts[0] if len(lasts) == 1 else cfg.out + '/seed_*/last.pt'} keeps the weights of step {saved_step}"
-                    bad = ", ".join(str(s) for s, ok in zip(seed_list, finite) if not ok)
+                        f"{where} keeps the weights of step {saved_step}"
+                    bad = ", ".join(n for n, ok in zip(names, finite) if not ok)
                     close()
                     raise UserError(f"The loss became {sums_v[~finite][0, 0]} (or the weights non-finite) by step {step}"
-                                    f"{'' if len(seed_list) == 1 else f' for seed {bad}'}; training stopped and {kept}. "
+                                    f"{'' if len(names) == 1 else f' for {bad}'}; training stopped and {kept}. "
                                     f"Start again with a lower --lr or --grad-clip, or --precision fp32, or check the "
                                     f"dataset for extreme values.")
                 if rank == 0:
@@ -328,7 +406,7 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
                 close()
                 if world > 1:
                     dist.barrier()  # until rank 0 has written the checkpoint
-                raise Interrupted(stop.signum, step, lasts[0] if len(lasts) == 1 else Path(cfg.out) / "seed_*/last.pt")
+                raise Interrupted(stop.signum, step, where)
     bar.close()
     if rank != 0:
         return None
@@ -338,16 +416,16 @@ def train(cfg: Config, data: Trajectories, resume: bool = False, seeds: list[int
     per_member = evaluate(cfg.eval_episodes)
     seconds = time.perf_counter() - t0
     results, made = [], provenance(device)
-    for writer, d, last, seed, reports in zip(writers, dirs, lasts, seed_list, per_member):
+    for writer, m, reports in zip(writers, members, per_member):
         for r in reports:
             if r["normalized_mean"] is not None:
                 writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
         writer.close()
-        result = {"checkpoint": os.path.relpath(last, cfg.out),  # relative to --out: the record names no machine path
-                  "step": step, "task": task.gym_id, "dataset": data.source,
-                  "model": cfg.model, "seed": seed, "ensemble": seed_list, "eval_seconds": seconds, "targets": reports,
-                  "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed)),  # the record says how it was made
-                  "provenance": made}
-        (d / "eval.json").write_text(json.dumps(result, indent=1))
+        result = {"checkpoint": os.path.relpath(m.last, out),  # relative to --out: the record names no machine path
+                  "step": step, "task": m.task.gym_id, "dataset": m.data.source,
+                  "model": cfg.model, "seed": m.cfg.seed, "ensemble": seed_list, "eval_seconds": seconds,
+                  "targets": reports, "provenance": made,
+                  "config": dataclasses.asdict(m.cfg)}  # the record says how it was made
+        (m.folder / "eval.json").write_text(json.dumps(result, indent=1))
         results.append(result)
     return results

@@ -92,9 +92,23 @@ def _lock(folder: Path) -> int:
     return fd
 
 
-def member_folders(out: Path, seeds: list[int] | None) -> list[Path]:
-    """Where each member of a run writes: OUT/seed_N with --seeds, OUT itself otherwise."""
+def dataset_slug(dataset: str) -> str:
+    """A dataset's id or file as one folder name."""
+    return dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
+
+
+def member_folders(out: Path, seeds: list[int] | None, datasets: list[str] | None = None,
+                   model: str | None = None) -> list[Path]:
+    """Where each member of a run writes, dataset by dataset and seed by seed: OUT/seed_N with --seeds,
+    OUT itself otherwise; with several datasets (``seeds`` then given) OUT/DATASET/MODEL/seed_N, a sweep's layout."""
+    if datasets is not None and len(datasets) > 1:
+        return [out / dataset_slug(d) / model / f"seed_{s}" for d in datasets for s in seeds]
     return [out / f"seed_{s}" for s in seeds] if seeds else [out]
+
+
+def member_name(dataset: str, seed: int, with_dataset: bool) -> str:
+    """How messages name a member: "seed N", with its dataset when the run has several."""
+    return f"{dataset} seed {seed}" if with_dataset else f"seed {seed}"
 
 
 def fingerprint(data: Trajectories) -> dict:
@@ -112,16 +126,22 @@ class RunFolder:
     """A run folder held by this process (``enabled`` False: another process of the run holds it,
     and this one does nothing)."""
 
-    def __init__(self, out: Path, seeds: list[int] | None, enabled: bool):
-        self.out, self.members, self.enabled = out, member_folders(out, seeds), enabled
+    def __init__(self, out: Path, seeds: list[int] | None, enabled: bool, datasets: list[str] | None = None,
+                 model: str | None = None):
+        self.out, self.enabled = out, enabled
+        self.members = member_folders(out, seeds, datasets, model)
 
-    def check_dataset(self, data: Trajectories, resume: bool) -> None:
-        """Refuse to continue (``resume``) a member whose recorded dataset differs from ``data``; record
-        ``data`` where a run starts (and where a run written without the record continues)."""
+    def check_dataset(self, data: Trajectories | list[Trajectories], resume: bool) -> None:
+        """Refuse to continue (``resume``) a member whose recorded dataset differs from its data (``data``,
+        or one per dataset of the run); record it where a run starts (and where a run written without
+        the record continues)."""
         if not self.enabled:
             return
-        now = fingerprint(data)
-        for folder in self.members:
+        datas = data if isinstance(data, list) else [data]
+        prints = [fingerprint(d) for d in datas]
+        per_dataset = len(self.members) // len(datas)
+        for i, folder in enumerate(self.members):
+            data, now = datas[i // per_dataset], prints[i // per_dataset]
             record = folder / DATASET_RECORD
             if (folder / "last.pt").exists():
                 if not resume:
@@ -149,11 +169,12 @@ class RunFolder:
 
 
 @contextlib.contextmanager
-def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enabled: bool = True):
-    """Hold the run folder ``out`` (and with ``seeds`` each OUT/seed_N) for the duration of the block;
+def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enabled: bool = True,
+                    datasets: list[str] | None = None, model: str | None = None):
+    """Hold the run folder ``out`` and each member's (``member_folders``) for the duration of the block;
     yields a ``RunFolder``. ``enabled`` False (the other processes of a torchrun run): nothing is held."""
     out = Path(out)
-    folder = RunFolder(out, seeds, enabled)
+    folder = RunFolder(out, seeds, enabled, datasets, model)
     if not enabled:
         yield folder
         return

@@ -1,9 +1,10 @@
 """The training step: one update of every member of an ensemble, as one function of device tensors.
 
-A step draws each member's batch from its own generator, computes each member's loss
-(eq. 10: action MSE + η · mean J²), backpropagates, clips each member's gradient by its own norm,
-sets the warm-up learning rate from the step counter, and takes an AdamW step; each member has
-its own moments (AdamW is element-wise, so stacked weights give every member its own optimizer).
+A step draws each member's batch from its own generator (and its own dataset), computes each
+member's loss (eq. 10: action MSE + η · mean J²) in one forward pass of the member-batched model
+(``dt_primal.model.members``), backpropagates, clips each member's gradient by its own norm, sets the
+warm-up learning rate from the step counter, and takes an AdamW step; each member has its own
+moments (AdamW is element-wise, so stacked weights give every member its own optimizer).
 It reads and writes device tensors only: no host synchronisation and no Python-side state change,
 so on CUDA it is captured once into a CUDA graph and replayed. Everything periodic (logging,
 evaluation, checkpoints, signals) stays outside, in ``dt_primal.training.loop``.
@@ -18,7 +19,6 @@ import torch.distributed as dist
 
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
-from dt_primal.model.ensemble import Ensemble
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.precision import autocast, resolve_precision, tf32
 
@@ -28,17 +28,17 @@ WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as
 def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
     """``clip_grad_norm_`` for every member at once: grads (M, ...) are scaled in place, member m's by
     min(1, max_norm / (‖g_m‖ + 1e-6)), ‖g_m‖ its global L2 norm over all its parameters. Multi-tensor
-    kernels, as ``clip_grad_norm_``'s: one norm launch for all the members' gradients, one scaling launch
-    per member (instead of two kernels per parameter tensor)."""
-    members = list(zip(*(g.unbind(0) for g in grads)))  # member m's gradient tensors
-    norms = torch.stack(torch._foreach_norm([g for member in members for g in member])).view(len(members), -1)
-    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
-    for member, c in zip(members, coef.unbind(0)):
-        torch._foreach_mul_(member, c)
+    operations, as ``clip_grad_norm_``'s: one norm for all the members' gradient slices, one scaling for
+    all the gradients, whatever the number of members."""
+    M = grads[0].shape[0]
+    norms = torch.stack(torch._foreach_norm([m for g in grads for m in g.unbind(0)])).view(len(grads), M)
+    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, [coef.view((M,) + (1,) * (g.dim() - 1)) for g in grads])
 
 
 class TrainStep:
-    """``step()`` trains every member of ``models`` one update; ``generators[i]`` draws member i's batches.
+    """``step()`` trains every member of ``model`` (a member-batched DecisionTransformer) one update;
+    ``generators[i]`` draws member i's batches from the sampler's dataset ``datasets[i]`` (default: 0 for all).
 
     Under torchrun (``world`` > 1) every process draws the same batches, trains on its share and the
     gradients are averaged over the processes, weighted so that the update is the one-process update
@@ -47,18 +47,21 @@ class TrainStep:
     such as ``torch.profiler.record_function``, labels the parts for profiling.
     """
 
-    def __init__(self, cfg: Config, models: list[DecisionTransformer], sampler: WindowSampler,
+    def __init__(self, cfg: Config, model: DecisionTransformer, sampler: WindowSampler,
                  generators: list[torch.Generator], device: torch.device, rank: int = 0, world: int = 1,
-                 capture: bool = True, phase=None):
+                 capture: bool = True, phase=None, datasets: list[int] | None = None):
         self.cfg, self.sampler, self.generators, self.rank, self.world = cfg, sampler, generators, rank, world
-        self.ensemble = Ensemble(models).train()
+        self.model = model.train()
+        self.params = dict(model.named_parameters())
+        self.datasets = datasets or [0] * len(generators)
+        self.first = sampler.first_steps(self.datasets)  # (M,): where each member's dataset starts in the store
         self.phase = phase or (lambda name: contextlib.nullcontext())
         self.capture = capture and device.type == "cuda" and world == 1
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # updates done
         self.lr = torch.zeros((), device=device)  # set from ``step`` before every update
-        self.opt = torch.optim.AdamW(list(self.ensemble.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,
+        self.opt = torch.optim.AdamW(list(self.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,
                                      fused=True, capturable=self.capture)
-        self.sums = torch.zeros(len(models), 3, device=device)  # per member: loss, action loss, mean J² since reset
+        self.sums = torch.zeros(len(generators), 3, device=device)  # per member: loss, action loss, mean J² since reset
         self.precision = resolve_precision(cfg.precision, device, cfg.d_model)[0]  # train() gives it resolved
         self.autocast = autocast(self.precision, device.type, cache_casts=False)
         self.losses = torch.compile(self._losses) if cfg.compile else self._losses
@@ -71,14 +74,15 @@ class TrainStep:
             share = {k: v[:, self.rank * n:(self.rank + 1) * n] for k, v in batch.items()}
             weight = self.world * share["valid"].flatten(1).sum(1) / batch["valid"].flatten(1).sum(1)
             batch = share
-        loss, action, j2 = self.ensemble.map(lambda member, b: dt_loss(member, b, self.cfg.eta), batch)
+        loss, action, j2 = dt_loss(self.model, batch, self.cfg.eta)
         if self.world > 1:  # the share's action MSE weighted by its part of the batch's valid steps
             loss, action = loss + (weight - 1) * action, weight * action
         return loss, action, j2
 
     def _sample(self) -> dict:
-        """Every member's batch from its own generator, gathered at once: (M, B, K, ...) tensors."""
-        return self.sampler.windows(torch.stack([self.sampler.starts(self.cfg.batch_size, g) for g in self.generators]))
+        """Every member's batch from its own generator and dataset, gathered at once: (M, B, K, ...) tensors."""
+        starts = torch.stack([self.sampler.starts(self.cfg.batch_size, g, d) for g, d in zip(self.generators, self.datasets)])
+        return self.sampler.windows(starts + self.first[:, None])
 
     def _update(self) -> None:
         """The step itself: device work only (gradients start unset, as after ``zero_grad``)."""
@@ -88,7 +92,7 @@ class TrainStep:
             loss, action, j2 = self.losses(batch)
         with self.phase("backward"):
             loss.sum().backward()
-        grads = [p.grad for p in self.ensemble.params.values()]
+        grads = [p.grad for p in self.params.values()]
         if self.world > 1:
             with self.phase("all-reduce"):
                 flat = torch.cat([g.flatten() for g in grads])
@@ -138,8 +142,8 @@ class TrainStep:
 
     def member_optimizer_state(self, i: int) -> dict:
         """Member i's AdamW state, by parameter name: {"step", "exp_avg": {...}, "exp_avg_sq": {...}}."""
-        names = list(self.ensemble.params)
-        states = [self.opt.state.get(p, {}) for p in self.ensemble.params.values()]
+        names = list(self.params)
+        states = [self.opt.state.get(p, {}) for p in self.params.values()]
         return {"step": int(self.step), **{k: {n: s[k][i].detach().clone() for n, s in zip(names, states) if s}
                                           for k in ("exp_avg", "exp_avg_sq")}}
 
@@ -148,6 +152,7 @@ class TrainStep:
         self.step.fill_(step)
         if step == 0:
             return
-        for name, p in self.ensemble.params.items():
+        for name, p in self.params.items():
             self.opt.state[p] = {"step": torch.tensor(float(step), device=p.device),
-                                 **{k: torch.stack([m[k][name] for m in members]).to(p) for k in ("exp_avg", "exp_avg_sq")}}
+                                 **{k: torch.empty_like(p).copy_(torch.stack([m[k][name] for m in members]))
+                                    for k in ("exp_avg", "exp_avg_sq")}}  # in the weight's memory layout
