@@ -31,8 +31,8 @@ from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.policy import policy_from_checkpoints
 from dt_primal.evaluation.reports import normalized_text, scoring
 from dt_primal.evaluation.rollout import rollout
+from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
-from dt_primal.training.loop import resolve_device
 from envs import Task
 
 def main() -> None:

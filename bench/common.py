@@ -140,7 +140,7 @@ def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capt
     as ``train.py`` does. ``phase(name)`` (a context manager, e.g. torch.profiler.record_function)
     labels the parts of the step; ``capture``: on CUDA, replay it as a CUDA graph. Returns the step."""
     from dt_primal.data import WindowSampler
-    from dt_primal.training.loop import fresh_model
+    from dt_primal.training.members import fresh_model
     from dt_primal.training.step import TrainStep
 
     device = torch.device(device)

@@ -1,4 +1,4 @@
-"""The machine a command runs on: the GPU it names and the memory it has."""
+"""The machine a command runs on: the device it names (``--device``) and the memory it has free."""
 from __future__ import annotations
 
 import os
@@ -41,3 +41,15 @@ def available_bytes(device: str) -> tuple[int, str]:
         return kib << 10, "available memory"
     except (OSError, StopIteration, ValueError, IndexError):
         return memory_bytes(), "memory"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``/``cpu``/``cuda``/``cuda:N``; under torchrun, ``cuda`` is this process's GPU (LOCAL_RANK)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
+                        "(or install the CUDA build of torch==2.13.0 on a GPU machine).")
+    if name == "cuda" and "LOCAL_RANK" in os.environ:
+        name = f"cuda:{os.environ['LOCAL_RANK']}"
+    return torch.device(name)

@@ -1,7 +1,10 @@
 """The training: ``train.py``'s run, from its inputs to its checkpoints.
 
-  loop.py          the run loop: set-up, steps, periodic evaluation, checkpoints, the final evaluation
+  loop.py          ``train``: the run loop and its named parts (set-up, step, periodic evaluation,
+                   checkpoint, the final evaluation)
   step.py          one update of every member, as one function of device tensors
-  checks.py        the run's inputs checked against each other and the task before anything trains
+  members.py       the members of a run (dataset, seed, folder, normalisation), and which datasets can
+                   share an ensemble
+  checks.py        the run's inputs checked against each other, the task and its folder before anything trains
   run_folder.py    the folder a run writes (--out), held by one run at a time
 """

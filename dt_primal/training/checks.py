@@ -7,11 +7,13 @@ meant but is worth knowing is one ``note:`` line on stderr.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +21,7 @@ import numpy as np
 from dt_primal.config import MAX_SEED, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_memory, check_targets
+from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_memory, check_targets, env_sizes
 from dt_primal.machine import available_bytes, check_device, gib
 from envs import Task
 
@@ -222,3 +224,72 @@ def check_batch_memory(cfg: Config, members: int) -> None:
                         f"step ({members} seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, "
                         f"{cfg.n_layer} layers, context {cfg.context}), more than the {gib(free)} of {memory} here. "
                         f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once.")
+
+
+# what --resume may change; every other option is the run's own (architecture, optimisation, returns)
+CHANGEABLE_ON_RESUME = ("steps", "eval_every", "eval_episodes", "eval_episodes_during", "checkpoint_every",
+                        "log_every", "device", "out", "targets", "compile", "cuda_graph", "precision", "dataset",
+                        "env", "download", "ref_min", "ref_max")
+
+
+def check_env_matches(data: Trajectories, task: Task) -> None:
+    obs_dim, act_dim = env_sizes(task)
+    if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
+        raise UserError(f"The dataset {data.source} has observations of size {data.obs_dim} and actions of size "
+                        f"{data.act_dim}, but {task.gym_id} has {obs_dim} and {act_dim}: it was not recorded in that "
+                        f"environment. Pass the right --env.")
+
+
+def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
+    """--resume continues a run with its own settings: an option it cannot change is refused."""
+    changed = [f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)} (the run has {getattr(saved, f.name)})"
+               for f in dataclasses.fields(Config)
+               if f.name not in CHANGEABLE_ON_RESUME and getattr(cfg, f.name) != getattr(saved, f.name)]
+    if changed:
+        raise UserError(f"--resume cannot change {', '.join(changed)}: {path} continues with the settings it was "
+                        f"started with. Leave these options out to continue it, or choose another --out to start a new "
+                        f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
+                        f"and the data source may change).")
+
+
+def check_steps_left(step: int, steps: int, where: Path) -> None:
+    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
+    only runs the final evaluation (a run stopped during it), which is said."""
+    if step > steps:
+        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+    if step == steps:
+        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+              f"runs (give a larger --steps to train further)")
+
+
+def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resume: bool) -> bool:
+    """Whether the run continues from checkpoints (``resume`` and every member has one); refuses to start
+    over an existing run, and to resume only some members."""
+    found = [last.exists() for last in lasts]
+    if not resume and any(found):
+        held = next(last for last, f in zip(lasts, found) if f)
+        raise UserError(f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
+                        f"--out (or delete that folder) to start again.")
+    if resume and any(found) and not all(found):
+        raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
+                        f"resume those with --seeds listing them, and train the others in another run.")
+    listed = sorted(Path(cfg.out).glob("seed_*/last.pt"))
+    if resume and not seeds and not any(found) and listed:
+        names = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in listed), key=int))
+        raise UserError(f"{cfg.out} holds the seeds {names} of an ensemble; resume them with --seeds {names}.")
+    if resume and not any(found):
+        print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    return resume and all(found)
+
+
+def check_distinct(seeds: list[int]) -> None:
+    if len(set(seeds)) < len(seeds):
+        raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, seeds))}); give each seed once.")
+
+
+def check_batch_split(batch_size: int, world: int) -> None:
+    """Under torchrun every process trains on an equal share of every batch."""
+    if batch_size % world:
+        raise UserError(f"--batch-size {batch_size} must be divisible by the number of processes ({world}), "
+                        f"which each train on an equal share of every batch.")
