@@ -23,15 +23,16 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from dt_primal.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError
-from dt_primal.evaluation import normalized_text, rollout, scoring
-from dt_primal.policy import policy_from_checkpoints
+from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
+from dt_primal.evaluation.policy import policy_from_checkpoints
+from dt_primal.evaluation.reports import normalized_text, scoring
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
-from dt_primal.training import resolve_device
 from envs import Task
 
 def main() -> None:

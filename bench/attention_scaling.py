@@ -1,4 +1,4 @@
-"""Time and peak memory of forward + backward through ONE transformer block (dt_primal.model.Block)
+"""Time and peak memory of forward + backward through ONE transformer block (dt_primal.model.transformer.Block)
 as the sequence grows: softmax attention (SDPA) against Causal Primal-Attention.
 
   python bench/attention_scaling.py            # 60 .. 12000 tokens, writes docs/benchmarks.md + docs/attention_scaling.png
@@ -51,7 +51,7 @@ def profiled_peak_bytes(fn) -> int:
 def run_point(kind: str, length: int, batch: int, d_model: int, heads: int, s: int, budget_s: float) -> dict:
     """One (block, length) point; runs in its own process."""
     from dt_primal.config import Config
-    from dt_primal.model import Block
+    from dt_primal.model.transformer import Block
 
     primal, dropout = KINDS[kind]
     torch.manual_seed(0)
@@ -133,7 +133,7 @@ def report(results: list[dict], args, skipped: list[str]) -> str:
             m_row.append(f"{o['peak_bytes'] / p['peak_bytes']:.1f}×" if p and o else "–")
         t_rows.append(t_row); m_rows.append(m_row)
     others = [k for k in kinds if k != "primal"]
-    lines = [f"One `dt_primal.model.Block` (d_model {args.d_model}, {args.heads} heads, MLP 4·d_model, s {args.s} for primal), "
+    lines = [f"One `dt_primal.model.transformer.Block` (d_model {args.d_model}, {args.heads} heads, MLP 4·d_model, s {args.s} for primal), "
              f"batch {args.batch}, train mode, padding mask of all-real tokens (as `DecisionTransformer` always passes); "
              f"forward + backward of `y.sum() (+ J.sum())` to the input and all weights. Each point runs in a fresh "
              f"process. **Time**: median of 3-10 runs after a warm-up, wall clock and, in brackets, CPU time of the "

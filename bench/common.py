@@ -135,13 +135,13 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
 
 
 def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capture: bool = True):
-    """The library's training step (``dt_primal.step.TrainStep``, what ``train.py`` runs) for ``cfg`` on
+    """The library's training step (``dt_primal.training.step.TrainStep``, what ``train.py`` runs) for ``cfg`` on
     ``data`` (Trajectories): the seeds ``seeds`` as one ensemble, each initialised and drawing batches
     as ``train.py`` does. ``phase(name)`` (a context manager, e.g. torch.profiler.record_function)
     labels the parts of the step; ``capture``: on CUDA, replay it as a CUDA graph. Returns the step."""
     from dt_primal.data import WindowSampler
-    from dt_primal.step import TrainStep
-    from dt_primal.training import fresh_model
+    from dt_primal.training.members import fresh_model
+    from dt_primal.training.step import TrainStep
 
     device = torch.device(device)
     model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), device)

@@ -228,8 +228,8 @@ def prepare(algo, dataset) -> None:
 def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list[list[dict]]:
     """dt-primal's batched evaluation of d3rlpy policies: raw observations and returns go in, d3rlpy's
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
-    from dt_primal.evaluation import rollout
-    from dt_primal.policy import Policy
+    from dt_primal.evaluation.policy import Policy
+    from dt_primal.evaluation.rollout import rollout
     obs_dim = algos[0].impl.observation_shape[0]
     policy = Policy(D3rlpyPolicies.from_algos(algos, cfg.max_ep_len), np.zeros(obs_dim, np.float32),
                     np.ones(obs_dim, np.float32), 1.0, cfg.context)
@@ -288,7 +288,7 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
 
 def cmd_train(args: argparse.Namespace) -> None:
     from datasets.loaders import load_dataset
-    from dt_primal.sweep import run_dir
+    from dt_primal.sweep.grid import run_dir
     cfg = settings_from_args(args)
     if cfg.model != "dt":
         sys.exit(f"error: the cross-check trains d3rlpy's DT, but the settings say --model {cfg.model}")
@@ -325,7 +325,8 @@ def recorded_activation(rows: list[dict]) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from dt_primal.sweep import DT_PAPER, collect, gap_rows, gap_table, write_tables
+    from dt_primal.sweep.results import DT_PAPER, collect
+    from dt_primal.sweep.tables import gap_rows, gap_table, write_tables
     datasets = args.datasets
     ours = collect(args.dt_primal, datasets, ["dt"], args.seeds, label=DT_PAPER)
     theirs = collect(args.d3rlpy, datasets, [MODEL], args.seeds, label=D3RLPY_LABEL)

@@ -1,8 +1,8 @@
 """Training throughput of ensembles: updates/s and member-updates/s of the library's training step
-(``dt_primal.step.TrainStep``, what ``train.py --seeds`` runs) for ensembles of several sizes, run
+(``dt_primal.training.step.TrainStep``, what ``train.py --seeds`` runs) for ensembles of several sizes, run
 eagerly, compiled (``--compile``) or captured as a CUDA graph, at the Primal.+DT paper's size and at
 the DT paper's size, in fp32 / tf32 / bf16. The members are one tensor dimension of the model
-(``dt_primal.members``).
+(``dt_primal.model.members``).
 
   python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
   python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
@@ -27,8 +27,8 @@ import common
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import dt_primal.attention
-import dt_primal.dropout
+import dt_primal.model.attention
+import dt_primal.model.dropout
 
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
@@ -67,13 +67,13 @@ def library_step(data, size: str, members: int, precision: str, device: str, com
 @contextlib.contextmanager
 def torch_dropout(on: bool):
     """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU."""
-    seam = dt_primal.dropout.cheap_masks
+    seam = dt_primal.model.dropout.cheap_masks
     if on:
-        dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
+        dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
     try:
         yield
     finally:
-        dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = seam
+        dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = seam
 
 
 def count_ops(data, size: str, members: int, precision: str, device: str) -> dict:
@@ -166,7 +166,7 @@ def main() -> None:
              f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
              for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"])) in single]
     body = "\n".join([
-        f"The library's training step (`dt_primal.step.TrainStep`) on `--device {args.device}`, Primal.+DT "
+        f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, Primal.+DT "
         f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} untimed "
         f"ones (capture and compilation happen there: see the warm-up column). The members are one tensor dimension "
         f"of the model (docs/ensembles.md).", "",
@@ -236,7 +236,7 @@ def ops_section(args, data) -> None:
     rows = [[SIZES[r["size"]][0], r["precision"], r["members"], f"**{r['ops']}**",
              ", ".join(f"`{name}` {n}" for name, n in r["top"])] for r in records]
     body = "\n".join([
-        f"ATen operations in one eager update of the library's training step (`dt_primal.step.TrainStep`) on "
+        f"ATen operations in one eager update of the library's training step (`dt_primal.training.step.TrainStep`) on "
         f"`--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, s 64), views aside, counted by a "
         f"`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, and a "
         f"CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer kernels "

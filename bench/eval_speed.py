@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from dt_primal.config import make_config
-from dt_primal.evaluation import rollout
+from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import resolve_precision
-from dt_primal.policy import Policy
-from dt_primal.model import DecisionTransformer
 from envs import TASKS, Task
 
 

@@ -30,13 +30,13 @@ from dt_primal.config import make_config
 
 # name: (environment changes, make_train_step options, config changes, description)
 VARIANTS = {
-    "baseline": ({}, {}, {}, "as training.py runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
+    "baseline": ({}, {}, {}, "as the training loop runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
     "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
                     "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (the commands set PASSIVE "
                     "unless the environment names a policy)"),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
     "torch-dropout": ({}, {"torch_dropout": True}, {},
-                      "PyTorch's dropout masks instead of dt_primal.dropout's cheap CPU masks (the model's CPU-only seam)"),
+                      "PyTorch's dropout masks instead of dt_primal.model.dropout's cheap CPU masks (the model's CPU-only seam)"),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
     "bf16-torch-dropout": ({}, {"torch_dropout": True}, {"precision": "bf16"}, "bf16 with PyTorch's dropout masks"),
     "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"{common.SCRATCH}/inductor-{os.getpid()}"}, {}, {"compile": True},
@@ -101,9 +101,9 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
     _, options, changes, _ = VARIANTS[name]
     options = dict(options)
     if options.pop("torch_dropout", False):  # close the seam: dropout as on a GPU
-        import dt_primal.attention
-        import dt_primal.dropout
-        dt_primal.dropout.cheap_masks = dt_primal.attention.cheap_masks = lambda x: False
+        import dt_primal.model.attention
+        import dt_primal.model.dropout
+        dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
     step = common.make_train_step(spec_config(**changes), load_data(), **options)
     t0 = time.perf_counter()
     for _ in range(warmup):
@@ -164,7 +164,7 @@ def main() -> None:
                        f"{step_ms:.0f}" if step_ms else "not timed", f"{100 * floor_ms / step_ms:.0f}%" if step_ms else ""])
     body = "\n".join([
         f"Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
-        f"training step (`dt_primal.step.TrainStep`, what `train.py` runs, through `bench/common.py:make_train_step`), on "
+        f"training step (`dt_primal.training.step.TrainStep`, what `train.py` runs, through `bench/common.py:make_train_step`), on "
         f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
         f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own overhead "
         f"inflates the numbers a little.", "", *profiles,

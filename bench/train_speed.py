@@ -6,7 +6,7 @@ Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransfo
   python bench/train_speed.py --quick         # smoke check, < 1 min
 
 One update = sample a batch of 64 windows of K = 20 steps + one optimisation step. For dt-primal it
-is the library's training step (dt_primal.step.TrainStep, through bench/common.py:make_train_step):
+is the library's training step (dt_primal.training.step.TrainStep, through bench/common.py:make_train_step):
 WindowSampler.sample, dt_loss (under bf16 autocast when asked), backward, gradient clipping at 0.25,
 warm-up learning rate, fused AdamW, loss bookkeeping. The data are a D4RL-style hdf5 of Hopper-shaped random data
 (obs 11, act 3, 100k steps), read by datasets.loaders like any dataset, and given to the peers too.
@@ -151,7 +151,7 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
                      "(see \"Profile\"; sampling is 0.1% of dt-primal's step). dt-primal's lead has two sources. "
                      "(1) Fewer FLOPs: only s_t tokens predict, so its last block computes attention output and MLP "
                      "at those tokens alone (exact; the peers run it on all 3K tokens), about a fifth of a 3-layer "
-                     "model's block FLOPs. (2) Cheaper dropout masks (`dt_primal/dropout.py`): PyTorch's CPU dropout "
+                     "model's block FLOPs. (2) Cheaper dropout masks (`dt_primal/model/dropout.py`): PyTorch's CPU dropout "
                      "draws one Bernoulli sample per element, serially, which took a quarter of a bf16 step's CPU "
                      "time; dt-primal draws four 16-bit uniforms per 64-bit random number and writes out the "
                      "attention math in training so that attention dropout uses them too. The peers pay the full "

@@ -9,7 +9,7 @@ the paper's 100 000 steps.
 Measured: one `python train.py` subprocess (Primal.+DT, the paper's defaults, --device cpu or cuda) on a
 D4RL-style hdf5 of Hopper-shaped random data, with no intermediate evaluation; its wall time, its
 final evaluation time (eval.json's eval_seconds) and its training rate (TensorBoard's
-perf/steps_per_s, written by training.py itself). Training on random data gives a policy that falls
+perf/steps_per_s, written by the training loop itself). Training on random data gives a policy that falls
 within a few dozen steps, so that final evaluation is far shorter than a good policy's. Hence
 the evaluation cost of full-length episodes is measured separately: dt_primal.evaluation.rollout on
 Hopper-v5 without termination (every episode reaches its time limit) for 200 and for 20 live
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from dt_primal.config import make_config
-from dt_primal.evaluation import rollout
-from dt_primal.policy import Policy
-from dt_primal.model import DecisionTransformer
+from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.model.transformer import DecisionTransformer
 from envs import TASKS
 
 WORK = common.SCRATCH / "whole_run"

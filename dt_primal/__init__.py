@@ -5,9 +5,9 @@ settings themselves (``dt_primal.process.configure_process``)."""
 
 
 def __getattr__(name: str):
-    """``dt_primal.load_policy`` (dt_primal.policy), imported on first use: torch loads only when needed."""
+    """``dt_primal.load_policy`` (dt_primal.evaluation.policy), imported on first use: torch loads only when needed."""
     if name == "load_policy":
-        from dt_primal.policy import load_policy
+        from dt_primal.evaluation.policy import load_policy
         return load_policy
     raise AttributeError(f"module 'dt_primal' has no attribute {name!r}")
 

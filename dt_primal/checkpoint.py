@@ -21,8 +21,8 @@ import torch
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.members import stack_members
-from dt_primal.model import DecisionTransformer, ModelConfig
+from dt_primal.model.members import stack_members
+from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.untrusted import load_torch
 
 FORMAT = 2
@@ -179,7 +179,7 @@ def load_members(paths: list[Path]) -> list[dict]:
 
 
 def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> DecisionTransformer:
-    """The checkpoints' models, with their weights, as the members of one model (``dt_primal.members``);
+    """The checkpoints' models, with their weights, as the members of one model (``dt_primal.model.members``);
     they share the first one's architecture."""
     cfg = ModelConfig.from_record(ckpts[0]["model_config"])
     try:

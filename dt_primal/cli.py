@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 
 from dt_primal.errors import UserError
-from dt_primal.evaluation import aggregate, markdown
+from dt_primal.evaluation.reports import aggregate, markdown
 
 # functions whose presence in a traceback means the evaluation was running
 _EVALUATION_FUNCTIONS = {"rollout", "evaluate", "evaluate_and_record"}
-# files whose presence in a traceback (without the evaluation's functions) means the training step was running
-_TRAINING_FILES = {"step.py", "training.py", "model.py", "attention.py", "members.py", "dropout.py"}
+# packages whose code in a traceback (without the evaluation's functions) means the training step was running
+_TRAINING_PACKAGES = {"model", "training"}
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -57,12 +57,19 @@ def _in_evaluate_py(exc: BaseException) -> bool:
     return Path(sys.argv[0]).name == "evaluate.py" or any(Path(f).name == "evaluate.py" for f in files)
 
 
+def _in_package(filename: str, packages: set[str]) -> bool:
+    """Whether ``filename`` is a module of one of dt_primal's subpackages ``packages``."""
+    path = Path(filename)
+    return path.parent.name in packages and path.parent.parent.name == "dt_primal"
+
+
 def out_of_memory_message(exc: BaseException, memory: str) -> str:
     """What ran out and which options need less: the batch while training, the episodes run at once
     while evaluating (found from the functions in the traceback; both when unknown)."""
     frames = [frame.f_code for frame, _ in traceback.walk_tb(exc.__traceback__)]
     functions = {code.co_name for code in frames}
-    training_files = any(Path(code.co_filename).name in _TRAINING_FILES or code.co_name == "sample" for code in frames)
+    training_files = any(_in_package(code.co_filename, _TRAINING_PACKAGES) or code.co_name == "sample"
+                         for code in frames)
     text = re.sub(r"^\[enforce fail[^\]]*\]\s*err == 0\.\s*", "", str(exc).strip())  # PyTorch's CPU allocator
     detail = ". ".join(text.split(". ")[:2]).splitlines()[0].rstrip(".") if text else type(exc).__name__
     if _in_evaluate_py(exc):

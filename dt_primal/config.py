@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
-from dt_primal.model import ACTIVATIONS, EMBED_INITS, MODELS, ModelConfig
+from dt_primal.model.transformer import ACTIVATIONS, EMBED_INITS, MODELS, ModelConfig
 
 if TYPE_CHECKING:
     from envs import Task
@@ -47,7 +47,7 @@ class Config:
     max_ep_len: int | None = None  # timestep embedding rows; None: the task's episode limit (else 1000)
     s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
     eta: float = 0.05  # KSVD loss weight (eq. 10)
-    embed_init: str = "torch"  # the return/state/action embeddings and the action head: torch | gpt2 (model.py)
+    embed_init: str = "torch"  # return/state/action embeddings and action head: torch | gpt2 (model/transformer.py)
     # optimisation
     steps: int = 100_000
     batch_size: int = 64

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Callable
 
 from dt_primal.checkpoint import load_checkpoint
-from dt_primal.checks import check_run_inputs
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation import normalized_text, scoring
-from dt_primal.runfolder import hold_run_folder, member_folders
-from dt_primal.training import Interrupted, distributed, train
+from dt_primal.evaluation.reports import normalized_text, scoring
+from dt_primal.training.checks import check_run_inputs
+from dt_primal.training.loop import Interrupted, distributed, train
+from dt_primal.training.run_folder import hold_run_folder, member_folders
 
 # load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from (datasets.loaders.load_dataset)
 Loader = Callable[..., Trajectories]

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
-from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.run import Loader, application_loader
 from envs import Task
 

@@ -1,5 +1,5 @@
 """``python -m dt_primal.tables``: the tables of docs/results.md, made from the committed records under
-``results/`` by the sweep's own aggregation (``dt_primal.sweep.collect``), so that a figure and its
+``results/`` by the sweep's own aggregation (``dt_primal.sweep.results.collect``), so that a figure and its
 record cannot disagree. Each table sits between ``<!-- BEGIN generated: NAME -->`` and
 ``<!-- END generated: NAME -->`` in the document; the prose around them is written by hand.
 
@@ -22,8 +22,10 @@ import numpy as np
 
 from dt_primal.cli import run_main
 from dt_primal.config import Config
-from dt_primal.evaluation import pm, table
-from dt_primal.sweep import DT_MATCHED, LABELS, TABLE4, cell, collect, gap_rows, gap_table, short
+from dt_primal.evaluation.reports import pm, table
+from dt_primal.sweep.grid import TABLE4
+from dt_primal.sweep.results import DT_MATCHED, LABELS, collect
+from dt_primal.sweep.tables import cell, gap_rows, gap_table, short
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results.md"

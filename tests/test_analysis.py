@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from dt_primal.config import Config
-from dt_primal.model import DecisionTransformer
+from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.spectrum import layer_spectra
-from dt_primal.sweep import group_dir, run_dir
+from dt_primal.sweep.grid import group_dir, run_dir
 from test_train import ROOT, hopper_file
 
 TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--steps", "6",
@@ -70,7 +70,8 @@ def test_spectrum_curves_are_cumulative_fractions():
 def test_learning_curves_average_only_the_finished_runs(tmp_path):
     import json
     import warnings
-    from dt_primal.sweep import collect, plot_curves
+    from dt_primal.sweep.plots import plot_curves
+    from dt_primal.sweep.results import collect
     point = lambda step, score: {"step": step, "targets": [{"target": 3600, "episodes": 2, "normalized_mean": score}]}
     for seed, finished in ((0, True), (1, True), (2, False)):
         rd = run_dir(tmp_path, "d/x/y-v0", "dt", seed)
@@ -91,7 +92,7 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
     import json
 
     from dt_primal.config import make_config
-    from dt_primal.sweep import run_settings
+    from dt_primal.sweep.results import run_settings
     (tmp_path / "seed_0").mkdir()
     cfg = make_config("dt-paper", dataset="tiny", seed=0, precision="fp32")  # as a run records it, resolved
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
@@ -101,7 +102,7 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
 
 
 def test_plots_say_whether_they_show_normalised_scores_or_returns():
-    from dt_primal.sweep import y_label
+    from dt_primal.sweep.plots import y_label
     scored, unscored = {"unit": "normalised"}, {"unit": "return"}  # a task without reference scores
     assert y_label([scored, scored]) == "normalised score"
     assert y_label([unscored]) == "return"

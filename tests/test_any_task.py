@@ -11,10 +11,10 @@ import pytest
 
 from conftest import make_episodes
 from datasets.loaders import load_dataset
-from dt_primal.checks import check_run_inputs
 from dt_primal.config import Config
 from dt_primal.errors import UserError
-from dt_primal.evaluation import aggregate, markdown, report
+from dt_primal.evaluation.reports import aggregate, markdown, report
+from dt_primal.training.checks import check_run_inputs
 from envs import TASKS, derived_targets, task_for
 from test_data import write_d4rl
 
@@ -155,7 +155,9 @@ def test_a_d4rl_run_reports_as_before(tmp_path):
 
 def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
     from datasets.stats import stats
-    from dt_primal.sweep import collect, run_dir, write_tables
+    from dt_primal.sweep.grid import run_dir
+    from dt_primal.sweep.results import collect
+    from dt_primal.sweep.tables import write_tables
     text = stats(tmp_path / "datasets.md", episodes=1, datasets=[pendulum, ant, pendulum])
     assert sum(line.startswith(f"| {pendulum} |") for line in text.splitlines()) == 1  # given twice: one row
     row = next(line for line in text.splitlines() if line.startswith(f"| {pendulum} | 4 |"))

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention, causal_mean, ksvd_objective
 from dt_primal.config import Config
-from dt_primal.model import DecisionTransformer
+from dt_primal.model.attention import CausalPrimalAttention, SoftmaxAttention, causal_mean, ksvd_objective
+from dt_primal.model.transformer import DecisionTransformer
 
 D, H, S, M = 32, 4, 6, 2  # M members: every input (M, B, L, D)
 

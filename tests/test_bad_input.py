@@ -20,12 +20,14 @@ from conftest import make_episodes
 from datasets import suite
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
-from dt_primal import checks, runfolder
+from dt_primal import machine
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.evaluation import checks as evaluate_checks
 from dt_primal.run import train_command
+from dt_primal.training import checks, run_folder
 from test_data import write_minari, write_pickle
 from test_reliability import ENV, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
@@ -99,8 +101,8 @@ def test_huge_and_non_finite_targets_are_refused(tmp_path):
         with raises("--targets must be finite"):
             cfg(targets=[3600.0, bad])
     with raises("--targets 1e+13 divided by --reward-scale 1000"):
-        checks.check_targets([1e13], 1000.0)
-    checks.check_targets([-1e6, 3600.0], 1000.0)  # negative targets are fine
+        evaluate_checks.check_targets([1e13], 1000.0)
+    evaluate_checks.check_targets([-1e6, 3600.0], 1000.0)  # negative targets are fine
 
 
 def test_a_target_far_above_the_data_trains_with_one_note(tmp_path, capsys):
@@ -127,41 +129,41 @@ def test_out_naming_an_existing_file(tmp_path):
     assert_user_error(res, f"--out {tmp_path / 'notes.txt'} is an existing file, not a folder")
     assert (tmp_path / "notes.txt").read_text() == "mine"
     with raises("which is a file, not a folder"):
-        with runfolder.hold_run_folder(tmp_path / "notes.txt" / "run"):
+        with run_folder.hold_run_folder(tmp_path / "notes.txt" / "run"):
             pass
 
 
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "run"
-    with runfolder.hold_run_folder(out):  # the first run, in this process
+    with run_folder.hold_run_folder(out):  # the first run, in this process
         res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(out))
         assert_user_error(res, f"--out {out} is in use by another train.py run (pid {os.getpid()}",
                           "Wait for it to end")
         assert not (out / "last.pt").exists()
         with raises(f"--out {out} is in use by another train.py run"):
-            with runfolder.hold_run_folder(out, seeds=[0, 1]):
+            with run_folder.hold_run_folder(out, seeds=[0, 1]):
                 pass
-    with runfolder.hold_run_folder(tmp_path, seeds=[0, 1]) as folder:  # an ensemble's member folders are held too
+    with run_folder.hold_run_folder(tmp_path, seeds=[0, 1]) as folder:  # an ensemble's member folders are held too
         assert folder.members == [tmp_path / "seed_0", tmp_path / "seed_1"]
         with raises(f"--out {tmp_path / 'seed_1'} is in use"):
-            with runfolder.hold_run_folder(tmp_path / "seed_1"):
+            with run_folder.hold_run_folder(tmp_path / "seed_1"):
                 pass
 
 
 def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dt_primal.runfolder import hold_run_folder\n"
-                               f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)"],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    code = ("import sys, time; from dt_primal.training.run_folder import hold_run_folder\n"
+            f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with raises("in use by another train.py run"):
-        with runfolder.hold_run_folder(out):
+        with run_folder.hold_run_folder(out):
             pass
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
-    assert (out / runfolder.LOCK_NAME).exists()  # the file stays; its lock went with the process
-    with runfolder.hold_run_folder(out):
+    assert (out / run_folder.LOCK_NAME).exists()  # the file stays; its lock went with the process
+    with run_folder.hold_run_folder(out):
         pass
 
 
@@ -290,7 +292,7 @@ def test_a_dataset_that_changed_on_disk_between_two_resumes(tmp_path):
     with h5py.File(path, "a") as f:
         f["rewards"][0] = rewards[0]
     data = load_dataset(str(path))
-    with runfolder.hold_run_folder(out) as folder:
+    with run_folder.hold_run_folder(out) as folder:
         folder.check_dataset(data, resume=True)  # the data it started on: continues
 
 
@@ -328,8 +330,8 @@ def test_a_gpu_index_this_machine_lacks(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with raises("--device cuda:2 names a GPU this machine does not have: PyTorch sees 2 (cuda:0 to cuda:1)"):
-        checks.check_device("cuda:2")
-    checks.check_device("cuda:1")
+        machine.check_device("cuda:2")
+    machine.check_device("cuda:1")
 
 
 def test_max_ep_len_far_beyond_any_episode_is_refused_and_below_the_time_limit_noted(tmp_path, capsys):
@@ -384,7 +386,7 @@ def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
 def test_cpu_out_of_memory_while_training(tmp_path, monkeypatch, capsys):
     # 10^14 windows: more than any address space, so the allocation fails at once on every machine; the check
     # of a batch's memory, which refuses it before training, is switched off here to reach the allocator
-    monkeypatch.setattr(checks, "_available_bytes", lambda device: (0, "memory"))
+    monkeypatch.setattr(checks, "available_bytes", lambda device: (0, "memory"))
     argv = ["--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--batch-size", "100000000000000",
             "--out", str(tmp_path / "r")]
     code, err = _exit_of(lambda: train_command(argv, load_dataset), capsys)
@@ -431,7 +433,7 @@ def test_an_out_folder_that_cannot_be_written(tmp_path, monkeypatch):
 
     monkeypatch.setattr(type(tmp_path), "mkdir", denied)
     with raises(f"Cannot write into --out {tmp_path / 'ro' / 'run'} (Permission denied); choose a folder you can write to"):
-        with runfolder.hold_run_folder(tmp_path / "ro" / "run"):
+        with run_folder.hold_run_folder(tmp_path / "ro" / "run"):
             pass
 
 
@@ -465,7 +467,7 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
         suite.build(suite.TASKS["hopper"], "random", steps=10)
 
 
-# --- evaluate.py's options (dt_primal.checks.check_evaluate_args / check_evaluate_run) ---
+# --- evaluate.py's options (dt_primal.evaluation.checks.check_evaluate_args / check_evaluate_run) ---
 
 def _args(tmp_path, **change):
     ckpt = tmp_path / "last.pt"
@@ -493,21 +495,21 @@ def test_evaluate_options(tmp_path):
             args.checkpoints[0].write_bytes(b"PK")
             args.out = tmp_path / "last.json"
         with raises(phrase):
-            checks.check_evaluate_args(args)
+            evaluate_checks.check_evaluate_args(args)
     (tmp_path / "ev.json").write_text(json.dumps({"checkpoints": [], "across_checkpoints": []}))
-    checks.check_evaluate_args(_args(tmp_path))  # an earlier report is replaced
+    evaluate_checks.check_evaluate_args(_args(tmp_path))  # an earlier report is replaced
 
 
 def test_evaluate_targets_and_episodes_against_the_checkpoints(tmp_path):
     cfg = Config(dataset="tiny", max_ep_len=1000)
     ckpt = {"config": dataclasses.asdict(cfg), "task": "hopper", "model_config": dataclasses.asdict(cfg.model_config(11, 3))}
     with raises("--targets 1e+30 divided by --reward-scale 1000"):
-        checks.check_evaluate_run(_args(tmp_path, targets=[1e30]), [ckpt])
+        evaluate_checks.check_evaluate_run(_args(tmp_path, targets=[1e30]), [ckpt])
     with raises("--episodes 10000000 per target of 2 checkpoints"):
-        checks.check_evaluate_run(_args(tmp_path, episodes=10**7), [ckpt, ckpt])
-    checks.check_evaluate_run(_args(tmp_path, targets=[3600.0]), [ckpt])
+        evaluate_checks.check_evaluate_run(_args(tmp_path, episodes=10**7), [ckpt, ckpt])
+    evaluate_checks.check_evaluate_run(_args(tmp_path, targets=[3600.0]), [ckpt])
     with raises("holds a model for observations of size 11 and actions of size 3, but its task HalfCheetah-v5 has 17 and 6"):
-        checks.check_evaluate_run(_args(tmp_path), [{**ckpt, "task": "halfcheetah"}])
+        evaluate_checks.check_evaluate_run(_args(tmp_path), [{**ckpt, "task": "halfcheetah"}])
 
 
 def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(tmp_path):

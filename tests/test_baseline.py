@@ -15,9 +15,11 @@ import torch
 
 from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
 from dt_primal.config import PRESETS, Config, make_config
-from dt_primal.evaluation import rollout
-from dt_primal.policy import Policy
-from dt_primal.sweep import DT_MATCHED, DT_PAPER, collect, gap_rows, group_dir, label_of, run_dir, write_tables
+from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.sweep.grid import group_dir, run_dir
+from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
+from dt_primal.sweep.tables import gap_rows, write_tables
 from envs import TASKS
 from test_train import ROOT
 
@@ -48,7 +50,7 @@ def test_dt_paper_preset_is_the_dt_papers_settings_and_flags_override_it():
 def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start():
     """torch (default): PyTorch's uniform init, bound 1/sqrt(fan_in), as the DT paper's code and d3rlpy;
     gpt2: N(0, 0.02) with zero bias, as every other layer. The blocks start alike either way."""
-    from dt_primal.model import DecisionTransformer
+    from dt_primal.model.transformer import DecisionTransformer
     nets = {}
     for init in ("torch", "gpt2"):
         torch.manual_seed(0)
@@ -301,7 +303,7 @@ def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_k
     written before the field existed was trained with GELU and loads as such."""
     from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
     from dt_primal.errors import UserError
-    from dt_primal.model import DecisionTransformer
+    from dt_primal.model.transformer import DecisionTransformer
     assert Config().activation == "relu" and make_config("dt-paper").activation == "relu"
     relu = DecisionTransformer(Config(d_model=32, n_head=2).model_config(11, 3))
     gelu = DecisionTransformer(Config(d_model=32, n_head=2, activation="gelu").model_config(11, 3))
@@ -311,7 +313,7 @@ def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_k
     from conftest import make_episodes
     from datasets.synthetic import write_d4rl
     from datasets.loaders import load_dataset
-    from dt_primal.training import train
+    from dt_primal.training.loop import train
     write_d4rl(tmp_path / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
     data = load_dataset(str(tmp_path / "hopper_tiny.hdf5"), env="hopper")
     cfg = Config(dataset=str(tmp_path / "hopper_tiny.hdf5"), env="hopper", d_model=32, n_head=2, n_layer=1, s=8,

@@ -10,15 +10,18 @@ import torch
 import evaluate
 from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
-from dt_primal import checkpoint, checks, precision, run, sweep, training
+from dt_primal import checkpoint, precision, run
 from dt_primal.config import Config, make_config
+from dt_primal.sweep import command as sweep
+from dt_primal.training import checks, loop as training
 from test_reliability import ENV, SMALL, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
-LIBRARY = ("dt_primal, dt_primal.run, dt_primal.sweep, dt_primal.spectrum, dt_primal.training, dt_primal.evaluation, "
-           "dt_primal.checks, dt_primal.checkpoint, dt_primal.cli, dt_primal.precision, dt_primal.process, "
+LIBRARY = ("dt_primal, dt_primal.run, dt_primal.sweep.command, dt_primal.spectrum, dt_primal.training.loop, "
+           "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
+           "dt_primal.cli, dt_primal.precision, dt_primal.process, "
            "datasets.loaders, envs")
 
 
@@ -152,7 +155,7 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, 
                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
     assert_user_error(res, "--batch-size 100000000 needs at least", "for the activations of one training step",
                       "Lower --batch-size")
-    monkeypatch.setattr(checks, "_available_bytes", lambda device: (1 << 30, "available memory"))
+    monkeypatch.setattr(checks, "available_bytes", lambda device: (1 << 30, "available memory"))
     cfg = make_config("quick", batch_size=256)
     checks.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit
     with raises("more than the 1.0 GiB of available memory here"):

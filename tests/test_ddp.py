@@ -12,7 +12,7 @@ import torch
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
-from dt_primal.training import train
+from dt_primal.training.loop import train
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from test_train import ROOT, hopper_file
 
@@ -68,7 +68,7 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
 
 
 def test_a_signal_that_lands_during_the_all_reduce_is_kept_for_the_next_step(monkeypatch):
-    import dt_primal.training as training
+    import dt_primal.training.loop as training
     stop = training._StopSignal(torch.device("cpu"))
     monkeypatch.setattr(training.dist, "is_initialized", lambda: True)
     # the signal arrives while this process waits in the all-reduce; the other process had none to report

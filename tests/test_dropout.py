@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from dt_primal.attention import SoftmaxAttention
-from dt_primal.dropout import Dropout, drop, keep_mask
+from dt_primal.model.attention import SoftmaxAttention
+from dt_primal.model.dropout import Dropout, drop, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

@@ -15,12 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, data as data_module
 from dt_primal.config import Config
-from dt_primal.evaluation import rollout
-from dt_primal.members import member_state, stack_members
-from dt_primal.model import DecisionTransformer, dt_loss
-from dt_primal.policy import Policy
-from dt_primal.step import TrainStep
-from dt_primal.training import train
+from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.model.members import member_state, stack_members
+from dt_primal.model.transformer import DecisionTransformer, dt_loss
+from dt_primal.training.loop import train
+from dt_primal.training.step import TrainStep
 from envs import TASKS
 from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
 from test_train import ROOT, TINY, hopper_file, make_episodes, write_d4rl

@@ -18,8 +18,8 @@ from datasets.loaders import load_dataset
 from dt_primal import checkpoint
 from dt_primal.config import Config, make_config
 from dt_primal.errors import UserError
-from dt_primal.sweep import group_dir
-from dt_primal.training import train
+from dt_primal.sweep.grid import group_dir
+from dt_primal.training.loop import train
 from dt_primal.untrusted import ADMITTED_GLOBALS, NUMPY_DTYPES
 from test_reliability import one_thread  # noqa: F401 (one thread: runs in this process give the same weights)
 
@@ -49,8 +49,9 @@ def run_dir(tmp_path_factory):
 # --- the model owns its config ---
 
 def test_the_model_owns_its_config():
-    """model.py builds a DecisionTransformer from its ModelConfig alone: it imports nothing of the run's config."""
-    tree = ast.parse((ROOT / "dt_primal" / "model.py").read_text())
+    """model/transformer.py builds a DecisionTransformer from its ModelConfig alone: it imports nothing of the
+    run's config."""
+    tree = ast.parse((ROOT / "dt_primal" / "model" / "transformer.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert "dt_primal.config" not in imported

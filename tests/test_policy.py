@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dt_primal.checkpoint import load_checkpoint
-from dt_primal.evaluation import rollout
-from dt_primal.policy import Policy, load_policy, policy_from_checkpoints
+from dt_primal.evaluation.policy import Policy, load_policy, policy_from_checkpoints
+from dt_primal.evaluation.rollout import rollout
 from envs import TASKS
 from test_files import ENV, FORMAT1, ROOT, one_thread, run_dir  # noqa: F401 (fixtures)
 
@@ -81,7 +81,7 @@ def test_one_policy_acts_for_one_environment_or_a_batch(run_dir):
 def test_a_policy_acts_beyond_its_context_and_its_episode_length():
     torch.manual_seed(0)
     from dt_primal.config import Config
-    from dt_primal.model import DecisionTransformer
+    from dt_primal.model.transformer import DecisionTransformer
     model = DecisionTransformer(Config(d_model=16, n_head=2, n_layer=1, context=3, max_ep_len=4).model_config(2, 1))
     policy = Policy(model.train(False), np.zeros(2), np.ones(2), 1.0, 3)
     policy.reset(1.0)

@@ -15,12 +15,13 @@ import torch
 from conftest import make_episodes
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
-from dt_primal import checkpoint, step, training
+from dt_primal import checkpoint
 from dt_primal.cli import run_main
 from dt_primal.config import make_config
 from dt_primal.data import WindowSampler
 from dt_primal.errors import UserError
-from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.model.transformer import DecisionTransformer, dt_loss
+from dt_primal.training import loop as training, step
 from test_data import write_pickle
 from test_train import ROOT, TINY, hopper_file
 
@@ -332,8 +333,8 @@ def _inf_gradient_at(at, clip=step.clip_per_member):
     return clip_with_inf
 
 
-@pytest.mark.parametrize("target, poison, at, kept", [("dt_primal.step.dt_loss", _nan_loss_at, 13, 10),
-                                                      ("dt_primal.step.clip_per_member", _inf_gradient_at, 10, 5)])
+@pytest.mark.parametrize("target, poison, at, kept", [("dt_primal.training.step.dt_loss", _nan_loss_at, 13, 10),
+                                                      ("dt_primal.training.step.clip_per_member", _inf_gradient_at, 10, 5)])
 def test_non_finite_loss_or_weights_stop_the_run_and_keep_the_last_good_checkpoint(tiny, tmp_path, monkeypatch,
                                                                                   target, poison, at, kept):
     monkeypatch.setattr(target, poison(at))

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import make_episodes
 from datasets.synthetic import write_d4rl
-from dt_primal.sweep import group_dir, main, run_dir
+from dt_primal.sweep.command import main
+from dt_primal.sweep.grid import group_dir, run_dir
 from test_train import ROOT
 
 TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--batch-size", "16",
@@ -87,7 +88,7 @@ def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path
 
 
 def test_without_ray_the_sweep_says_how_to_install_it(tmp_path):
-    code = ("import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from dt_primal.sweep import main; "
+    code = ("import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from dt_primal.sweep.command import main; "
             f"run_main(lambda: main(['--datasets', 'x', '--backend', 'ray', '--out', {str(tmp_path)!r}]))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr

@@ -12,7 +12,7 @@ from conftest import make_episodes
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
-from dt_primal.training import train
+from dt_primal.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
-from dt_primal.model import DecisionTransformer
+from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import acting_precision, autocast, tf32
 
 

@@ -1,64 +1,10 @@
-"""Batched evaluation (docs/method.md, "Evaluation protocol"): every episode of every target of every
-ensemble member runs at once, with one forward pass of the ensemble per environment step for all live
-episodes."""
+"""Evaluation reports: one target's episodes summarised, the aggregation across seeds or checkpoints,
+and how scores are printed and tabled."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
-import torch
-from tqdm import tqdm
 
-from dt_primal.policy import Policy
-from envs import TASKS, Episodes, Task
-
-
-def default_env_workers(device: torch.device | str, num_envs: int) -> int:
-    """Worker processes for the environments: none on a CPU, where the forward passes need the cores
-    (docs/benchmarks.md, "Evaluation speed"); one per core, at least 8 episodes each, beside a GPU."""
-    if torch.device(device).type == "cpu":
-        return 1
-    return max(1, min(os.cpu_count() or 1, num_envs // 8))
-
-
-def rollout(policy: Policy, task: Task | list[Task], targets: list[float] | list[list[float]], episodes: int,
-            seeds: list[int] | None = None, env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
-    """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
-    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
-    ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
-    and action sizes, as many targets each). Returns per member one report per target with the keys
-    ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
-    lengths)."""
-    model = policy.model
-    was_training = model.training
-    model.train(False)
-    M = policy.members
-    tasks = task if isinstance(task, list) else [task] * M
-    targets = targets if isinstance(targets[0], list) else [targets] * M
-    n = episodes * len(targets[0])
-    workers = env_workers or default_env_workers(policy.device, M * n)
-    env = Episodes([t for t in tasks for _ in range(n)], M * n, workers)
-    obs = env.reset([s + j for s in seeds or [0] * M for j in range(n)])
-    policy.reset(np.repeat(targets, episodes, axis=1))
-    rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
-    alive = np.ones((M, n), dtype=bool)
-    bar = tqdm(total=model.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step",
-               mininterval=2)
-    for _ in range(model.max_ep_len):
-        actions = policy.act(obs.reshape(M, n, -1), rewards, live=alive)
-        obs, rewards, terms, truncs = env.step(actions.reshape(M * n, -1), alive.reshape(-1))
-        rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
-        returns[alive] += rewards[alive]
-        lengths[alive] += 1
-        alive &= ~ended
-        bar.update(1)
-        if not alive.any():
-            break
-    bar.close()
-    env.close()
-    model.train(was_training)
-    return [[report(tasks[m], target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
-             for i, target in enumerate(targets[m])] for m in range(M)]
+from envs import TASKS, Task
 
 
 def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:

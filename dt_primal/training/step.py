@@ -2,12 +2,12 @@
 
 A step draws each member's batch from its own generator (and its own dataset), computes each
 member's loss (eq. 10: action MSE + η · mean J²) in one forward pass of the member-batched model
-(``dt_primal.members``), backpropagates, clips each member's gradient by its own norm, sets the
+(``dt_primal.model.members``), backpropagates, clips each member's gradient by its own norm, sets the
 warm-up learning rate from the step counter, and takes an AdamW step; each member has its own
 moments (AdamW is element-wise, so stacked weights give every member its own optimizer).
 It reads and writes device tensors only: no host synchronisation and no Python-side state change,
 so on CUDA it is captured once into a CUDA graph and replayed. Everything periodic (logging,
-evaluation, checkpoints, signals) stays outside, in ``dt_primal.training``.
+evaluation, checkpoints, signals) stays outside, in ``dt_primal.training.loop``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
-from dt_primal.model import DecisionTransformer, dt_loss
+from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.precision import autocast, resolve_precision, tf32
 
 WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs

@@ -1,6 +1,6 @@
 """Causal self-attention: one interface, two implementations.
 
-Both take ``x`` (M, B, L, d_model) of M members (``dt_primal.members``), ``valid`` (M, B, L) bool
+Both take ``x`` (M, B, L, d_model) of M members (``dt_primal.model.members``), ``valid`` (M, B, L) bool
 (True for real tokens, or None when there is no padding), ``rows``, a slice of the positions whose
 output is wanted (None: all), and ``ksvd``, whether the KSVD objective is wanted, and return
 ``(y, J)``: the output (M, B, len(rows), d_model) and the per-sequence KSVD objective J (M, B) over
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt_primal.dropout import Dropout, cheap_masks, drop
-from dt_primal.members import MemberLinear
+from dt_primal.model.dropout import Dropout, cheap_masks, drop
+from dt_primal.model.members import MemberLinear
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -26,9 +26,9 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> tor
 
 class SoftmaxAttention(nn.Module):
     """Canonical causal multi-head attention through ``scaled_dot_product_attention``. Where dropout
-    draws cheap masks (:func:`dt_primal.dropout.cheap_masks`: in training on a CPU, where SDPA's
+    draws cheap masks (:func:`dt_primal.model.dropout.cheap_masks`: in training on a CPU, where SDPA's
     dropout would run its unfused math path with PyTorch's slow CPU masks), the same math is
-    written out with :func:`dt_primal.dropout.drop`."""
+    written out with :func:`dt_primal.model.dropout.drop`."""
 
     def __init__(self, members: int, d_model: int, n_head: int, dropout: float):
         super().__init__()

@@ -4,7 +4,7 @@ Tokens per timestep: return-to-go, state, action, interleaved (R̂₁, s₁, a�
 timestep embedding is added to the three tokens of a step; pre-LN GPT blocks; the action a_t is
 predicted from the hidden state of the s_t token through tanh.
 
-The model is M members of one architecture (``dt_primal.members``): every weight has a leading
+The model is M members of one architecture (``dt_primal.model.members``): every weight has a leading
 member dimension and every tensor below a leading M, e.g. tokens (M, B, L, d_model). A single run
 is M = 1; members never mix.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dt_primal.attention import CausalPrimalAttention, SoftmaxAttention
-from dt_primal.dropout import Dropout
-from dt_primal.members import MemberEmbedding, MemberLayerNorm, MemberLinear, init_
+from dt_primal.model.attention import CausalPrimalAttention, SoftmaxAttention
+from dt_primal.model.dropout import Dropout
+from dt_primal.model.members import MemberEmbedding, MemberLayerNorm, MemberLinear, init_
 
 MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
 EMBED_INITS = ("torch", "gpt2")
@@ -85,7 +85,7 @@ def primal_layers(cfg: ModelConfig) -> list[bool]:
 
 
 class DecisionTransformer(nn.Module):
-    """``members`` Decision Transformers of the architecture ``cfg`` (``dt_primal.members``)."""
+    """``members`` Decision Transformers of the architecture ``cfg`` (``dt_primal.model.members``)."""
 
     def __init__(self, cfg: ModelConfig, members: int = 1):
         super().__init__()

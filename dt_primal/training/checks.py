@@ -1,16 +1,14 @@
-"""Checks of a run's inputs against each other and against the task, made before anything trains or
-evaluates: what neither the loaders (one file at a time) nor ``Config.validate`` (one option at a
-time) can see. A problem is a ``UserError`` that says what is wrong and what to do; something that
-may be meant but is worth knowing is one ``note:`` line on stderr.
+"""Checks of a run's inputs against each other and against the task, made before anything trains:
+what neither the loaders (one file at a time) nor ``Config.validate`` (one option at a time) can
+see. A problem is a ``UserError`` that says what is wrong and what to do; something that may be
+meant but is worth knowing is one ``note:`` line on stderr.
 
   check_run_inputs(data, cfg, seeds)    train.py, right after the dataset is loaded
-  check_evaluate_args(args)             evaluate.py, right after its arguments are parsed
-  check_evaluate_run(args, ckpts)       evaluate.py, once the checkpoints are loaded
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import math
 import os
 import sys
@@ -19,23 +17,18 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import torch
 
-from dt_primal.config import MAX_SEED, PRECISIONS, Config
+from dt_primal.config import MAX_SEED, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_memory, check_targets, env_sizes
+from dt_primal.machine import available_bytes, check_device, gib
 from envs import Task
 
-# A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
-# embedding and a layer norm whose squares overflow float32 from about 1e19 on (every action is then
-# NaN); 1e9 leaves a wide margin and is far beyond any meaningful return of these tasks.
-SCALED_RETURN_LIMIT = 1e9
 # A target counts as far above the data when it exceeds the best episode's return by more than this
 # many times the data's return scale (the largest of |best|, best - worst and --reward-scale).
 FAR_ABOVE = 10
-# What one evaluation episode costs besides its buffers: a MuJoCo environment (about 1.1 MB measured
-# for Hopper-v5 and HalfCheetah-v5) and its share of the bookkeeping.
-ENV_BYTES = 2 << 20
+
 # --max-ep-len only sizes the timestep embedding and the evaluation buffers: beyond this many times
 # what the data and the task need it only costs memory.
 MAX_EP_LEN_FACTOR = 10
@@ -111,15 +104,6 @@ def check_seeds(seeds: list[int]) -> None:
                         f"and PyTorch's generators. Give other seeds.")
 
 
-def check_device(device: str) -> None:
-    """A ``cuda:N`` that this machine has (``cuda`` without a GPU is refused when the device is resolved)."""
-    if device.startswith("cuda:") and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        if int(device.split(":")[1]) >= count:
-            raise UserError(f"--device {device} names a GPU this machine does not have: PyTorch sees {count} "
-                            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}). Pick one of them, or cuda.")
-
-
 def _bounds(low: float, high: float) -> str:
     return f"[{low:g}, {high:g}]"
 
@@ -191,22 +175,6 @@ def check_observations(data: Trajectories) -> None:
                         f"overflows. Check the data (a unit or scaling mistake?) and rescale those columns.")
 
 
-def check_targets(targets: list[float], reward_scale: float | None, flag: str = "--targets") -> None:
-    """Targets the model can be conditioned on: finite, and within ±SCALED_RETURN_LIMIT once divided by
-    --reward-scale (beyond that the return embedding overflows float32 and every return is NaN);
-    ``reward_scale`` None: only finite."""
-    bad = [t for t in targets if not math.isfinite(t)]
-    if bad:
-        raise UserError(f"{flag} must be finite returns (got {' '.join(f'{t:g}' for t in targets)}). Give the "
-                        f"returns to condition on, e.g. the task's usual targets.")
-    huge = [t for t in targets if reward_scale is not None and not abs(t / reward_scale) <= SCALED_RETURN_LIMIT]
-    if huge:
-        raise UserError(f"{flag} {' '.join(f'{t:g}' for t in huge)} divided by --reward-scale {reward_scale:g} gives "
-                        f"a conditioning return of {huge[0] / reward_scale:.3g}, beyond the ±{SCALED_RETURN_LIMIT:.0e} "
-                        f"the model's float32 arithmetic handles safely (from about 1e19 on its return embedding "
-                        f"overflows and every result is NaN). Give targets near the returns the task can reach.")
-
-
 def check_returns(data: Trajectories, targets: list[float], reward_scale: float, task: Task,
                   notes: bool = True) -> None:
     """The dataset's returns-to-go must stay within the same bounds as the targets once scaled; a target
@@ -236,32 +204,6 @@ def check_returns(data: Trajectories, targets: list[float], reward_scale: float,
              f"targets are {' and '.join(f'{t:g}' for t in task.targets)}.")
 
 
-def _memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB"
-
-
-def _available_bytes(device: str) -> tuple[int, str]:
-    """Memory a run can still take on ``device`` (0 when unknown), and what it is called."""
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            return 0, "GPU memory"
-        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        return torch.cuda.mem_get_info(index)[0], "free GPU memory"
-    try:
-        with open("/proc/meminfo") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-        return kib << 10, "available memory"
-    except (OSError, StopIteration, ValueError, IndexError):
-        return _memory_bytes(), "memory"
-
-
 def batch_bytes(cfg: Config) -> int:
     """A lower estimate of what one member's training step holds for its batch: per layer and token
     the activations kept for the backward pass (measured: 9-16 floats per d_model unit, 8 taken) and
@@ -275,124 +217,79 @@ def check_batch_memory(cfg: Config, members: int) -> None:
     has free, before the operating system kills the process for taking more."""
     world = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # each torchrun process holds its share
     need = batch_bytes(cfg) * members // world
-    free, memory = _available_bytes(cfg.device)
+    free, memory = available_bytes(cfg.device)
     if free and need > free:
         fits = max(0, cfg.batch_size * free // need)
-        raise UserError(f"--batch-size {cfg.batch_size} needs at least {_gib(need)} for the activations of one training "
+        raise UserError(f"--batch-size {cfg.batch_size} needs at least {gib(need)} for the activations of one training "
                         f"step ({members} seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, "
-                        f"{cfg.n_layer} layers, context {cfg.context}), more than the {_gib(free)} of {memory} here. "
+                        f"{cfg.n_layer} layers, context {cfg.context}), more than the {gib(free)} of {memory} here. "
                         f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once.")
 
 
-def check_evaluation_memory(episodes: int, context: int, obs_dim: int, act_dim: int, device: str, what: str,
-                            fix: str) -> None:
-    """All evaluation episodes run at once: an environment each and buffers of their last ``context``
-    steps on the device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
-    buffers = episodes * context * (obs_dim + act_dim + 1) * 4
-    host = episodes * ENV_BYTES
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    problems = []
-    ram = _memory_bytes()
-    if ram and host + (0 if on_gpu else buffers) > ram:
-        problems.append(f"about {_gib(host + (0 if on_gpu else buffers))} of memory for their environments"
-                        f"{'' if on_gpu else ' and buffers'}, more than this machine's {_gib(ram)}")
-    if on_gpu and torch.cuda.is_available():
-        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        total = torch.cuda.get_device_properties(index).total_memory
-        if buffers > total:
-            problems.append(f"{_gib(buffers)} of GPU memory for their buffers, more than the GPU's {_gib(total)}")
-    if problems:
-        raise UserError(f"The evaluation would run {episodes:,} episodes at once ({what}), which needs "
-                        f"{' and '.join(problems)}. {fix}")
+# what --resume may change; every other option is the run's own (architecture, optimisation, returns)
+CHANGEABLE_ON_RESUME = ("steps", "eval_every", "eval_episodes", "eval_episodes_during", "checkpoint_every",
+                        "log_every", "device", "out", "targets", "compile", "cuda_graph", "precision", "dataset",
+                        "env", "download", "ref_min", "ref_max")
 
 
-# --- evaluate.py ---
-
-def _is_report(path: Path) -> bool:
-    """Whether ``path`` holds a report that evaluate.py wrote (which it may replace)."""
-    try:
-        if path.stat().st_size > 256 << 20:
-            return False
-        return "across_checkpoints" in json.loads(path.read_text())
-    except (OSError, ValueError, TypeError, UnicodeDecodeError):
-        return False
+def check_env_matches(data: Trajectories, task: Task) -> None:
+    obs_dim, act_dim = env_sizes(task)
+    if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
+        raise UserError(f"The dataset {data.source} has observations of size {data.obs_dim} and actions of size "
+                        f"{data.act_dim}, but {task.gym_id} has {obs_dim} and {act_dim}: it was not recorded in that "
+                        f"environment. Pass the right --env.")
 
 
-def check_evaluate_args(args) -> None:
-    """evaluate.py's options, before any checkpoint is loaded: ``args`` has ``checkpoints, episodes,
-    out, env_workers`` and optionally ``targets, seed, device, precision``."""
-    if args.episodes < 1:
-        raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
-    if args.env_workers is not None and args.env_workers < 1:
-        raise UserError(f"--env-workers must be at least 1 (got {args.env_workers}); leave it out for the default.")
-    problems = []
-    device = getattr(args, "device", None)
-    if device is not None:
-        try:
-            Config(device=device).validate()
-        except UserError:
-            problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {device!r})")
-    precision = getattr(args, "precision", None)
-    if precision is not None and precision not in PRECISIONS:
-        problems.append(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
-    seed = getattr(args, "seed", None)
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        problems.append(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
-    if problems:
-        raise UserError("Invalid options: " + "; ".join(problems) + ". Fix these options and run again.")
-    if getattr(args, "targets", None):
-        check_targets(args.targets, None)  # finite; the scaled bounds are checked with each checkpoint's scale
-    if device is not None:
-        check_device(device)
-    check_report_path(Path(args.out), [Path(c) for c in args.checkpoints])
+def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
+    """--resume continues a run with its own settings: an option it cannot change is refused."""
+    changed = [f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)} (the run has {getattr(saved, f.name)})"
+               for f in dataclasses.fields(Config)
+               if f.name not in CHANGEABLE_ON_RESUME and getattr(cfg, f.name) != getattr(saved, f.name)]
+    if changed:
+        raise UserError(f"--resume cannot change {', '.join(changed)}: {path} continues with the settings it was "
+                        f"started with. Leave these options out to continue it, or choose another --out to start a new "
+                        f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
+                        f"and the data source may change).")
 
 
-def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
-    """``out`` (and the Markdown table beside it) can be written, and writing them destroys no other file."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give the JSON file to write, e.g. --out {out / 'eval.json'} "
-                        f"(the Markdown table goes beside it).")
-    for path in (out, out.with_suffix(".md")):
-        if any(path.exists() and c.exists() and path.resolve() == c.resolve() for c in checkpoints):
-            raise UserError(f"--out {out} would overwrite the checkpoint {path} with the report; give another file, "
-                            f"e.g. --out {out.with_name('eval.json')}.")
-    if out.exists() and not _is_report(out):
-        raise UserError(f"--out {out} already exists and is not an evaluation report, so writing the report would "
-                        f"destroy it; give another file (an earlier report there would be replaced).")
-    parent = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
-    if not parent.is_dir():
-        raise UserError(f"--out {out} lies under {parent}, which is a file, not a folder; give another path.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out} cannot be written: {parent} is not writable (read-only or not yours). Give a "
-                        f"path in a folder you can write to.")
+def check_steps_left(step: int, steps: int, where: Path) -> None:
+    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
+    only runs the final evaluation (a run stopped during it), which is said."""
+    if step > steps:
+        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+    if step == steps:
+        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+              f"runs (give a larger --steps to train further)")
 
 
-def env_sizes(task: Task) -> tuple[int, int]:
-    """Observation and action sizes of the task's environment."""
-    env = task.make()
-    sizes = env.observation_space.shape[0], env.action_space.shape[0]
-    env.close()
-    return sizes
+def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resume: bool) -> bool:
+    """Whether the run continues from checkpoints (``resume`` and every member has one); refuses to start
+    over an existing run, and to resume only some members."""
+    found = [last.exists() for last in lasts]
+    if not resume and any(found):
+        held = next(last for last, f in zip(lasts, found) if f)
+        raise UserError(f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
+                        f"--out (or delete that folder) to start again.")
+    if resume and any(found) and not all(found):
+        raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
+                        f"resume those with --seeds listing them, and train the others in another run.")
+    listed = sorted(Path(cfg.out).glob("seed_*/last.pt"))
+    if resume and not seeds and not any(found) and listed:
+        names = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in listed), key=int))
+        raise UserError(f"{cfg.out} holds the seeds {names} of an ensemble; resume them with --seeds {names}.")
+    if resume and not any(found):
+        print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
+    return resume and all(found)
 
 
-def check_evaluate_run(args, ckpts: list[dict]) -> None:
-    """evaluate.py once its checkpoints are loaded: each model's sizes against its task's environment,
-    the targets against each checkpoint's --reward-scale, and whether all the episodes fit in memory at once."""
-    episodes_total = 0
-    for path, ckpt in zip(args.checkpoints, ckpts):
-        cfg, arch = ckpt["config"], ckpt["model_config"]
-        task = Task.from_record(ckpt["task"])
-        sizes = env_sizes(task)
-        if (arch["state_dim"], arch["act_dim"]) != sizes:
-            raise UserError(f"{path} holds a model for observations of size {arch['state_dim']} and actions of size "
-                            f"{arch['act_dim']}, but its task {task.gym_id} has {sizes[0]} and {sizes[1]}: the file is "
-                            f"damaged. Use an earlier copy or retrain.")
-        targets = list(getattr(args, "targets", None) or cfg["targets"] or task.targets)
-        check_targets(targets, cfg["reward_scale"])
-        episodes_total += args.episodes * len(targets)
-    cfg = ckpts[0]["config"]
-    arch = ckpts[0]["model_config"]
-    check_evaluation_memory(episodes_total, max(c["model_config"]["context"] for c in ckpts), arch["state_dim"],
-                            arch["act_dim"], getattr(args, "device", None) or "auto",
-                            f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
-                            "Lower --episodes, or evaluate fewer checkpoints per command.")
+def check_distinct(seeds: list[int]) -> None:
+    if len(set(seeds)) < len(seeds):
+        raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, seeds))}); give each seed once.")
+
+
+def check_batch_split(batch_size: int, world: int) -> None:
+    """Under torchrun every process trains on an equal share of every batch."""
+    if batch_size % world:
+        raise UserError(f"--batch-size {batch_size} must be divisible by the number of processes ({world}), "
+                        f"which each train on an equal share of every batch.")

@@ -1,0 +1,157 @@
+"""Checks of ``evaluate.py``'s inputs, made before anything is evaluated, and those every evaluation
+shares with training: targets the model can be conditioned on, and episodes that fit in memory at
+once. A problem is a ``UserError`` that says what is wrong and what to do.
+
+  check_evaluate_args(args)             right after its arguments are parsed
+  check_evaluate_run(args, ckpts)       once the checkpoints are loaded
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from dt_primal.config import MAX_SEED, PRECISIONS, Config
+from dt_primal.errors import UserError
+from dt_primal.machine import check_device, gib, memory_bytes
+from envs import Task
+
+# A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
+# embedding and a layer norm whose squares overflow float32 from about 1e19 on (every action is then
+# NaN); 1e9 leaves a wide margin and is far beyond any meaningful return of these tasks.
+SCALED_RETURN_LIMIT = 1e9
+
+# What one evaluation episode costs besides its buffers: a MuJoCo environment (about 1.1 MB measured
+# for Hopper-v5 and HalfCheetah-v5) and its share of the bookkeeping.
+ENV_BYTES = 2 << 20
+
+
+def check_targets(targets: list[float], reward_scale: float | None, flag: str = "--targets") -> None:
+    """Targets the model can be conditioned on: finite, and within ±SCALED_RETURN_LIMIT once divided by
+    --reward-scale (beyond that the return embedding overflows float32 and every return is NaN);
+    ``reward_scale`` None: only finite."""
+    bad = [t for t in targets if not math.isfinite(t)]
+    if bad:
+        raise UserError(f"{flag} must be finite returns (got {' '.join(f'{t:g}' for t in targets)}). Give the "
+                        f"returns to condition on, e.g. the task's usual targets.")
+    huge = [t for t in targets if reward_scale is not None and not abs(t / reward_scale) <= SCALED_RETURN_LIMIT]
+    if huge:
+        raise UserError(f"{flag} {' '.join(f'{t:g}' for t in huge)} divided by --reward-scale {reward_scale:g} gives "
+                        f"a conditioning return of {huge[0] / reward_scale:.3g}, beyond the ±{SCALED_RETURN_LIMIT:.0e} "
+                        f"the model's float32 arithmetic handles safely (from about 1e19 on its return embedding "
+                        f"overflows and every result is NaN). Give targets near the returns the task can reach.")
+
+
+def check_evaluation_memory(episodes: int, context: int, obs_dim: int, act_dim: int, device: str, what: str,
+                            fix: str) -> None:
+    """All evaluation episodes run at once: an environment each and buffers of their last ``context``
+    steps on the device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
+    buffers = episodes * context * (obs_dim + act_dim + 1) * 4
+    host = episodes * ENV_BYTES
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    problems = []
+    ram = memory_bytes()
+    if ram and host + (0 if on_gpu else buffers) > ram:
+        problems.append(f"about {gib(host + (0 if on_gpu else buffers))} of memory for their environments"
+                        f"{'' if on_gpu else ' and buffers'}, more than this machine's {gib(ram)}")
+    if on_gpu and torch.cuda.is_available():
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        if buffers > total:
+            problems.append(f"{gib(buffers)} of GPU memory for their buffers, more than the GPU's {gib(total)}")
+    if problems:
+        raise UserError(f"The evaluation would run {episodes:,} episodes at once ({what}), which needs "
+                        f"{' and '.join(problems)}. {fix}")
+
+
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` holds a report that evaluate.py wrote (which it may replace)."""
+    try:
+        if path.stat().st_size > 256 << 20:
+            return False
+        return "across_checkpoints" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError, UnicodeDecodeError):
+        return False
+
+
+def check_evaluate_args(args) -> None:
+    """evaluate.py's options, before any checkpoint is loaded: ``args`` has ``checkpoints, episodes,
+    out, env_workers`` and optionally ``targets, seed, device, precision``."""
+    if args.episodes < 1:
+        raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
+    if args.env_workers is not None and args.env_workers < 1:
+        raise UserError(f"--env-workers must be at least 1 (got {args.env_workers}); leave it out for the default.")
+    problems = []
+    device = getattr(args, "device", None)
+    if device is not None:
+        try:
+            Config(device=device).validate()
+        except UserError:
+            problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {device!r})")
+    precision = getattr(args, "precision", None)
+    if precision is not None and precision not in PRECISIONS:
+        problems.append(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        problems.append(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
+    if problems:
+        raise UserError("Invalid options: " + "; ".join(problems) + ". Fix these options and run again.")
+    if getattr(args, "targets", None):
+        check_targets(args.targets, None)  # finite; the scaled bounds are checked with each checkpoint's scale
+    if device is not None:
+        check_device(device)
+    check_report_path(Path(args.out), [Path(c) for c in args.checkpoints])
+
+
+def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
+    """``out`` (and the Markdown table beside it) can be written, and writing them destroys no other file."""
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give the JSON file to write, e.g. --out {out / 'eval.json'} "
+                        f"(the Markdown table goes beside it).")
+    for path in (out, out.with_suffix(".md")):
+        if any(path.exists() and c.exists() and path.resolve() == c.resolve() for c in checkpoints):
+            raise UserError(f"--out {out} would overwrite the checkpoint {path} with the report; give another file, "
+                            f"e.g. --out {out.with_name('eval.json')}.")
+    if out.exists() and not _is_report(out):
+        raise UserError(f"--out {out} already exists and is not an evaluation report, so writing the report would "
+                        f"destroy it; give another file (an earlier report there would be replaced).")
+    parent = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise UserError(f"--out {out} lies under {parent}, which is a file, not a folder; give another path.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out} cannot be written: {parent} is not writable (read-only or not yours). Give a "
+                        f"path in a folder you can write to.")
+
+
+def env_sizes(task: Task) -> tuple[int, int]:
+    """Observation and action sizes of the task's environment."""
+    env = task.make()
+    sizes = env.observation_space.shape[0], env.action_space.shape[0]
+    env.close()
+    return sizes
+
+
+def check_evaluate_run(args, ckpts: list[dict]) -> None:
+    """evaluate.py once its checkpoints are loaded: each model's sizes against its task's environment,
+    the targets against each checkpoint's --reward-scale, and whether all the episodes fit in memory at once."""
+    episodes_total = 0
+    for path, ckpt in zip(args.checkpoints, ckpts):
+        cfg, arch = ckpt["config"], ckpt["model_config"]
+        task = Task.from_record(ckpt["task"])
+        sizes = env_sizes(task)
+        if (arch["state_dim"], arch["act_dim"]) != sizes:
+            raise UserError(f"{path} holds a model for observations of size {arch['state_dim']} and actions of size "
+                            f"{arch['act_dim']}, but its task {task.gym_id} has {sizes[0]} and {sizes[1]}: the file is "
+                            f"damaged. Use an earlier copy or retrain.")
+        targets = list(getattr(args, "targets", None) or cfg["targets"] or task.targets)
+        check_targets(targets, cfg["reward_scale"])
+        episodes_total += args.episodes * len(targets)
+    cfg = ckpts[0]["config"]
+    arch = ckpts[0]["model_config"]
+    check_evaluation_memory(episodes_total, max(c["model_config"]["context"] for c in ckpts), arch["state_dim"],
+                            arch["act_dim"], getattr(args, "device", None) or "auto",
+                            f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
+                            "Lower --episodes, or evaluate fewer checkpoints per command.")

@@ -1,0 +1,55 @@
+"""The machine a command runs on: the device it names (``--device``) and the memory it has free."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from dt_primal.errors import UserError
+
+
+def check_device(device: str) -> None:
+    """A ``cuda:N`` that this machine has (``cuda`` without a GPU is refused when the device is resolved)."""
+    if device.startswith("cuda:") and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if int(device.split(":")[1]) >= count:
+            raise UserError(f"--device {device} names a GPU this machine does not have: PyTorch sees {count} "
+                            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}). Pick one of them, or cuda.")
+
+
+def memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def available_bytes(device: str) -> tuple[int, str]:
+    """Memory a run can still take on ``device`` (0 when unknown), and what it is called."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            return 0, "GPU memory"
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        return torch.cuda.mem_get_info(index)[0], "free GPU memory"
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kib << 10, "available memory"
+    except (OSError, StopIteration, ValueError, IndexError):
+        return memory_bytes(), "memory"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``/``cpu``/``cuda``/``cuda:N``; under torchrun, ``cuda`` is this process's GPU (LOCAL_RANK)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
+                        "(or install the CUDA build of torch==2.13.0 on a GPU machine).")
+    if name == "cuda" and "LOCAL_RANK" in os.environ:
+        name = f"cuda:{os.environ['LOCAL_RANK']}"
+    return torch.device(name)

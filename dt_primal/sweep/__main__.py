@@ -1,0 +1,9 @@
+"""``python -m dt_primal.sweep``: see ``dt_primal.sweep.command``."""
+from dt_primal.process import configure_process
+
+configure_process()  # a command: its process-wide settings, before torch loads
+
+from dt_primal.cli import run_main  # noqa: E402
+from dt_primal.sweep.command import main  # noqa: E402
+
+run_main(main)

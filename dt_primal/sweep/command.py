@@ -1,0 +1,93 @@
+"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. Per model, the
+datasets whose models share an architecture and their seeds train in one process as one ensemble
+(``train.py --dataset ... --seeds ...``, through ``dt_primal.run.train_command``; Table 4 is six
+ensembles, docs/ensembles.md), several groups at once: a local process pool (``--jobs``, e.g.
+sharing one GPU), or one Ray task per group on a Ray cluster (``--backend ray``); finished runs are
+skipped and interrupted ones resumed (several sweeps may share one folder: a group that one of them
+is training is locked). Then one aggregated table (Markdown, CSV), a bar chart and learning curves.
+Scores are those of the **last** checkpoint of each run, beside each seed's mean of its last three
+evaluations.
+
+Two DT baselines: this folder's ``dt`` runs share Primal.+DT's settings ("DT (matched settings)");
+the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sweep of its own with
+``--models dt -- --preset dt-paper``, whose folder ``--baseline`` adds to the tables.
+
+  python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
+      --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
+  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
+  python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
+  python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
+  python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from dt_primal.sweep.grid import BUSY, TABLE4, ensemble_groups, run_groups_locally
+from dt_primal.sweep.plots import plot_bars, plot_curves
+from dt_primal.sweep.ray_cluster import run_groups_on_ray
+from dt_primal.sweep.results import DT_PAPER, collect
+from dt_primal.sweep.tables import write_tables
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", required=True,
+                   help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4")
+    p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: a pool of --jobs child processes on this machine (default); ray: one Ray task per "
+                        "(dataset, model) group, on a Ray cluster (pip install -r requirements-ray.txt)")
+    p.add_argument("--jobs", type=int, default=1, help="local: ensembles (groups of datasets of one model) trained at once")
+    p.add_argument("--threads", type=int, default=None,
+                   help="local: CPU threads per run (default: the cores divided by --jobs)")
+    p.add_argument("--ray-address", default=None,
+                   help="ray: the cluster, 'auto' (the one this machine belongs to) or HOST:PORT; default: a local "
+                        "Ray instance on this machine")
+    p.add_argument("--gpus-per-task", type=float, default=None,
+                   help="ray: GPUs per group, a fraction shares one (0.25: four groups per GPU); default: 1 when the "
+                        "cluster has GPUs, else 0")
+    p.add_argument("--cpus-per-task", type=float, default=1, help="ray: CPUs per group, also its training threads")
+    p.add_argument("--out", type=Path, default=Path("runs/sweep"))
+    p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a sweep folder of the DT paper's baseline (--models dt -- --preset dt-paper ...): its runs join "
+                        "the tables as \"DT (DT paper's settings)\" beside this folder's \"DT (matched settings)\"")
+    p.add_argument("--report-dir", type=Path, default=None,
+                   help="where the tables and plots go (default --out)")
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.datasets = [d for spec in args.datasets for d in (TABLE4 if spec == "table4" else [spec])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    groups = ensemble_groups(args.datasets, args.models, extra)
+    if not args.aggregate_only:
+        t0, failed = time.time(), []
+        results = (run_groups_on_ray if args.backend == "ray" else run_groups_locally)(groups, args, extra)
+        for i, (gd, trained, rc) in enumerate(results, 1):
+            seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
+            failure = rc if isinstance(rc, str) else f"exit {rc}"  # a string: why Ray gave up on the group
+            status = {0: f"done ({seeds})" if trained else "done before",
+                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see train.log there)")
+            print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
+            if rc not in (0, BUSY):
+                failed.append(gd)
+        if failed:
+            print(f"{len(failed)} groups failed; fix and run the same command again (finished runs are skipped).")
+    rows = collect(args.out, args.datasets, args.models, args.seeds)
+    if args.baseline:  # the DT-paper runs of another sweep folder, beside this one's rows
+        extra = collect(args.baseline, args.datasets, ["dt"], args.seeds, label=DT_PAPER, name="dt (dt-paper)")
+        rows = [r for d in args.datasets for r in rows + extra if r["dataset"] == d]
+    if not rows:
+        sys.exit("no finished run to aggregate yet")
+    report = args.report_dir or args.out
+    report.mkdir(parents=True, exist_ok=True)
+    print(write_tables(rows, report))
+    plot_bars(rows, report)
+    plot_curves(args.out, rows, report)
+    print(f"wrote {report}/results.md, results.csv, results.png, curves.png")

@@ -1,0 +1,158 @@
+"""The grid of a sweep: its folders (OUT/DATASET/MODEL/seed_N), and each (dataset, model) group trained
+as one ensemble, resumed where it stopped and locked while it trains; the local backend runs
+``--jobs`` groups at once, each in a child process."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, TextIO
+
+from dt_primal.cli import run_main
+from dt_primal.process import configure_process
+from dt_primal.run import Loader, train_command
+from dt_primal.training.run_folder import dataset_slug
+
+ROOT = Path(__file__).resolve().parents[2]
+# the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
+TABLE4 = [f"dt-primal/{env}/{level}-v0" for env in ("halfcheetah", "hopper", "walker2d")
+          for level in ("medium", "medium-replay", "medium-expert")]
+
+
+def group_dir(out: Path, dataset: str, model: str) -> Path:
+    return out / dataset_slug(dataset) / model
+
+
+def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
+    return group_dir(out, dataset, model) / f"seed_{seed}"
+
+
+BUSY = None  # run_group's status for a group that another sweep is training (-N would be a signal's exit status)
+COMMAND = [sys.executable, "-m", "dt_primal.run"]  # train.py, as the library runs it
+# how a backend runs one train command: (its arguments, the group's train.log) -> exit status
+Trainer = Callable[[list[str], TextIO], int]
+
+
+def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str],
+              trainer: Trainer) -> tuple[str, list[int], int | None]:
+    """Train the runs of (``datasets``, model) that have not finished: datasets whose models share an
+    architecture (``ensemble_groups``), as ensembles: the runs that started resume together, the others
+    start together (datasets with the same seeds left in one ensemble). A group another sweep holds
+    (any of its folders) is left to it. Returns (the group's folders, the seeds trained, exit status or BUSY)."""
+    dirs = [group_dir(out, d, model) for d in datasets]
+    name = " + ".join(map(str, dirs))
+    with contextlib.ExitStack() as held:
+        for gd in dirs:
+            gd.mkdir(parents=True, exist_ok=True)
+            lock = held.enter_context(open(gd / ".lock", "w"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
+            except BlockingIOError:
+                return name, [], BUSY
+        todo = {d: [s for s in seeds if not (run_dir(out, d, model, s) / "eval.json").exists()] for d in datasets}
+        trained = sorted({s for left in todo.values() for s in left})
+        for resume in (True, False):
+            parts: dict[tuple[int, ...], list[str]] = {}  # seeds -> the datasets with those seeds to train
+            for d, left in todo.items():
+                part = tuple(s for s in left if (run_dir(out, d, model, s) / "last.pt").exists() == resume)
+                if part:
+                    parts.setdefault(part, []).append(d)
+            for part, ds in parts.items():
+                rc = train_ensemble(ds, model, list(part), out, extra, trainer, resume)
+                if rc:
+                    return name, trained, rc
+        return name, trained, 0
+
+
+def train_ensemble(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], trainer: Trainer,
+                   resume: bool) -> int:
+    """One ``train.py --dataset ... --seeds ...`` into the sweep's layout, logged in the first dataset's
+    train.log (the others' logs name the command and where its output went); its exit status."""
+    where = group_dir(out, datasets[0], model) if len(datasets) == 1 else out  # several: OUT/DATASET/MODEL/seed_N
+    argv = ["--dataset", *datasets, "--model", model, "--seeds", *map(str, seeds), "--out", str(where), *extra,
+            *(["--resume"] if resume else [])]
+    logs = [group_dir(out, d, model) / "train.log" for d in datasets]
+    for i, log_path in enumerate(logs):
+        cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
+        with open(log_path, "a") as log:
+            log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n")
+            if i:
+                log.write(f"(one ensemble with {datasets[0]}: its output is in {logs[0]})\n")
+    with open(logs[0], "a") as log:
+        return trainer(argv, log)
+
+
+def train_options(argv: list[str]) -> tuple[str, dict]:
+    """The preset and the Config fields that a train.py command line ``argv`` sets."""
+    from dt_primal.config import add_config_args, overrides
+    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    p.add_argument("--preset", default="paper")
+    add_config_args(p)
+    known, _ = p.parse_known_args(argv)
+    return known.preset, overrides(known)
+
+
+def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) -> list[tuple[list[str], str]]:
+    """The (datasets, model) groups that train as one ensemble each: per model, the datasets whose models
+    share an architecture (``dt_primal.training.members.architecture``; in Table 4 the three datasets of a task,
+    except halfcheetah's with Primal.+DT, whose KSVD rank differs per dataset). A dataset whose task
+    its name does not tell trains alone."""
+    from dt_primal.config import make_config
+    from dt_primal.evaluation.checks import env_sizes
+    from dt_primal.training.members import architecture
+    from envs import find_task
+    preset, given = train_options(extra)
+    groups: dict[tuple, list[str]] = {}
+    for m in models:
+        for d in datasets:
+            task = find_task(given.get("env") or d)
+            cfg = make_config(preset, **{**given, "dataset": d, "model": m})
+            key = (m, d) if task is None else (m, architecture(env_sizes(task), task, cfg.resolved(task)))
+            groups.setdefault(key, []).append(d)
+    return [(ds, key[0]) for key, ds in groups.items()]
+
+
+def python_path() -> str:
+    """``$PYTHONPATH`` with this checkout first: what the trainers' processes import (on every node of a cluster)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def in_subprocess(threads: int) -> Trainer:
+    """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads, in
+    the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
+    def trainer(argv: list[str], log: TextIO) -> int:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": python_path()}
+        return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    return trainer
+
+
+def in_process(load_dataset: Loader, threads: int) -> Trainer:
+    """A Ray worker's trainer: ``train_command`` in this process, its output into the log and its exit
+    status returned as the command line's would be (a bug's traceback goes to the log, status 1)."""
+    def trainer(argv: list[str], log: TextIO) -> int:
+        configure_process(threads=threads)
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            try:
+                run_main(lambda: train_command(argv, load_dataset))
+            except SystemExit as exc:
+                return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except Exception:
+                traceback.print_exc()
+                return 1
+        return 0
+    return trainer
+
+
+def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[str]):
+    """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads)) for d, m in groups]
+        for f in futures:
+            yield f.result()

@@ -1,0 +1,109 @@
+"""A sweep folder's finished runs read back as rows: per (dataset, model) the seeds that finished and
+their scores at the last checkpoint and over the last three evaluations, labelled by the settings
+they trained with."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dt_primal.evaluation.reports import mean_std, score
+from dt_primal.sweep.grid import group_dir, run_dir, train_options
+
+DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
+DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
+LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalFormer"}
+LABEL_NOTES = {
+    DT_MATCHED: "`--model dt` at the same settings as Primal.+DT (the controlled comparison)",
+    DT_PAPER: "`--model dt --preset dt-paper`: the original DT paper's d_model 128, 1 head, lr 1e-4, as the "
+              "paper's Table 4 compared (docs/method.md, Hyper-parameters)",
+}
+SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
+RECORDED = SETTINGS + ("precision",)  # what run_settings reports
+
+
+def run_settings(group: Path, seed: int) -> dict | None:
+    """The ``RECORDED`` settings a finished run trained with: from its eval.json, else its checkpoint, else
+    the last train command line the sweep logged in the group's train.log; None when none is there
+    (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
+    from dt_primal.config import PRESETS, make_config
+    cfg = json.loads((group / f"seed_{seed}" / "eval.json").read_text()).get("config", {})
+    if all(k in cfg for k in RECORDED):
+        return {k: cfg[k] for k in RECORDED}
+    ckpt = group / f"seed_{seed}" / "last.pt"
+    if ckpt.exists():
+        from dt_primal.checkpoint import read_checkpoint
+        cfg = read_checkpoint(ckpt)["config"]
+        return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
+    log = group / "train.log"
+    cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []
+    command = lambda a: a.endswith("train.py") or a == "dt_primal.run"  # earlier sweeps logged train.py by path
+    if not cmds or not any(map(command, cmds[-1])):
+        return None
+    preset, given = train_options(cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:])
+    if preset not in PRESETS:
+        return None
+    try:
+        cfg = make_config(preset, **given)
+    except Exception:
+        return None
+    return {k: getattr(cfg, k) for k in RECORDED}
+
+
+def label_of(model: str, settings: dict | None, default: str | None) -> str:
+    """The row's label: a DT's from the settings it trained with when they are known (the DT paper's
+    d_model, heads and lr, or else the matched baseline), otherwise ``default`` or the model's."""
+    if model == "dt" and settings is not None:
+        from dt_primal.config import PRESETS
+        paper = all(settings[k] == PRESETS["dt-paper"][k] for k in SETTINGS)
+        return DT_PAPER if paper else DT_MATCHED
+    return default or LABELS.get(model, model)
+
+
+def curve_points(rd: Path) -> list[dict]:
+    """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
+    one (eval.json), each as {"step", "scores": ``score`` per target}."""
+    final = json.loads((rd / "eval.json").read_text())
+    pts = [json.loads(line) for line in (rd / "evals.jsonl").read_text().splitlines() if line.strip()] \
+        if (rd / "evals.jsonl").exists() else []
+    pts = [p for p in pts if p["step"] < final.get("step", float("inf"))] + [final]
+    return [{"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]}
+            for p in pts]
+
+
+LAST_N = 3  # "mean of the last three evaluations" beside the last checkpoint
+
+
+def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int], label: str | None = None,
+            name: str | None = None) -> list[dict]:
+    """One row per (dataset, model) of the sweep folder ``out``: the seeds that finished and, per
+    target, their normalised score mean ± std (ddof 0) at the last checkpoint, with the seeds' final
+    scores, and the same for each seed's mean of its last three evaluations (the final one and the
+    two before it, which used fewer episodes). ``label`` names the rows whose settings cannot be
+    read (default: the model's, "DT (matched settings)" for dt); ``name``, their short name in the
+    table's model column and the plots' keys (default: the model)."""
+    rows = []
+    for d in datasets:
+        for m in models:
+            gd = group_dir(out, d, m)
+            paths = {s: run_dir(out, d, m, s) / "eval.json" for s in seeds}
+            finished = [s for s, path in paths.items() if path.exists()]
+            if not finished:
+                continue
+            evals = [json.loads(paths[s].read_text()) for s in finished]
+            curves = [curve_points(run_dir(out, d, m, s)) for s in finished]
+            targets = [r["target"] for r in evals[0]["targets"]]
+            per_target = []
+            for i, t in enumerate(targets):
+                entry = {"target": t, **mean_std([score(e["targets"][i]) for e in evals])}
+                if all(len(c) >= LAST_N for c in curves):
+                    entry["last3"] = {**mean_std([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves]),
+                                      "steps": [p["step"] for p in curves[0][-LAST_N:]]}
+                per_target.append(entry)
+            settings = run_settings(gd, finished[0])
+            rows.append({"dataset": d, "model": m, "name": name or m, "label": label_of(m, settings, label),
+                         "settings": settings, "dir": str(gd), "finished_seeds": finished, "step": evals[0]["step"],
+                         "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target,
+                         "unit": "return" if evals[0]["targets"][0]["normalized_mean"] is None else "normalised"})
+    return rows

@@ -1,0 +1,346 @@
+"""The run loop, ``train``: the seeds of one model, on one dataset or several, train as one ensemble
+(``step.py``) in a loop of named parts (``TrainingRun``): the set-up, the step, at their periods the logging
+to TensorBoard and the progress bar with its divergence check, the batched evaluation of every
+member at once and atomic checkpoints (``dt_primal.checkpoint``), then the final evaluation.
+SIGINT/SIGTERM stop it after a checkpoint, for an exact ``--resume``. Several processes or GPUs
+train data-parallel under ``torchrun``."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoints, rng_state,
+                                  save_checkpoints, set_rng_state)
+from dt_primal.config import PRECISIONS, Config
+from dt_primal.data import Trajectories, WindowSampler
+from dt_primal.errors import UserError
+from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.reports import headline
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.machine import resolve_device
+from dt_primal.model.members import all_finite, member_state
+from dt_primal.precision import resolve_precision
+from dt_primal.provenance import provenance
+from dt_primal.training.checks import (check_batch_split, check_distinct, check_folders, check_steps_left,
+                                       check_unchanged)
+from dt_primal.training.members import ensemble_members, fresh_model, model_config
+from dt_primal.training.run_folder import member_name
+from dt_primal.training.step import TrainStep
+
+
+def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool = False,
+          seeds: list[int] | None = None) -> list[dict] | None:
+    """Train every (dataset, seed) as one ensemble, each member exactly as it would train alone:
+    ``data`` one dataset (``cfg.dataset``) or several by name, ``seeds`` default ``cfg.seed`` alone.
+    Members write into ``member_folders`` (OUT, OUT/seed_N, or OUT/DATASET/MODEL/seed_N); returns
+    each member's final evaluation report (also written to its ``eval.json``). Under torchrun every
+    process draws the same batches and trains on its share; rank 0 alone writes files and
+    evaluates, and the other ranks return None."""
+    run = TrainingRun(cfg, data, resume, seeds)
+    with _StopSignal(run.device) as stop:
+        while run.step < run.cfg.steps:
+            run.update()
+            stopping = stop.requested()
+            step, cfg = run.step, run.cfg
+            evaluate = step % cfg.eval_every == 0 and step < cfg.steps
+            save = step % cfg.checkpoint_every == 0 or step == cfg.steps or stopping
+            if step % cfg.log_every == 0 or evaluate or save:  # so no checkpoint or evaluation of bad weights
+                run.check_and_log()
+            if evaluate and run.rank == 0:
+                run.evaluate_and_record()
+            if save and run.rank == 0:
+                run.checkpoint()
+            if stopping:
+                run.stop(stop.signum)
+    return run.finish()
+
+
+class TrainingRun:
+    """One training run: its members, their model and training step, the step reached, and where it
+    records them (TensorBoard, evals.jsonl, the progress bar). Its methods are the parts of
+    ``train``'s loop: set up (the constructor), ``update``, ``check_and_log``, ``evaluate_and_record``,
+    ``checkpoint``, ``stop`` and ``finish``."""
+
+    def __init__(self, cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool,
+                 seeds: list[int] | None):
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.seeds = seeds or [cfg.seed]
+        check_distinct(self.seeds)
+        self.members = ensemble_members(cfg, data if isinstance(data, dict) else {cfg.dataset: data}, seeds)
+        self.out, self.cfg = cfg.out, self.members[0].cfg
+        self.device = resolve_device(self.cfg.device)
+        check_batch_split(self.cfg.batch_size, self.world)
+        ckpts = self._checkpoints(check_folders([m.last for m in self.members], self.cfg, seeds, resume))
+        self.cfg = dataclasses.replace(self.cfg, precision=agreed_precision(self.cfg, self.device, self.rank))
+        for m in self.members:  # recorded resolved
+            m.cfg = dataclasses.replace(m.cfg, precision=self.cfg.precision)
+        self.step, self.saved_step = 0, None
+        self._build(ckpts)
+        members, cfg = self.members, self.cfg
+        self.policy = Policy(self.model, np.stack([m.state_mean for m in members]),
+                             np.stack([m.state_std for m in members]), cfg.reward_scale, cfg.context, cfg.precision)
+        self.names = [member_name(m.cfg.dataset, m.cfg.seed, len(self.parts) > 1) for m in self.members]
+        self._open_records()
+
+    @property
+    def where(self) -> Path:
+        """The members' checkpoints, as messages name them."""
+        if len(self.members) == 1:
+            return self.members[0].last
+        return Path(self.out) / ("seed_*" if len(self.members) == len(self.seeds) else "*/*/seed_*") / "last.pt"
+
+    def _checkpoints(self, resuming: bool) -> list[dict] | None:
+        """The members' checkpoints when the run continues from them (checked against the data and the
+        options given), and each member's state normalisation: its checkpoint's, or its dataset's."""
+        ckpts = load_members([m.last for m in self.members]) if resuming else None
+        if ckpts is not None:
+            lasts = [m.last for m in self.members]
+            check_steps_left(ckpts[0]["step"], self.cfg.steps, lasts[0] if len(lasts) == 1 else Path(self.out))
+        for i, m in enumerate(self.members):
+            if ckpts is not None:
+                check_same_dataset(ckpts[i], m.data, m.last)
+                check_unchanged(Config(**ckpts[i]["config"]), m.cfg, m.last)
+                m.state_mean, m.state_std = ckpts[i]["state_mean"], ckpts[i]["state_std"]
+            else:
+                m.state_mean, m.state_std = m.data.state_stats()
+        return ckpts
+
+    def _build(self, ckpts: list[dict] | None) -> None:
+        """The model, the members' generators, the sampler and the training step, continued from
+        ``ckpts`` when given. Each member as its seed alone: initialised and drawing batches from its
+        seed; dropout draws from the process's generator. Under torchrun every rank seeds alike and
+        draws the same batches and masks, so a checkpoint holds the state of all of them and
+        --resume is exact with any number of processes."""
+        cfg, members, device = self.cfg, self.members, self.device
+        self.model = (model_from_checkpoints(ckpts, device) if ckpts else
+                      fresh_model(model_config(members[0]), [m.cfg.seed for m in members], device))
+        self.gens = [torch.Generator(device=device).manual_seed(m.cfg.seed) for m in members]
+        self.parts = list({m.index: m for m in members}.values())  # one member of each dataset
+        sampler = WindowSampler([m.data for m in self.parts], cfg.context, cfg.reward_scale,
+                                [m.state_mean for m in self.parts], [m.state_std for m in self.parts], device)
+        self.train_step = TrainStep(cfg, self.model, sampler, self.gens, device, self.rank, self.world,
+                                    capture=cfg.cuda_graph, datasets=[m.index for m in members])
+        if ckpts is None:
+            return
+        try:
+            self.train_step.load_state(ckpts[0]["step"], [c["optimizer"] for c in ckpts])
+            for ckpt, gen in zip(ckpts, self.gens):
+                set_rng_state(ckpt["rng"], gen)
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise UserError(f"The training state in {members[0].last} is damaged ({type(exc).__name__}: {exc}); "
+                            f"evaluate it with evaluate.py, or start a new run with another --out.") from exc
+        self.step = self.saved_step = ckpts[0]["step"]
+        print(f"resumed from {members[0].last if len(members) == 1 else self.out} at step {self.step}")
+
+    def _open_records(self) -> None:
+        """TensorBoard writers and evals.jsonl of every member (rank 0; an evaluation newer than the
+        checkpoint the run continues from is dropped), and the progress bar."""
+        self.writers, self.curves = [], [m.folder / "evals.jsonl" for m in self.members]
+        if self.rank == 0:
+            for m, path in zip(self.members, self.curves):
+                m.folder.mkdir(parents=True, exist_ok=True)
+                curve = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+                path.write_text("".join(json.dumps(c) + "\n" for c in curve if c["step"] <= self.step))
+                self.writers.append(SummaryWriter(str(m.folder)))
+        cfg = self.cfg
+        if cfg.compile and self.rank == 0 and self.step < cfg.steps:
+            print("--compile: the first steps compile the members' loss (about 20-30 s on an H100, a minute or more "
+                  "on a CPU) before the progress bar moves")
+        self.t_log, self.n_log = time.perf_counter(), 0
+        names = self.names
+        who = names[0] if len(names) == 1 else ", ".join(dict.fromkeys(n.rsplit(" seed ", 1)[0] for n in names)) + \
+            f" seeds {' '.join(map(str, self.seeds))}"
+        self.bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.model} {who}", unit="step", mininterval=5,
+                        disable=self.rank != 0)
+
+    def update(self) -> None:
+        """One training step of every member."""
+        self.train_step()
+        self.step += 1; self.n_log += 1
+        self.bar.update(1)
+
+    def check_and_log(self) -> None:
+        """The mean losses since the last log (over all processes): refused when a member's loss or
+        weights are no longer finite, else written to TensorBoard and the progress bar."""
+        sums = self.train_step.sums
+        if self.world > 1:
+            dist.all_reduce(sums)
+            sums /= self.world
+        sums_v = (sums / self.n_log).cpu().numpy()
+        finite = np.isfinite(sums_v).all(1) & all_finite(self.model).cpu().numpy()
+        if not finite.all():
+            kept = "no checkpoint was written" if self.saved_step is None else \
+                f"{self.where} keeps the weights of step {self.saved_step}"
+            bad = ", ".join(n for n, ok in zip(self.names, finite) if not ok)
+            self.close()
+            raise UserError(f"The loss became {sums_v[~finite][0, 0]} (or the weights non-finite) by step {self.step}"
+                            f"{'' if len(self.names) == 1 else f' for {bad}'}; training stopped and {kept}. "
+                            f"Start again with a lower --lr or --grad-clip, or --precision fp32, or check the "
+                            f"dataset for extreme values.")
+        if self.rank == 0:
+            self.log(sums_v, time.perf_counter() - self.t_log)
+        sums.zero_(); self.t_log, self.n_log = time.perf_counter(), 0
+
+    def log(self, sums: np.ndarray, seconds: float) -> None:
+        """Each member's losses, learning rate, speed and KSVD statistics (its Λ) to TensorBoard."""
+        lam = [b.attn.Lambda.detach() for b in self.model.blocks if hasattr(b.attn, "Lambda")]
+        lr, step = float(self.train_step.lr), self.step
+        for m, writer in enumerate(self.writers):
+            loss_v, action_v, j2_v = sums[m]
+            writer.add_scalar("loss/total", loss_v, step)
+            writer.add_scalar("loss/action_mse", action_v, step)
+            writer.add_scalar("perf/steps_per_s", self.n_log / seconds, step)
+            writer.add_scalar("lr", lr, step)
+            if lam:
+                writer.add_scalar("ksvd/J_squared", j2_v, step)
+                for k, values in enumerate(v[m] for v in lam):
+                    writer.add_scalar(f"ksvd/lambda_mean/{k}", values.mean().item(), step)
+                    writer.add_scalar(f"ksvd/lambda_abs_max/{k}", values.abs().max().item(), step)
+        self.bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{self.n_log / seconds:.1f}")
+
+    def evaluate(self, episodes: int) -> list[list[dict]]:
+        """``episodes`` episodes per target of every member at once: per member, a report per target."""
+        members = self.members
+        return rollout(self.policy, [m.task for m in members], [m.targets for m in members], episodes,
+                       seeds=[m.cfg.seed + 100_000 for m in members])
+
+    def evaluate_and_record(self) -> None:
+        """The periodic evaluation: its scores to TensorBoard, evals.jsonl and the progress bar."""
+        per_member, step = self.evaluate(self.cfg.eval_episodes_during), self.step
+        for writer, path, reports in zip(self.writers, self.curves, per_member):
+            for r in reports:
+                if r["normalized_mean"] is not None:
+                    writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
+                writer.add_scalar(f"eval/return_{r['target']:g}", r["return_mean"], step)
+            kept = [{k: v for k, v in r.items() if k not in ("returns", "lengths")} for r in reports]
+            with path.open("a") as f:
+                f.write(json.dumps({"step": step, "reports": kept}) + "\n")
+        self.bar.write(f"step {step}: " + "; ".join(
+            f"{name}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
+            for name, reports in zip(self.names, per_member)))
+
+    def checkpoint(self) -> None:
+        """Every member's last.pt, written atomically."""
+        save_checkpoints([m.last for m in self.members], [{
+            "model": member_state(self.model, i), "optimizer": self.train_step.member_optimizer_state(i),
+            "step": self.step, "rng": rng_state(self.gens[i]), "config": dataclasses.asdict(m.cfg),
+            "task": dataclasses.asdict(m.task), "state_mean": m.state_mean, "state_std": m.state_std,
+            "dataset": m.data.source, "model_config": dataclasses.asdict(model_config(m))}
+            for i, m in enumerate(self.members)])
+        self.saved_step = self.step
+
+    def stop(self, signum: int) -> None:
+        """After a SIGINT or SIGTERM: every process stops once rank 0 has written the checkpoint."""
+        self.close()
+        if self.world > 1:
+            dist.barrier()  # until rank 0 has written the checkpoint
+        raise Interrupted(signum, self.step, self.where)
+
+    def close(self) -> None:
+        self.bar.close()
+        for writer in self.writers:
+            writer.close()
+
+    def finish(self) -> list[dict] | None:
+        """The final evaluation of every member, written to its eval.json (rank 0; the others return None)."""
+        self.bar.close()
+        if self.rank != 0:
+            return None
+        if not self.members[0].last.exists():  # zero steps asked for: still leave a checkpoint to evaluate
+            self.checkpoint()
+        t0 = time.perf_counter()
+        per_member = self.evaluate(self.cfg.eval_episodes)
+        seconds = time.perf_counter() - t0
+        results, made = [], provenance(self.device)
+        for writer, m, reports in zip(self.writers, self.members, per_member):
+            for r in reports:
+                if r["normalized_mean"] is not None:
+                    writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], self.step)
+            writer.close()
+            # the checkpoint relative to --out: the record names no machine path
+            result = {"checkpoint": os.path.relpath(m.last, self.out), "step": self.step, "task": m.task.gym_id,
+                      "dataset": m.data.source, "model": self.cfg.model, "seed": m.cfg.seed, "ensemble": self.seeds,
+                      "eval_seconds": seconds, "targets": reports, "provenance": made,
+                      "config": dataclasses.asdict(m.cfg)}  # the record says how it was made
+            (m.folder / "eval.json").write_text(json.dumps(result, indent=1))
+            results.append(result)
+        return results
+
+
+@contextlib.contextmanager
+def distributed(device: str):
+    """Join the process group when started by torchrun with several processes (NCCL on CUDA, gloo
+    on CPU). Yields ``(rank, world_size)``, ``(0, 1)`` when not distributed."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        yield 0, 1
+        return
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+
+
+def agreed_precision(cfg: Config, device: torch.device, rank: int) -> str:
+    """``cfg.precision`` resolved for ``device`` (``dt_primal.precision``: auto measures on a CPU),
+    printed once; under torchrun every process takes rank 0's."""
+    precision, why = resolve_precision(cfg.precision, device, cfg.d_model)
+    if dist.is_initialized():
+        agreed = torch.tensor([PRECISIONS.index(precision)], device=device)
+        dist.broadcast(agreed, 0)
+        precision = PRECISIONS[int(agreed)]
+    if rank == 0:
+        print(f"precision: {precision} ({why})")
+    return precision
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM set a flag; the loop checkpoints at the end of the step and stops.
+
+    The handler writes only ``received``; ``signum`` is what all processes agreed on. A signal that lands while the
+    all-reduce is in flight is then kept for the next step instead of being overwritten by the reduced value.
+    """
+
+    def __init__(self, device: torch.device):
+        self.received, self.signum, self.device = 0, 0, device
+
+    def __enter__(self):
+        self.old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+    def requested(self) -> bool:
+        """Whether this process, or under torchrun any process, got a signal: all stop at the same step."""
+        self.signum = self.received
+        if dist.is_initialized():
+            flag = torch.tensor([self.signum], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.signum = int(flag)
+        return self.signum != 0
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int, step: int, path: Path):
+        super().__init__(f"stopped by signal {signal.Signals(signum).name} at step {step}; checkpoint {path}; "
+                         f"continue with --resume")
+        self.signum = signum
