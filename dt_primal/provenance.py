@@ -39,7 +39,8 @@ def device_name(device: torch.device | str) -> str:
                 break
     except OSError:
         pass
-    return f"{name} ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"{name} ({threads} thread{'s' if threads > 1 else ''})"
 
 
 def provenance(device: torch.device | str) -> dict:
