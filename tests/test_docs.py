@@ -34,12 +34,10 @@ def test_results_page_is_what_the_records_give():
 
 def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
     """A Table 4 folder with one dataset's records names the other rows missing and averages only what it has."""
-    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-v0"
-    if not src.exists():
-        pytest.skip("no Table 4 records of hopper medium")
+    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-replay-v0"
     for model in ("dt", "primal"):
         for seed in range(3):
-            run = tmp_path / "dt-primal_hopper_medium-v0" / model / f"seed_{seed}"
+            run = tmp_path / "dt-primal_hopper_medium-replay-v0" / model / f"seed_{seed}"
             run.mkdir(parents=True)
             for name in ("eval.json", "evals.jsonl"):
                 (run / name).write_text((src / model / f"seed_{seed}" / name).read_text())
@@ -52,16 +50,14 @@ def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
 
 def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
     """Records moved under results/legacy/table4-* show as a marked legacy section below the current table."""
-    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-v0"
-    if not src.exists():
-        pytest.skip("no Table 4 records of hopper medium")
-    shutil.copytree(src, tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-v0",
+    src = tables.ROOT / tables.CURRENT / "dt-primal_hopper_medium-replay-v0"
+    shutil.copytree(src, tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-replay-v0",
                     ignore=shutil.ignore_patterns("events.out.tfevents.*"))
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     md = tables.table4_sections()
     current, legacy = md.split("### Legacy: `results/legacy/table4-old`")
     assert current.startswith("No records in `results/table4-cpu` yet: all 18 rows are missing.")
-    assert "| hopper/medium (3600 / 1800) | Primal.+DT | 3 |" in legacy
+    assert "| hopper/medium-replay (3600 / 1800) | Primal.+DT | 3 |" in legacy
 
 
 def test_every_record_says_how_it_was_made():
