@@ -48,10 +48,12 @@ Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``tr
     formula) then constant, gradient-norm clip 0.25, dropout 0.1 (embedding, attention, residual),
     the MLP activation (``--activation``, dt-primal's option: ReLU by default, as d3rlpy's), the
     initialisation (the blocks and the timestep table N(0, 0.02); the state, return and action
-    embeddings and the action head PyTorch's default, dt-primal's ``--embed-init torch``), tanh action
-    head, return-to-go scale 1/1000, 100 final episodes per target, the same environment seeds.
-  ``report`` names the MLP activation where the two sides' records differ in it (dt-primal's records
-  written before the option trained with GELU).
+    embeddings and the action head PyTorch's default: dt-primal's ``--embed-init torch
+    --timestep-init gpt2``; its default timestep table, N(0, 1) as both papers' code, is not d3rlpy's),
+    tanh action head, return-to-go scale 1/1000, 100 final episodes per target, the same environment seeds.
+  ``report`` names the MLP activation and the timestep table's initialisation where the two sides'
+  records differ in them (dt-primal's records written before these options trained with GELU and a
+  N(0, 0.02) table).
 """
 from __future__ import annotations
 
@@ -171,9 +173,10 @@ def settings_from_args(args: argparse.Namespace):
     return make_config(args.preset, **given)
 
 
-def differences(precision: str, activations: tuple[str, str] = ("relu", "relu")) -> list[str]:
+def differences(precision: str, activations: tuple[str, str] = ("relu", "relu"), timestep_init: str = "gpt2") -> list[str]:
     """Where d3rlpy's DT departs from dt-primal's trained in ``precision`` (the module docstring says
-    why); ``activations``: the MLP activation of d3rlpy's runs and of dt-primal's."""
+    why); ``activations``: the MLP activation of d3rlpy's runs and of dt-primal's; ``timestep_init``:
+    dt-primal's timestep table (d3rlpy's is always N(0, 0.02), dt-primal's ``gpt2``)."""
     notes = ["position encoding: d3rlpy's learned table over timesteps 1..1000 (dt-primal: 0..999)",
              "loss: d3rlpy sums the squared error over action dimensions and averages over all window steps, "
              "padding included (dt-primal: mean over valid steps and dimensions)",
@@ -184,6 +187,9 @@ def differences(precision: str, activations: tuple[str, str] = ("relu", "relu"))
         notes.append(f"precision: d3rlpy trains and is evaluated in fp32 (dt-primal: {precision})")
     if activations[0] != activations[1]:
         notes.append(f"MLP activation: d3rlpy {activations[0]}, dt-primal {activations[1]}")
+    if timestep_init != "gpt2":
+        notes.append("timestep table's initialisation: d3rlpy N(0, 0.02), dt-primal N(0, 1) (`--timestep-init "
+                     f"{timestep_init}`; `--timestep-init gpt2` is d3rlpy's)")
     return notes
 
 
@@ -313,15 +319,17 @@ def cmd_train(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------ the comparison
 
 
-def recorded_activation(rows: list[dict]) -> str:
-    """The MLP activation of dt-primal's runs in ``rows``, from their eval.json's config; GELU where none
-    is recorded (every run before the option trained with GELU)."""
+def recorded_model(rows: list[dict]) -> dict:
+    """The MLP activation and timestep table of dt-primal's runs in ``rows``, from their eval.json's config;
+    where none is recorded, those every run before the options had: GELU and a N(0, 0.02) table."""
+    from dt_primal.checkpoint import LATER_FIELDS
+    before = {"activation": "gelu", **LATER_FIELDS}
     for r in rows:
         for seed in r["finished_seeds"]:
             cfg = json.loads((Path(r["dir"]) / f"seed_{seed}" / "eval.json").read_text()).get("config")
             if cfg:
-                return cfg.get("activation", "gelu")
-    return "gelu"
+                return {k: cfg.get(k, v) for k, v in before.items()}
+    return before
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -338,13 +346,14 @@ def cmd_report(args: argparse.Namespace) -> None:
     table = write_tables(rows, out, name="crosscheck")
     gaps = gap_rows(rows, DT_PAPER, D3RLPY_LABEL)
     evals = [json.loads(p.read_text()) for p in sorted(args.d3rlpy.glob(f"*/{MODEL}/seed_*/eval.json"))]
-    activations = (evals[0].get("activation", "gelu") if evals else "gelu", recorded_activation(ours))
+    model = recorded_model(ours)
+    activations = (evals[0].get("activation", "gelu") if evals else "gelu", model["activation"])
     known = [r["settings"]["precision"] for r in ours if r["settings"]]
     precision = known[0] if known else "unknown (no checkpoint or train.log of dt-primal's runs)"
     md = (table + f"\n- **{D3RLPY_LABEL}**: d3rlpy {evals[0].get('d3rlpy', '') if evals else ''}'s "
           f"`DecisionTransformer` at the same settings, evaluated by dt-primal's evaluation "
           f"(`bench/d3rlpy_crosscheck.py`). Where it differs:\n"
-          + "".join(f"  - {n}\n" for n in differences(precision, activations))
+          + "".join(f"  - {n}\n" for n in differences(precision, activations, model["timestep_init"]))
           + "\ndt-primal DT − d3rlpy DT:\n\n" + gap_table(gaps, "dt-primal DT", "d3rlpy DT"))
     (out / "crosscheck.md").write_text(md)
     (out / "crosscheck.json").write_text(json.dumps({"rows": rows, "gaps": gaps}, indent=1))

@@ -10,14 +10,15 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
-from dt_primal.model.transformer import ACTIVATIONS, EMBED_INITS, MODELS, ModelConfig
+from dt_primal.model.transformer import ACTIVATIONS, EMBED_INITS, MODELS, TIMESTEP_INITS, ModelConfig
 
 if TYPE_CHECKING:
     from envs import Task
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")  # dt_primal.precision
 # the fields that take one of a few names
-CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "activation": ACTIVATIONS, "precision": PRECISIONS}
+CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "timestep_init": TIMESTEP_INITS, "activation": ACTIVATIONS,
+           "precision": PRECISIONS}
 
 # KSVD rank s of the paper's run script, per D4RL dataset (docs/method.md, "Hyper-parameters"; hopper-medium: 64).
 PAPER_S = {
@@ -48,6 +49,7 @@ class Config:
     s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
     eta: float = 0.05  # KSVD loss weight (eq. 10)
     embed_init: str = "torch"  # return/state/action embeddings and action head: torch | gpt2 (model/transformer.py)
+    timestep_init: str = "torch"  # the timestep table: torch, N(0, 1) (both papers' code) | gpt2, N(0, 0.02)
     # optimisation
     steps: int = 100_000
     batch_size: int = 64
@@ -175,6 +177,8 @@ HELP = {
     "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
                   "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
                   "docs/results.md, \"Initialisation\")",
+    "timestep_init": "initialisation of the timestep embedding table: torch (default: N(0, 1), PyTorch's, as both "
+                     "papers' code) or gpt2 (N(0, 0.02), as d3rlpy and dt-primal before 2026-11-25)",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
            "hopper, walker2d",
     "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dt_primal.checkpoint import LATER_FIELDS
 from dt_primal.cli import run_main
 from dt_primal.config import Config
 from dt_primal.evaluation.reports import pm, table
@@ -50,7 +51,12 @@ DT_OWN = {"halfcheetah/medium-expert": 86.8, "hopper/medium-expert": 107.6, "wal
           "halfcheetah/medium-replay": 36.6, "hopper/medium-replay": 82.7, "walker2d/medium-replay": 66.6}
 ORDER = [f"{env}/{level}" for level in ("medium-expert", "medium", "medium-replay")
          for env in ("halfcheetah", "hopper", "walker2d")]  # the paper's row order
-MODEL_FIELDS = ("activation", "embed_init")  # model choices whose defaults changed since the first records
+MODEL_FIELDS = ("activation", "embed_init", "timestep_init")  # model choices whose defaults changed since the first records
+
+
+def setting(config: dict, name: str):
+    """A record's config value ``name``; for a field added later, the value every record without it had."""
+    return config.get(name, LATER_FIELDS.get(name))
 
 
 def records(group: Path, seeds) -> list[dict]:
@@ -62,14 +68,15 @@ def made_with(rows: list[dict]) -> str:
     recs = [r for row in rows for r in records(Path(row["dir"]), row["finished_seeds"])]
     def values(get):
         return ", ".join(sorted({str(get(r)) for r in recs}))
-    cfg = lambda k: values(lambda r: r["config"][k])
+    cfg = lambda k: values(lambda r: setting(r["config"], k))
     prov = [r["provenance"] for r in recs]
     commits = sorted({p["commit"][:7] for p in prov})
     rebuilt = sum(bool(p.get("reconstructed")) for p in prov)
     configs = sum(p.get("reconstructed", {}).get("config", "").startswith("config reconstructed") for p in prov)
     text = (f"{len(recs)} runs · d_model {cfg('d_model')}, {cfg('n_layer')} layers, {cfg('n_head')} heads · "
             f"{cfg('steps')} steps (warm-up {cfg('warmup_steps')}), lr {cfg('lr')} · precision {cfg('precision')} · "
-            f"MLP activation {cfg('activation')} · `--embed-init` {cfg('embed_init')} · final evaluation "
+            f"MLP activation {cfg('activation')} · `--embed-init` {cfg('embed_init')} · `--timestep-init` "
+            f"{cfg('timestep_init')} · final evaluation "
             f"{cfg('eval_episodes')} episodes per target · device: {values(lambda r: r['provenance']['device'])} · "
             f"torch {values(lambda r: r['provenance']['versions']['torch'])} · commit{'s' * (len(commits) > 1)} "
             f"{', '.join(commits)} · {values(lambda r: r['provenance']['date'][:10])}")
@@ -78,7 +85,7 @@ def made_with(rows: list[dict]) -> str:
                  f"afterwards from the commands that made them and the git history: each record's "
                  f"`provenance.reconstructed` says from what, and whether its commit is exact")
     old = [f"{k} {cfg(k)} (now {getattr(Config(), k)})" for k in MODEL_FIELDS
-           if {r["config"][k] for r in recs} != {getattr(Config(), k)}]
+           if {setting(r["config"], k) for r in recs} != {getattr(Config(), k)}]
     if old:
         text += f". **Not the current model**: {', '.join(old)}"
     return text + "."
@@ -189,7 +196,8 @@ def reference() -> Path:
     the legacy one that does."""
     probe = "dt-primal_halfcheetah_medium-replay-v0/primal/seed_0/eval.json"
     abl = json.loads((ROOT / "results/ablation/eta0" / probe).read_text())["config"]
-    same = lambda c: all(c.get(k) == abl.get(k) for k in ("d_model", "steps", "activation", "embed_init", "precision"))
+    keys = ("d_model", "steps", "activation", "embed_init", "timestep_init", "precision")
+    same = lambda c: all(setting(c, k) == setting(abl, k) for k in keys)
     for folder in [ROOT / CURRENT, *sorted((ROOT / LEGACY).glob("table4-*"))]:
         if (folder / probe).exists() and same(json.loads((folder / probe).read_text())["config"]):
             return folder

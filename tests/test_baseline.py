@@ -280,22 +280,68 @@ def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
     se = np.sqrt(np.var([10, 11, 12], ddof=1) / 3 + np.var([30, 32, 34], ddof=1) / 3)
     assert f"| hopper/medium-replay | 3600 | -21.0 (SE {se:.1f}, {-21 / se:+.1f} SE) |" in md
     assert json.loads((theirs / "crosscheck.json").read_text())["gaps"][0]["last"]["n_b"] == 3
-    assert "MLP activation" not in md  # neither side records one: both trained with GELU
+    assert "MLP activation" not in md and "timestep table" not in md  # neither side records them: GELU, N(0, 0.02)
 
 
-def test_crosscheck_report_names_the_mlp_activation_where_the_records_differ(tmp_path):
+def test_crosscheck_report_names_the_mlp_activation_and_timestep_table_where_the_records_differ(tmp_path):
     from bench.d3rlpy_crosscheck import MODEL, main
     d = "dt-primal/hopper/medium-replay-v0"
     ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"
     for s in range(3):
         fake_run(ours, d, "dt", s, (10, 12), [(1, 1)])
         fake_run(theirs, d, MODEL, s, (30, 25), [(1, 1)])
-        for out, record in ((ours, {"config": {"activation": "relu"}}), (theirs, {"activation": "gelu"})):
+        for out, record in ((ours, {"config": {"activation": "relu", "timestep_init": "torch"}}),
+                            (theirs, {"activation": "gelu"})):
             path = run_dir(out, d, "dt" if out == ours else MODEL, s) / "eval.json"
             path.write_text(json.dumps({**json.loads(path.read_text()), **record}))
     main(["report", "--d3rlpy", str(theirs), "--dt-primal", str(ours), "--datasets", d, "--out", str(tmp_path / "cc")])
-    assert "MLP activation: d3rlpy gelu, dt-primal relu" in (tmp_path / "cc" / "crosscheck.md").read_text()
+    md = (tmp_path / "cc" / "crosscheck.md").read_text()
+    assert "MLP activation: d3rlpy gelu, dt-primal relu" in md
+    assert "timestep table's initialisation: d3rlpy N(0, 0.02), dt-primal N(0, 1)" in md
     assert not (theirs / "crosscheck.md").exists()
+
+
+def test_timestep_table_starts_at_n01_as_both_papers_code_and_older_checkpoints_keep_their_gpt2_table(tmp_path):
+    """--timestep-init torch (default): nn.Embedding's N(0, 1), as both papers' code; gpt2: N(0, 0.02), as d3rlpy
+    and dt-primal before the field. A checkpoint written before it (format 2 without the field) reads, and
+    resumes, as gpt2; every other layer starts alike either way."""
+    from dt_primal.checkpoint import load_checkpoint
+    from dt_primal.errors import UserError
+    from dt_primal.model.transformer import DecisionTransformer
+    assert Config().timestep_init == make_config("dt-paper").timestep_init == "torch"
+    nets = {}
+    for init in ("torch", "gpt2"):
+        torch.manual_seed(0)
+        nets[init] = DecisionTransformer(Config(timestep_init=init, d_model=64, n_head=2).model_config(11, 3))
+    assert abs(float(nets["torch"].embed_timestep.weight.detach().std()) - 1) < 0.01
+    assert abs(float(nets["gpt2"].embed_timestep.weight.detach().std()) - 0.02) < 0.001
+    for name in ("embed_state", "blocks.0.mlp.0", "predict_action"):
+        torch.testing.assert_close(nets["torch"].get_submodule(name).weight, nets["gpt2"].get_submodule(name).weight)
+    with pytest.raises(UserError, match="--timestep-init"):
+        Config(timestep_init="zeros").validate()
+    run = tiny_run(tmp_path)
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert ckpt["config"]["timestep_init"] == ckpt["model_config"]["timestep_init"] == "torch"
+    for part in ("config", "model_config"):
+        del ckpt[part]["timestep_init"]
+    torch.save(ckpt, tmp_path / "before.pt")
+    old = load_checkpoint(tmp_path / "before.pt", resume=True)
+    assert old["config"]["timestep_init"] == old["model_config"]["timestep_init"] == "gpt2"
+
+
+def tiny_run(tmp_path, **overrides):
+    """A 2-step run on a tiny hopper dataset, written to tmp_path/run; its folder."""
+    from conftest import make_episodes
+    from datasets.synthetic import write_d4rl
+    from datasets.loaders import load_dataset
+    from dt_primal.training.loop import train
+    write_d4rl(tmp_path / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
+    data = load_dataset(str(tmp_path / "hopper_tiny.hdf5"), env="hopper")
+    cfg = Config(dataset=str(tmp_path / "hopper_tiny.hdf5"), env="hopper", d_model=32, n_head=2, n_layer=1, s=8,
+                 steps=2, warmup_steps=1, eval_every=2, eval_episodes=1, eval_episodes_during=1, device="cpu",
+                 out=str(tmp_path / "run"), **overrides)
+    train(cfg, data)
+    return tmp_path / "run"
 
 
 def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_keep_gelu(tmp_path):
@@ -310,17 +356,7 @@ def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_k
     assert isinstance(relu.blocks[0].mlp[1], torch.nn.ReLU) and isinstance(gelu.blocks[0].mlp[1], torch.nn.GELU)
     with pytest.raises(UserError, match="--activation"):
         Config(activation="tanh").validate()
-    from conftest import make_episodes
-    from datasets.synthetic import write_d4rl
-    from datasets.loaders import load_dataset
-    from dt_primal.training.loop import train
-    write_d4rl(tmp_path / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
-    data = load_dataset(str(tmp_path / "hopper_tiny.hdf5"), env="hopper")
-    cfg = Config(dataset=str(tmp_path / "hopper_tiny.hdf5"), env="hopper", d_model=32, n_head=2, n_layer=1, s=8,
-                 steps=2, warmup_steps=1, eval_every=2, eval_episodes=1, eval_episodes_during=1, device="cpu",
-                 out=str(tmp_path / "run"), activation="gelu")
-    train(cfg, data)
-    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    ckpt = torch.load(tiny_run(tmp_path, activation="gelu") / "last.pt", weights_only=True)
     assert ckpt["config"]["activation"] == ckpt["model_config"]["activation"] == "gelu"
     old = {k: v for k, v in ckpt.items() if k not in ("format", "model_config")}  # format 1, before the field existed
     del old["config"]["activation"]

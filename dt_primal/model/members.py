@@ -67,6 +67,11 @@ class MemberEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(members, n, d))
 
+    def reset_parameters(self) -> None:
+        """As ``nn.Embedding``'s, N(0, 1), member by member."""
+        for w in self.weight:
+            init_(w, nn.init.normal_)
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         M, n, d = self.weight.shape
         first_row = torch.arange(0, M * n, n, device=idx.device).view((M,) + (1,) * (idx.dim() - 1))

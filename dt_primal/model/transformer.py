@@ -22,6 +22,7 @@ from dt_primal.model.members import MemberEmbedding, MemberLayerNorm, MemberLine
 
 MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
 EMBED_INITS = ("torch", "gpt2")
+TIMESTEP_INITS = ("torch", "gpt2")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
@@ -42,11 +43,13 @@ class ModelConfig:
     s: int  # KSVD rank
     eta: float
     embed_init: str  # the return/state/action embeddings and the action head: torch | gpt2
+    timestep_init: str  # the timestep table: torch (N(0, 1)) | gpt2 (N(0, 0.02))
 
     def __post_init__(self):
         sizes = (self.state_dim, self.act_dim, self.n_layer, self.d_model, self.n_head, self.context, self.max_ep_len, self.s)
         if not all(isinstance(v, int) and v > 0 for v in sizes) or self.d_model % self.n_head \
-                or self.model not in MODELS or self.activation not in ACTIVATIONS or self.embed_init not in EMBED_INITS:
+                or self.model not in MODELS or self.activation not in ACTIVATIONS or self.embed_init not in EMBED_INITS \
+                or self.timestep_init not in TIMESTEP_INITS:
             raise ValueError(f"not a valid architecture: {self}")
 
     @classmethod
@@ -108,6 +111,10 @@ class DecisionTransformer(nn.Module):
         if cfg.embed_init == "torch":
             for layer in (self.embed_return, self.embed_state, self.embed_action, self.predict_action):
                 layer.reset_parameters()
+        # --timestep-init torch (default): the timestep table keeps nn.Embedding's N(0, 1), as in both papers' code
+        # (built outside their GPT-2 module); gpt2: N(0, 0.02), as d3rlpy and dt-primal before 2026-11-25
+        if cfg.timestep_init == "torch":
+            self.embed_timestep.reset_parameters()
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
