@@ -151,6 +151,7 @@ def test_several_datasets_on_the_command_line_train_resume_and_report_per_datase
               "--eval-every", "1000", "--eval-episodes", "1", "--out", str(out)]
     res = subprocess.run([*common, "--steps", "3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
+    assert f"primal {data.source}, {other.source} seeds 0 1:" in res.stderr  # the progress bar names the ensemble
     res = subprocess.run([*common, "--steps", "5", "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and f"resumed from {out} at step 3" in res.stdout, res.stderr
@@ -175,7 +176,7 @@ def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path
         assert result["checkpoint"] == f"seed_{s}/last.pt"  # relative to --out, where report.md lists it
         assert [json.loads(l)["step"] for l in (out / f"seed_{s}" / "evals.jsonl").read_text().splitlines()] == [3]
         assert f"seed {s} target 3600" in res.stdout
-    assert (out / "report.md").exists()
+    assert (out / "report.md").exists() and "primal seeds 3 5:" in res.stderr  # the progress bar's name
     res = subprocess.run([sys.executable, "evaluate.py", *(str(out / f"seed_{s}" / "last.pt") for s in (3, 5)),
                           "--episodes", "2", "--out", str(tmp_path / "ev.json")], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)

@@ -158,9 +158,8 @@ class TrainingRun:
             print("--compile: the first steps compile the members' loss (about 20-30 s on an H100, a minute or more "
                   "on a CPU) before the progress bar moves")
         self.t_log, self.n_log = time.perf_counter(), 0
-        names = self.names
-        who = names[0] if len(names) == 1 else ", ".join(dict.fromkeys(n.rsplit(" seed ", 1)[0] for n in names)) + \
-            f" seeds {' '.join(map(str, self.seeds))}"
+        datasets = ", ".join(dict.fromkeys(m.cfg.dataset for m in self.members)) + " " if len(self.parts) > 1 else ""
+        who = self.names[0] if len(self.names) == 1 else f"{datasets}seeds {' '.join(map(str, self.seeds))}"
         self.bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.model} {who}", unit="step", mininterval=5,
                         disable=self.rank != 0)
 
