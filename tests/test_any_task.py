@@ -140,10 +140,10 @@ def test_d4rl_tasks_keep_their_aliases_references_and_targets():
 
 def test_a_d4rl_run_reports_as_before(tmp_path):
     """The report of a tiny hopper run, as dt-primal wrote it before any task was accepted (with the MLP
-    activation of that time, GELU)."""
+    activation and the timestep table of that time: GELU, N(0, 0.02))."""
     path = tmp_path / "hopper_tiny.hdf5"
     write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=3))
-    _, out = train(tmp_path, str(path), "--seed", "0", "--activation", "gelu")
+    _, out = train(tmp_path, str(path), "--seed", "0", "--activation", "gelu", "--timestep-init", "gpt2")
     result = json.loads((out / "eval.json").read_text())
     assert result["task"] == "Hopper-v5"
     assert (result["config"]["seed"], result["config"]["d_model"], result["config"]["model"]) == (0, 32, "primal")
