@@ -25,6 +25,7 @@ from torch import nn
 
 from envs import Task
 from datasets.rollout import collect
+from datasets.transitions import load_transitions, save_transitions
 
 POLICY_DIR = Path(__file__).parent / "policies"
 MEDIUM_SCORE = 40.0  # normalised score: about a third of an expert's return, as D4RL's medium policies
@@ -164,7 +165,7 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
     elif committed:
         model = algo.load(out / "learner.zip", env=env, device="cpu", buffer_size=BUFFER_SIZE)
         transitions = out / ("history.npz" if (out / "history.npz").exists() else "medium_replay.npz")
-        n = restore_replay(model.replay_buffer, dict(np.load(transitions)))
+        n = restore_replay(model.replay_buffer, load_transitions(transitions))
         print(f"resumed {task.name} at step {model.num_timesteps} from the committed learner ({n} transitions of "
               f"{transitions.name})")
         # the history may go past the snapshot: those steps are done again (their CPU time stays counted)
@@ -219,7 +220,7 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, ev
             done = False
             if progress["medium_step"] is None and score >= MEDIUM_SCORE:
                 torch.save(export(), out / "medium.pt")
-                np.savez_compressed(out / "medium_replay.npz", **replay_episodes(self.model.replay_buffer))
+                save_transitions(out / "medium_replay.npz", replay_episodes(self.model.replay_buffer))
                 (out / "history.npz").unlink(missing_ok=True)
                 progress["medium_step"] = step
             elif progress["medium_step"] is not None:
@@ -240,7 +241,7 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, ev
             _save_atomic(self.model.save_replay_buffer, work_dir / "replay.pkl")
             _save_atomic(self.model.save, out / "learner.zip")
             if before_medium:  # until medium level a fresh clone also needs every transition
-                _save_atomic(lambda p: np.savez_compressed(p, **replay_episodes(self.model.replay_buffer)),
+                _save_atomic(lambda p: save_transitions(p, replay_episodes(self.model.replay_buffer)),
                              out / "history.npz")
             (out / "learner.json").write_text(json.dumps(progress, indent=1))
 

@@ -29,6 +29,7 @@ import torch
 from datasets.behaviour import (ALGOS, EXPERT_EPISODES, EXPERT_TARGETS, EXPERT_VERSION, MEDIUM_SCORE, POLICY_DIR,
                                 GaussianActor, expert_file)
 from datasets.rollout import collect
+from datasets.transitions import load_transitions
 from dt_primal.errors import UserError
 from envs import TASKS, Task
 
@@ -124,7 +125,7 @@ def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
     """The learner's transitions until medium level, as episodes; when ``steps`` is below their
     total, whole episodes evenly spread over the learner's history, so it still runs from the
     first episodes to medium level."""
-    z = dict(np.load(policy_file(task, "medium_replay.npz")))  # decompress each array once, not per episode
+    z = load_transitions(policy_file(task, "medium_replay.npz"))
     ends = np.cumsum(z["lengths"])
     starts = ends - z["lengths"]
     eps = [dict(observations=np.concatenate([z["observations"][s:e], z["final_observations"][i:i + 1]]),

@@ -1,5 +1,6 @@
 """The offline suite at a tiny scale, with throwaway behaviour policies in a temporary folder."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import datasets.suite as suite
 from datasets.behaviour import GaussianActor
 from datasets.loaders import load_dataset
 from datasets.rollout import collect
+from datasets.transitions import load_transitions, save_transitions
 from envs import TASKS
 
 HOPPER = TASKS["hopper"]
@@ -28,13 +30,12 @@ def policies(tmp_path_factory):
         torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / name)
     rng = np.random.default_rng(0)
     eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
-    np.savez_compressed(folder / "medium_replay.npz",
-                        observations=np.concatenate([e["observations"][:-1] for e in eps]),
-                        final_observations=np.stack([e["observations"][-1] for e in eps]),
-                        actions=np.concatenate([e["actions"] for e in eps]), rewards=np.concatenate([e["rewards"] for e in eps]),
-                        terminations=np.concatenate([e["terminations"] for e in eps]),
-                        truncations=np.concatenate([e["truncations"] for e in eps]),
-                        lengths=np.array([len(e["actions"]) for e in eps]))
+    save_transitions(folder / "medium_replay.npz", dict(
+        observations=np.concatenate([e["observations"][:-1] for e in eps]),
+        final_observations=np.stack([e["observations"][-1] for e in eps]),
+        actions=np.concatenate([e["actions"] for e in eps]), rewards=np.concatenate([e["rewards"] for e in eps]),
+        terminations=np.concatenate([e["terminations"] for e in eps]),
+        truncations=np.concatenate([e["truncations"] for e in eps]), lengths=np.array([len(e["actions"]) for e in eps])))
     mp = pytest.MonkeyPatch()
     mp.setattr(suite, "POLICY_DIR", root)
     yield folder
@@ -114,7 +115,7 @@ def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, mon
 
 def test_medium_replay_keeps_the_learners_history(policies):
     full = load_dataset(suite.build(HOPPER, "medium-replay", steps=10**6))
-    z = np.load(policies / "medium_replay.npz")
+    z = load_transitions(policies / "medium_replay.npz")
     np.testing.assert_array_equal(full.actions, z["actions"])  # every transition, in order
     small = load_dataset(suite.build(HOPPER, "medium-replay", steps=120))
     assert 120 <= len(small.rewards) < len(full.rewards)
@@ -146,13 +147,13 @@ def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
     from datasets.behaviour import train_behaviour
     policy_dir, work = tmp_path / "policies", tmp_path / "work"
     train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
-    first = dict(np.load(policy_dir / "hopper" / "history.npz"))
+    first = load_transitions(policy_dir / "hopper" / "history.npz")
     # SB3 stores a step's transition after the checkpoint callback: 599 are stored at step 600
     assert len(first["rewards"]) == 599 and first["lengths"].sum() == 599
     assert np.abs(first["observations"]).sum(1).min() > 0  # no unwritten (all-zero) buffer rows
     shutil.rmtree(work)  # a fresh clone has no local checkpoint
     train_behaviour(HOPPER, work, total_steps=900, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
-    after = np.load(policy_dir / "hopper" / "history.npz")
+    after = load_transitions(policy_dir / "hopper" / "history.npz")
     assert len(after["rewards"]) == 898  # step 600's transition was never stored: the learner stopped there
     for k in ("observations", "actions", "rewards"):
         np.testing.assert_array_equal(after[k][:599], first[k])
@@ -300,3 +301,16 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     assert medium.startswith("step 1000: return") and old.startswith("step 2000: return") and new.startswith("step 3000")
     assert "promoted on 77.7 ± 1.5 over 100 other episodes" in old and "ended below the target" in new
     assert "![learning curves](datasets-learners.png)" in page and (tmp_path / "datasets-learners.png").stat().st_size > 0
+
+
+def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays(tmp_path):
+    """The learners' committed transitions store float arrays as byte planes (smaller); they read back as the
+    arrays themselves, and a plain .npz of them reads the same."""
+    committed = Path(__file__).resolve().parents[1] / "datasets/policies/hopper/medium_replay.npz"
+    assert any(k.startswith("__planes_") for k in np.load(committed).files)
+    arrays = load_transitions(committed)
+    assert arrays["observations"].dtype == np.float32 and arrays["observations"].shape == (359994, 11)
+    np.savez_compressed(tmp_path / "plain.npz", **arrays)
+    plain = load_transitions(tmp_path / "plain.npz")
+    assert set(plain) == set(arrays) and all(np.array_equal(plain[k], arrays[k]) for k in arrays)
+    assert committed.stat().st_size < 0.9 * (tmp_path / "plain.npz").stat().st_size
