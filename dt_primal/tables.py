@@ -228,6 +228,11 @@ SECTIONS = {
          ("results/table4-cpu-gpt2-init", ["primal"], "Primal.+DT, gpt2", "primal")],
         ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
         "Primal.+DT, torch", "Primal.+DT, gpt2"),
+    **{f"timestep-{model}": (lambda model=model: compare(
+        [("results/table4-cpu", [model], f"{LABELS[model]}, N(0, 1)", model),
+         ("results/legacy/table4-cpu-gpt2-timestep", [model], f"{LABELS[model]}, N(0, 0.02)", model)],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
+        f"{LABELS[model]}, N(0, 1)", f"{LABELS[model]}, N(0, 0.02)")) for model in ("dt", "primal")},
     "ablation": ablation,
     "gpu": lambda: compare(
         [("results/gpu-hopper-medium-replay", ["dt", "primal"], "", "")], ["dt-primal/hopper/medium-replay-v0"],
