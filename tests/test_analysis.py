@@ -107,3 +107,22 @@ def test_plots_say_whether_they_show_normalised_scores_or_returns():
     assert y_label([scored, scored]) == "normalised score"
     assert y_label([unscored]) == "return"
     assert "return" in y_label([scored, unscored]) and "normalised" in y_label([scored, unscored])
+
+
+def test_runs_with_a_committed_record_are_not_trained_again(tmp_path):
+    """--recorded: a run whose eval.json is in the committed folder counts as finished; the rest train into --out,
+    datasets with the same seeds left in one ensemble."""
+    from dt_primal.sweep.grid import run_group
+    recorded, out = tmp_path / "results", tmp_path / "runs"
+    for d, s in (("a", 0), ("b", 0), ("b", 1)):
+        run_dir(recorded, d, "dt", s).mkdir(parents=True)
+        (run_dir(recorded, d, "dt", s) / "eval.json").write_text("{}")
+    calls = []
+    def trainer(argv, log):
+        calls.append((argv[argv.index("--dataset") + 1:argv.index("--model")], argv[argv.index("--seeds") + 1:argv.index("--out")]))
+        return 0
+    assert run_group(["a", "b", "c"], "dt", [0, 1], out, [], trainer, recorded=recorded)[1:] == ([0, 1], 0)
+    assert sorted(calls) == [(["a"], ["1"]), (["c"], ["0", "1"])]
+    calls.clear()
+    assert run_group(["b"], "dt", [0, 1], out, [], trainer, recorded=recorded)[1:] == ([], 0) and not calls
+    assert run_group(["b"], "dt", [0, 1], out, [], trainer)[1:] == ([0, 1], 0)  # without --recorded it trains

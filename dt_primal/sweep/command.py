@@ -15,6 +15,7 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
   python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
+  python -m dt_primal.sweep --datasets table4 --jobs 6 --recorded results/table4 --out runs/table4   # only rows not committed
   python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
   python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
   python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
                         "cluster has GPUs, else 0")
     p.add_argument("--cpus-per-task", type=float, default=1, help="ray: CPUs per group, also its training threads")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
+    p.add_argument("--recorded", type=Path, default=None,
+                   help="a folder of committed records in the same layout (results/table4): runs with an eval.json "
+                        "there count as finished and are not trained again; new runs still go to --out")
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     p.add_argument("--baseline", type=Path, default=None,
                    help="a sweep folder of the DT paper's baseline (--models dt -- --preset dt-paper ...): its runs join "

@@ -40,8 +40,9 @@ Trainer = Callable[[list[str], TextIO], int]
 
 
 def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str],
-              trainer: Trainer) -> tuple[str, list[int], int | None]:
-    """Train the runs of (``datasets``, model) that have not finished: datasets whose models share an
+              trainer: Trainer, recorded: Path | None = None) -> tuple[str, list[int], int | None]:
+    """Train the runs of (``datasets``, model) that have not finished, in ``out`` or, when given, in the
+    folder of committed records ``recorded`` (the same layout): datasets whose models share an
     architecture (``ensemble_groups``), as ensembles: the runs that started resume together, the others
     start together (datasets with the same seeds left in one ensemble). A group another sweep holds
     (any of its folders) is left to it. Returns (the group's folders, the seeds trained, exit status or BUSY)."""
@@ -55,7 +56,8 @@ def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extr
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
             except BlockingIOError:
                 return name, [], BUSY
-        todo = {d: [s for s in seeds if not (run_dir(out, d, model, s) / "eval.json").exists()] for d in datasets}
+        finished = lambda d, s: any((run_dir(o, d, model, s) / "eval.json").exists() for o in (out, recorded) if o)
+        todo = {d: [s for s in seeds if not finished(d, s)] for d in datasets}
         trained = sorted({s for left in todo.values() for s in left})
         for resume in (True, False):
             parts: dict[tuple[int, ...], list[str]] = {}  # seeds -> the datasets with those seeds to train
@@ -153,6 +155,7 @@ def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[st
     """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads)) for d, m in groups]
+        futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads), args.recorded)
+                   for d, m in groups]
         for f in futures:
             yield f.result()

@@ -17,13 +17,13 @@ class Stopped(Exception):
 
 
 def ray_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
-              threads: int, cwd: str) -> tuple[str, list[int], int | None]:
+              threads: int, cwd: str, recorded: Path | None) -> tuple[str, list[int], int | None]:
     """One Ray task: ``run_group`` on a worker, in the sweep's folder ``cwd`` where this node has it (relative
     paths mean what they mean to the sweep). When Ray runs it again, after its worker or node died or
     a signal stopped it, the seeds that had written a checkpoint resume from their ``last.pt``."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    gd, trained, rc = run_group(datasets, model, seeds, out, extra, in_process(load_dataset, threads))
+    gd, trained, rc = run_group(datasets, model, seeds, out, extra, in_process(load_dataset, threads), recorded)
     if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         raise Stopped(f"{gd} stopped by signal {rc - 128} after its checkpoint")
     return gd, trained, rc
@@ -71,7 +71,8 @@ def run_groups_on_ray(groups: list[tuple[list[str], str]], args, extra: list[str
     task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES, retry_exceptions=[Stopped],
                       runtime_env={"env_vars": {"PYTHONPATH": python_path()}})(ray_group)
     threads = max(1, round(args.cpus_per_task))
-    pending = {task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd()): (d, m)
+    pending = {task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd(),
+                           args.recorded): (d, m)
                for d, m in groups}
     while pending:
         (done,), _ = ray.wait(list(pending))
