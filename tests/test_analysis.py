@@ -126,3 +126,40 @@ def test_runs_with_a_committed_record_are_not_trained_again(tmp_path):
     calls.clear()
     assert run_group(["b"], "dt", [0, 1], out, [], trainer, recorded=recorded)[1:] == ([], 0) and not calls
     assert run_group(["b"], "dt", [0, 1], out, [], trainer)[1:] == ([0, 1], 0)  # without --recorded it trains
+
+
+def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhere(tmp_path):
+    """Pack the finished runs' records (no checkpoint, log or unfinished run), unpack them into the committed
+    folder once; a differing record is refused; an archive's other members are never written."""
+    import io
+    import tarfile
+    from dt_primal.sweep.records import main
+    runs = tmp_path / "runs"
+    for s in (0, 1):
+        run = run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", s)
+        run.mkdir(parents=True)
+        (run / "evals.jsonl").write_text(f'{{"step": {s}}}\n')
+        (run / "last.pt").write_bytes(b"weights")
+        if s == 0:  # seed 1 has not finished
+            (run / "eval.json").write_text("{}")
+            (run / "dataset.json").write_text("{}")
+    main([str(runs), str(tmp_path / "records.tgz")])
+    main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])
+    got = sorted(p.relative_to(tmp_path / "results").as_posix() for p in (tmp_path / "results").rglob("*") if p.is_file())
+    seed0 = "dt-primal_hopper_medium-replay-v0/dt/seed_0"
+    assert got == [f"{seed0}/dataset.json", f"{seed0}/eval.json", f"{seed0}/evals.jsonl"]
+    main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])  # again: nothing new, nothing refused
+    (run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", 0) / "eval.json").write_text('{"other": 1}')
+    res = subprocess.run([sys.executable, "-m", "dt_primal.sweep.records", str(runs), str(tmp_path / "results")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "already holds different records" in res.stderr
+    with tarfile.open(tmp_path / "evil.tgz", "w:gz") as tar:
+        for name in ("../outside/seed_0/eval.json", "/abs/seed_0/eval.json", "x/seed_0/run.py"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+        link = tarfile.TarInfo("y/seed_0/eval.json")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    main([str(tmp_path / "evil.tgz"), str(tmp_path / "into")])
+    assert not (tmp_path / "outside").exists() and not any((tmp_path / "into").rglob("*.*"))

@@ -1,0 +1,92 @@
+"""``python -m dt_primal.sweep.records SRC DST``: the small records of a sweep's finished runs (``eval.json``,
+``evals.jsonl``, ``dataset.json`` of every ``seed_N`` folder with an ``eval.json``), without checkpoints or logs,
+copied from a sweep folder or a ``.tgz`` archive into a folder, or packed from a sweep folder into an archive:
+
+  python -m dt_primal.sweep.records runs/table4 records.tgz        # on the GPU machine: one small archive
+  python -m dt_primal.sweep.records records.tgz results/table4     # here: into the committed records
+  python -m dt_primal.sweep.records runs/table4-cpu results/table4-cpu
+
+An archive is read as untrusted: only those three file names, as regular files under a relative
+``.../seed_N/`` path, are taken from it; anything else in it is named and left out. A record already in
+DST is kept unless it differs, which is refused (a run is never recorded twice with two results).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from dt_primal.cli import run_main
+from dt_primal.errors import UserError
+
+NAMES = ("eval.json", "evals.jsonl", "dataset.json")
+RECORD = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
+
+
+def from_folder(src: Path) -> dict[str, bytes]:
+    """The records of the finished runs under ``src``, by their path relative to it."""
+    runs = [p.parent for p in src.rglob("seed_*/eval.json")]
+    return {(run / n).relative_to(src).as_posix(): (run / n).read_bytes() for run in runs for n in NAMES
+            if (run / n).is_file()}
+
+
+def from_archive(src: Path) -> dict[str, bytes]:
+    """The records in the archive ``src`` (as this command packs them, paths relative to the sweep folder);
+    no other member is read, and none is extracted."""
+    try:
+        with tarfile.open(src, "r:*") as tar:
+            members = tar.getmembers()
+            taken = {m.name: m for m in members if m.isreg() and RECORD.match(m.name) and ".." not in m.name.split("/")}
+            left = [m.name for m in members if m.name not in taken and not m.isdir()]
+            files = {name: tar.extractfile(m).read() for name, m in taken.items()}
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise UserError(f"{src} is not a readable .tgz archive ({exc}).") from None
+    if left:
+        print(f"left out of {src}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} (not a run record)")
+    finished = {str(PurePosixPath(n).parent) for n in files if n.endswith("/eval.json")}
+    return {n: b for n, b in files.items() if str(PurePosixPath(n).parent) in finished}
+
+
+def into_folder(records: dict[str, bytes], dst: Path) -> int:
+    """Write ``records`` under ``dst``; the number of new files. A differing file already there is refused."""
+    clash = [n for n, b in records.items() if (dst / n).is_file() and (dst / n).read_bytes() != b]
+    if clash:
+        raise UserError(f"{dst} already holds different records for {', '.join(clash[:3])}: a run is recorded once. "
+                        f"Move the old ones aside first if the new ones replace them.")
+    new = {n: b for n, b in records.items() if not (dst / n).is_file()}
+    for n, b in new.items():
+        (dst / n).parent.mkdir(parents=True, exist_ok=True)
+        (dst / n).write_bytes(b)
+    return len(new)
+
+
+def into_archive(records: dict[str, bytes], dst: Path) -> None:
+    with tarfile.open(dst, "w:gz") as tar:
+        for n, b in sorted(records.items()):
+            info = tarfile.TarInfo(n)
+            info.size = len(b)
+            tar.addfile(info, io.BytesIO(b))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep.records", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", type=Path, help="a sweep folder, or a .tgz archive this command packed")
+    p.add_argument("dst", type=Path, help="a folder, or a .tgz archive to write (from a sweep folder)")
+    args = p.parse_args(argv)
+    archive = lambda path: path.name.endswith((".tgz", ".tar.gz"))
+    if not args.src.exists():
+        raise UserError(f"{args.src} does not exist: give a sweep folder (--out of python -m dt_primal.sweep) or a .tgz.")
+    records = from_archive(args.src) if archive(args.src) else from_folder(args.src)
+    runs = sum(n.endswith("/eval.json") for n in records)
+    if archive(args.dst):
+        into_archive(records, args.dst)
+        print(f"packed the records of {runs} finished runs into {args.dst} ({args.dst.stat().st_size / 1024:.0f} KiB)")
+    else:
+        print(f"{into_folder(records, args.dst)} new files, the records of {runs} finished runs, in {args.dst}")
+
+
+if __name__ == "__main__":
+    run_main(main)
