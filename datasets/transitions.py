@@ -29,7 +29,7 @@ def load_transitions(path: str | Path) -> dict[str, np.ndarray]:
     """The arrays ``save_transitions`` wrote to ``path`` (or a plain ``.npz``'s), each decompressed once."""
     with np.load(path, allow_pickle=False) as z:
         stored = {k: z[k] for k in z.files}
-    arrays = {k: v for k, v in stored.items() if not k.startswith(("__",))}
+    arrays = {k: v for k, v in stored.items() if not k.startswith("__")}
     for key, planes in stored.items():
         if key.startswith(PLANES):
             name = key.removeprefix(PLANES)
