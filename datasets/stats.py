@@ -108,19 +108,23 @@ NOTES = "<!-- notes: written by hand, kept as they are by `python -m datasets st
 
 def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     """The built suite datasets and ``datasets`` (Minari ids of any task), the behaviour policies and
-    their learners' curves; the notes of an existing page (from ``NOTES`` on) are kept."""
+    their learners' curves; the notes of an existing page (from ``NOTES`` on), and its rows of suite datasets
+    not built on this machine, are kept."""
+    old = out.read_text() if out.exists() else ""
     every = [suite_id(t, lvl, v) for t in TASKS for lvl in LEVELS for v in range(VERSIONS.get(lvl, 0) + 1)]
-    built = [d for d in every if is_built(d)]
+    kept = {line.split(" | ")[0][2:]: line for line in old.splitlines() if line.startswith(f"| {SUITE_NAMESPACE}/")}
+    listed = [d for d in every if is_built(d) or d in kept]
     given = [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]
-    rows = [dataset_row(d) for d in dict.fromkeys(built + given)]  # a built suite dataset given again: one row
+    # a built suite dataset given again: one row; one not built here: its row as the page had it
+    rows = [dataset_row(d) if is_built(d) or d not in kept else kept[d] for d in dict.fromkeys(listed + given)]
     policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     experts = list(range(EXPERT_VERSION + 1))
     targets = "; ".join(f"expert-v{v} ≥ " + ", ".join(f"{t} {EXPERT_TARGETS[v][t]:g}" for t in TASKS) for v in experts)
     curves = out.with_name(out.stem + "-learners.png")
-    old = out.read_text() if out.exists() else ""
     text = "\n".join([
         "# The offline dataset suite", "",
-        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v<N>` built on this machine (`python -m datasets build`) and any "
+        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v<N>` built on this machine (`python -m datasets build`; a suite "
+        "dataset not built here keeps the row this page had, measured where it was built) and any "
         "given with `--datasets`; normalised scores use each dataset's reference returns (the D4RL ones for the "
         "suite; – for a task without any). The expert and medium-expert levels have one version per expert policy; "
         "`build` makes the newest unless given `--version`. Regenerate this page with `python -m datasets stats`.", "",

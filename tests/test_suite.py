@@ -287,10 +287,13 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     suite.build(HOPPER, "random", steps=STEPS, seed=0)
     suite.build(HOPPER, "expert", steps=STEPS, seed=0, version=0)
     notes = f"{stats.NOTES}\n\n## Why these learners\n\nWritten by hand.\n"
-    (tmp_path / "datasets.md").write_text("an older page\n\n" + notes)
+    elsewhere = "| dt-primal/hopper/medium-v0 | 9 | 9000 | built on another machine |"
+    (tmp_path / "datasets.md").write_text(f"an older page\n\n{elsewhere}\n| dt-primal/hopper/random-v0 | stale |\n\n"
+                                          + notes)
     page = stats.stats(tmp_path / "datasets.md", episodes=2)
     assert (tmp_path / "datasets.md").read_text() == page
     assert page.endswith(notes) and "an older page" not in page  # the notes survive, the rest is regenerated
+    assert elsewhere in page and "stale" not in page  # a row of a dataset not built here is kept, a built one measured
     ds = minari.load_dataset("dt-primal/hopper/random-v0")
     assert f"| dt-primal/hopper/random-v0 | {ds.total_episodes} | {STEPS} |" in page
     assert "| dt-primal/hopper/expert-v0 |" in page  # an older version that is built is listed too
