@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import signal
@@ -290,6 +291,11 @@ def distributed(device: str):
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     try:
         yield dist.get_rank(), dist.get_world_size()
+        if dev.type == "cpu":
+            # gloo: every process waits here, on its own thread, for the others (rank 0's final evaluation),
+            # so that gloo's worker threads release the last all-reduce's tensors now and not while the
+            # interpreter shuts down, which aborts the process (dist.barrier would hold them until its end)
+            dist.monitored_barrier(timeout=datetime.timedelta(days=1))
     finally:
         dist.destroy_process_group()
 
