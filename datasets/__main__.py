@@ -10,7 +10,7 @@ if __name__ == "__main__":
 import argparse
 from pathlib import Path
 
-from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build
+from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build, build_at_once, suite_id
 from dt_primal.cli import run_main
 from envs import TASKS
 
@@ -28,12 +28,14 @@ def main(argv=None) -> None:
                    help="where its exports, history and snapshot go (default datasets/policies, committed)")
     b = sub.add_parser("build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets")
     b.add_argument("--env", choices=[*TASKS, "all"], required=True)
-    b.add_argument("--level", choices=[*LEVELS, "all"], required=True)
+    b.add_argument("--level", choices=[*LEVELS, "all"], nargs="+", required=True)
     b.add_argument("--steps", type=int, default=FULL_STEPS, help="transitions per level (default 1M; scale down for quick builds)")
     b.add_argument("--seed", type=int, default=0, help="rollout seed")
     b.add_argument("--version", type=int, default=None,
                    help=f"dataset version (default: each level's newest; {', '.join(f'{k} has -v0 to -v{v}' for k, v in VERSIONS.items())}, "
                         f"the others -v0)")
+    b.add_argument("--jobs", type=int, default=1,
+                   help="datasets built at once, each in its own processes (default 1: one after the other)")
     s = sub.add_parser("stats", allow_abbrev=False, help="print and write docs/datasets.md: the built datasets and the behaviour policies")
     s.add_argument("--out", type=Path, default=Path("docs/datasets.md"))
     s.add_argument("--episodes", type=int, default=100, help="episodes to measure each behaviour policy")
@@ -46,8 +48,12 @@ def main(argv=None) -> None:
     c.add_argument("--into", required=True, help="the new dataset's id (mujoco/hopper/medium-expert-v0)")
     args = p.parse_args(argv)
     if args.cmd == "build":
-        for env in TASKS if args.env == "all" else [args.env]:
-            for level in LEVELS if args.level == "all" else [args.level]:
+        levels = LEVELS if "all" in args.level else args.level
+        pairs = [(env, level) for env in (TASKS if args.env == "all" else [args.env]) for level in levels]
+        if args.jobs > 1:
+            build_at_once([suite_id(env, level, args.version) for env, level in pairs], args.jobs, args.steps, args.seed)
+        else:
+            for env, level in pairs:
                 build(TASKS[env], level, steps=args.steps, seed=args.seed, version=args.version)
     elif args.cmd == "combine":
         from datasets.combine import combine

@@ -17,9 +17,11 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -188,6 +190,31 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, versio
                         f"running out of memory does. Nothing of the build is kept; run the same command again "
                         f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
                         f"--version {version} builds it alone).") from None
+
+
+def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, seed: int = 0) -> None:
+    """Build (or replace) the suite datasets ``dataset_ids``, ``jobs`` at once, each in a child process
+    (``python -m datasets build``, whose rollouts use ``ROLLOUT_PARTS`` processes): the same datasets as one
+    by one. A medium-expert dataset's parts are built first where missing, then it is combined here."""
+    combined = [d for d in dataset_ids if parse_suite_id(d)[1] == "medium-expert"]
+    parts = [suite_id(parse_suite_id(d)[0].name, lvl, v) for d in combined
+             for lvl, v in (("medium", 0), ("expert", parse_suite_id(d)[2]))]
+    first = list(dict.fromkeys([d for d in dataset_ids if d not in combined] + [d for d in parts if not is_built(d)]))
+
+    def child(dataset_id: str) -> tuple[str, subprocess.CompletedProcess]:
+        task, level, version = parse_suite_id(dataset_id)
+        argv = ["--env", task.name, "--level", level, "--version", str(version), "--steps", str(steps), "--seed", str(seed)]
+        return dataset_id, subprocess.run([sys.executable, "-m", "datasets", "build", *argv], capture_output=True,
+                                          text=True, cwd=Path(__file__).resolve().parents[1])
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for dataset_id, res in pool.map(child, first):
+            lines = (res.stdout + res.stderr).strip().splitlines()
+            if res.returncode:
+                raise UserError(f"Building {dataset_id} failed (exit {res.returncode}):\n" + "\n".join(lines[-5:]))
+            print(next((l for l in reversed(lines) if l.startswith("built ")), f"built {dataset_id}"), flush=True)
+    for dataset_id in combined:
+        task, level, version = parse_suite_id(dataset_id)
+        build(task, level, steps=steps, seed=seed, version=version)
 
 
 def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int) -> str:
