@@ -39,7 +39,7 @@ SUITE_NAMESPACE = "dt-primal"
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 VERSIONS = {"expert": EXPERT_VERSION, "medium-expert": EXPERT_VERSION}  # a level's newest version (others: 0)
 FULL_STEPS = 1_000_000
-ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same dataset on any machine; the parts run in parallel
+ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same rollout seeds on any machine; the parts run in parallel
 RECIPES = {
     "random": "{steps} steps of uniformly random actions.",
     "medium": "{steps} steps of the stochastic {algo} policy exported the first time its "
