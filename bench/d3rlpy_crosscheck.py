@@ -58,6 +58,7 @@ Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``tr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -246,6 +247,7 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
     """Train one seed with d3rlpy's own sampler and update (the body of its ``fit`` loop), evaluating
     as dt-primal does; writes ``run``/evals.jsonl, model.d3 and eval.json (dt-primal's formats)."""
     import d3rlpy
+    from dt_primal.provenance import provenance
     run.mkdir(parents=True, exist_ok=True)
     model_file = run / "model.d3"
     if model_file.exists():  # trained, the final evaluation was interrupted
@@ -280,12 +282,17 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
         algo.save(str(model_file))
     t0 = time.perf_counter()
     reports = evaluate([algo], task, targets, cfg.eval_episodes, cfg, [seed])[0]
+    made = provenance("cpu")
+    made["versions"]["d3rlpy"] = d3rlpy.__version__
     result = {"checkpoint": str(model_file), "step": cfg.steps, "task": task.gym_id, "dataset": cfg.dataset,
               "model": MODEL, "seed": seed, "eval_seconds": time.perf_counter() - t0, "targets": reports,
               "d3rlpy": d3rlpy.__version__, "activation": cfg.activation, "precision": "fp32",
               "settings": {k: getattr(cfg, k) for k in ("n_layer", "d_model", "n_head", "context", "dropout", "lr",
                                                          "weight_decay", "warmup_steps", "grad_clip", "batch_size",
-                                                         "reward_scale", "steps")}}
+                                                         "reward_scale", "steps")},
+              # the settings as dt-primal's records state them: d3rlpy trains in fp32, its timestep table N(0, 0.02)
+              "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, precision="fp32", timestep_init="gpt2")),
+              "provenance": made}
     (run / "eval.json").write_text(json.dumps(result, indent=1))
     print(f"seed {seed}: " + ", ".join(f"target {r['target']:g}: normalised {r['normalized_mean']:.1f} ± "
                                        f"{r['normalized_std']:.1f}" for r in reports), flush=True)

@@ -242,6 +242,21 @@ def test_adapter_gives_d3rlpys_own_predict_for_a_batch_of_histories(tiny_algo):
 
 
 @needs_d3rlpy
+def test_the_crosscheck_record_says_how_it_was_made(tmp_path):
+    """A d3rlpy run's eval.json carries the config as dt-primal's records state it (fp32, d3rlpy's N(0, 0.02)
+    timestep table) and the provenance block, with d3rlpy's version."""
+    from bench.d3rlpy_crosscheck import main
+    from test_train import hopper_file
+    data = str(hopper_file(tmp_path))
+    main(["train", "--dataset", data, "--env", "hopper", "--seeds", "0", "--d-model", "16", "--n-layer", "1",
+          "--context", "4", "--steps", "2", "--warmup-steps", "1", "--eval-every", "100", "--eval-episodes", "1",
+          "--out", str(tmp_path / "cc")])
+    record = json.loads(next((tmp_path / "cc").rglob("seed_0/eval.json")).read_text())
+    assert (record["config"]["precision"], record["config"]["timestep_init"], record["config"]["d_model"]) == ("fp32", "gpt2", 16)
+    assert record["provenance"]["versions"]["d3rlpy"] == record["d3rlpy"] and record["provenance"]["date"]
+
+
+@needs_d3rlpy
 def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
     algo, cfg = tiny_algo
     task, steps, targets, seeds = TASKS["hopper"], 15, [3600.0, 1800.0], [7]
