@@ -29,8 +29,8 @@ FORMAT = 2
 CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
 FORMAT_1_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
-# model fields added after format 2, at the value every file written before them had
-LATER_FIELDS = {"timestep_init": "gpt2"}
+# model fields added after the first checkpoints, at the value every file written before the field had
+UNRECORDED = {"activation": "gelu", "timestep_init": "gpt2"}
 
 
 def plain(value):
@@ -109,7 +109,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
                         f"{FORMAT}) cannot read; use the version that wrote it.")
     for part in ("model_config", "config"):
         if isinstance(ckpt[part], dict):
-            ckpt[part] = {**LATER_FIELDS, **ckpt[part]}
+            ckpt[part] = {**UNRECORDED, **ckpt[part]}
     try:
         arch = ModelConfig.from_record(ckpt["model_config"])
         ckpt["state_mean"], ckpt["state_std"] = (np.asarray(ckpt[k], np.float32).reshape(arch.state_dim)
@@ -155,9 +155,9 @@ def _upgrade(ckpt: dict, path: str | os.PathLike) -> dict:
 def _older_model_config(ckpt: dict) -> dict:
     """The architecture of a checkpoint written before checkpoints stored it: from its config, its
     sizes and, for fields its config left unresolved, its weights' shapes; the config gets them too,
-    so that --resume continues with them. Written before the MLP activation was a field: GELU."""
+    so that --resume continues with them; fields it predates take their values then (``UNRECORDED``)."""
     cfg, weights = ckpt["config"], ckpt["model"]
-    for name, value in {"activation": "gelu", **LATER_FIELDS}.items():
+    for name, value in UNRECORDED.items():
         cfg.setdefault(name, value)
     if cfg["s"] is None:  # the KSVD rank is Λ's width; a softmax-only model has no rank (any value builds it)
         cfg["s"] = next((v.shape[-1] for k, v in weights.items() if k.endswith("attn.Lambda")), 64)

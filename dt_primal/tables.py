@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dt_primal.checkpoint import LATER_FIELDS
+from dt_primal.checkpoint import UNRECORDED
 from dt_primal.cli import run_main
 from dt_primal.config import Config
 from dt_primal.evaluation.reports import pm, table
@@ -57,7 +57,7 @@ MODEL_FIELDS = ("activation", "embed_init", "timestep_init")  # model choices wh
 
 def setting(config: dict, name: str):
     """A record's config value ``name``; for a field added later, the value every record without it had."""
-    return config.get(name, LATER_FIELDS.get(name))
+    return config.get(name, UNRECORDED.get(name))
 
 
 def records(group: Path, seeds) -> list[dict]:
