@@ -80,12 +80,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.src.exists():
         raise UserError(f"{args.src} does not exist: give a sweep folder (--out of python -m dt_primal.sweep) or a .tgz.")
     records = from_archive(args.src) if archive(args.src) else from_folder(args.src)
-    runs = sum(n.endswith("/eval.json") for n in records)
+    n = sum(name.endswith("/eval.json") for name in records)
+    runs = f"{n} finished run{'s' * (n != 1)}"
     if archive(args.dst):
         into_archive(records, args.dst)
-        print(f"packed the records of {runs} finished runs into {args.dst} ({args.dst.stat().st_size / 1024:.0f} KiB)")
+        print(f"packed the records of {runs} into {args.dst} ({args.dst.stat().st_size / 1024:.0f} KiB)")
     else:
-        print(f"{into_folder(records, args.dst)} new files, the records of {runs} finished runs, in {args.dst}")
+        print(f"{into_folder(records, args.dst)} new files, the records of {runs}, in {args.dst}")
 
 
 if __name__ == "__main__":
