@@ -196,9 +196,9 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
     """Build (or replace) the suite datasets ``dataset_ids``, ``jobs`` at once, each in a child process
     (``python -m datasets build``, whose rollouts use ``ROLLOUT_PARTS`` processes): the same datasets as one
     by one. A medium-expert dataset's parts are built first where missing, then it is combined here."""
-    combined = [d for d in dataset_ids if parse_suite_id(d)[1] == "medium-expert"]
-    parts = [suite_id(parse_suite_id(d)[0].name, lvl, v) for d in combined
-             for lvl, v in (("medium", 0), ("expert", parse_suite_id(d)[2]))]
+    parsed = {d: parse_suite_id(d) for d in dataset_ids}  # (task, level, version)
+    combined = [d for d, (_, level, _) in parsed.items() if level == "medium-expert"]
+    parts = [suite_id(parsed[d][0].name, level, v) for d in combined for level, v in (("medium", 0), ("expert", parsed[d][2]))]
     first = list(dict.fromkeys([d for d in dataset_ids if d not in combined] + [d for d in parts if not is_built(d)]))
 
     def child(dataset_id: str) -> tuple[str, subprocess.CompletedProcess]:
@@ -213,7 +213,7 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
                 raise UserError(f"Building {dataset_id} failed (exit {res.returncode}):\n" + "\n".join(lines[-5:]))
             print(next((l for l in reversed(lines) if l.startswith("built ")), f"built {dataset_id}"), flush=True)
     for dataset_id in combined:
-        task, level, version = parse_suite_id(dataset_id)
+        task, level, version = parsed[dataset_id]
         build(task, level, steps=steps, seed=seed, version=version)
 
 
