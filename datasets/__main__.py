@@ -10,7 +10,7 @@ if __name__ == "__main__":
 import argparse
 from pathlib import Path
 
-from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build, build_at_once, suite_id
+from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build, build_at_once, buildable, parse_suite_id, suite_id
 from dt_primal.cli import run_main
 from envs import TASKS
 
@@ -27,7 +27,8 @@ def main(argv=None) -> None:
     t.add_argument("--policy-dir", type=Path, default=None,
                    help="where its exports, history and snapshot go (default datasets/policies, committed)")
     b = sub.add_parser("build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets")
-    b.add_argument("--env", choices=[*TASKS, "all"], required=True)
+    b.add_argument("--env", choices=[*TASKS, "all"], required=True,
+                   help="a task, or all: every task, leaving out (named) a dataset whose expert is not trained yet")
     b.add_argument("--level", choices=[*LEVELS, "all"], nargs="+", required=True)
     b.add_argument("--steps", type=int, default=FULL_STEPS, help="transitions per level (default 1M; scale down for quick builds)")
     b.add_argument("--seed", type=int, default=0, help="rollout seed")
@@ -49,12 +50,13 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.cmd == "build":
         levels = LEVELS if "all" in args.level else args.level
-        pairs = [(env, level) for env in (TASKS if args.env == "all" else [args.env]) for level in levels]
+        ids = [suite_id(env, level, args.version) for env in (TASKS if args.env == "all" else [args.env]) for level in levels]
+        ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
         if args.jobs > 1:
-            build_at_once([suite_id(env, level, args.version) for env, level in pairs], args.jobs, args.steps, args.seed)
+            build_at_once(ids, args.jobs, args.steps, args.seed)
         else:
-            for env, level in pairs:
-                build(TASKS[env], level, steps=args.steps, seed=args.seed, version=args.version)
+            for task, level, version in map(parse_suite_id, ids):
+                build(task, level, steps=args.steps, seed=args.seed, version=version)
     elif args.cmd == "combine":
         from datasets.combine import combine
         combine(args.parts, args.into)

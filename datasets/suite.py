@@ -86,6 +86,26 @@ def policy_file(task: Task, name: str) -> Path:
                     f"random level, which needs no policy.")
 
 
+def missing_policy(dataset_id: str) -> str | None:
+    """What a suite dataset that is not built here needs and the tree lacks (a learner has not exported that
+    expert yet), or None."""
+    task, level, version = parse_suite_id(dataset_id)
+    if level == "random" or is_built(dataset_id):
+        return None
+    name = "medium.pt" if level == "medium-replay" else policy_name(level, version)
+    path = f"datasets/policies/{task.name}/{name}"
+    return None if (POLICY_DIR / task.name / name).exists() else f"{path} is not in this checkout"
+
+
+def buildable(dataset_ids: list[str]) -> list[str]:
+    """``dataset_ids`` less the suite datasets this tree cannot build yet, each named (``missing_policy``)."""
+    why = {d: missing_policy(d) for d in dataset_ids}
+    for d in dataset_ids:
+        if why[d]:
+            print(f"left out: {d} ({why[d]}; docs/datasets.md)", flush=True)
+    return [d for d in dataset_ids if not why[d]]
+
+
 def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, progress: bool) -> list[dict]:
     """``steps`` transitions of uniform random actions (``policy`` None) or of a committed policy, 32
     envs batched."""

@@ -102,33 +102,48 @@ def vs_paper(ours: dict | None, paper: tuple[float, float]) -> str:
     return f"{gap:+.1f} ({gap / se:+.1f} SE)" if np.isfinite(se) and se > 0 else f"{gap:+.1f} (no SE)"
 
 
-def table4(folder: Path) -> str:
-    """Table 4 from the records in ``folder``: every dataset of the paper's table, both models, ours beside the
-    paper's with the difference in standard errors; a row without records is named missing."""
-    rows = collect(folder, TABLE4, ["dt", "primal"], [0, 1, 2])
+def row_key(dataset: str) -> str:
+    """A Table 4 row's name, ``env/level``, whatever the dataset's version."""
+    return re.sub(r"-v[0-9]+$", "", short(dataset))
+
+
+def held(folder: Path) -> list[str]:
+    """The Table 4 datasets whose records ``folder`` holds, in whichever version it holds them."""
+    keys = [row_key(d) for d in TABLE4]
+    ids = [p.name.replace("_", "/") for p in folder.glob("dt-primal_*") if p.is_dir()]
+    return sorted((d for d in ids if row_key(d) in keys), key=lambda d: keys.index(row_key(d)))
+
+
+def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
+    """Table 4 from the records in ``folder`` of ``datasets`` (one per row): every dataset of the paper's table,
+    both models, ours beside the paper's with the difference in standard errors; a row without records is
+    named missing."""
+    rows = collect(folder, datasets, ["dt", "primal"], [0, 1, 2])
+    found = {(row_key(r["dataset"]), r["model"]): r for r in rows}
     if not rows:
         return f"No records in `{folder.relative_to(ROOT)}` yet: all 18 rows are missing.\n"
     head = ["dataset", "model", "seeds", "high target: last checkpoint", "low target: last checkpoint",
             "high / low: mean of last 3 evaluations", "per seed (high)", "paper (its Table 4)",
             "ours − paper (high)", "DT paper's own"]
+    names = {row_key(d): short(d) for d in datasets}
     lines, missing = [], []
     for key in ORDER:
         for model, label, paper in (("dt", DT_MATCHED, PAPER[key][1]), ("primal", PRIMAL, PAPER[key][0])):
-            row = next((r for r in rows if short(r["dataset"]) == key and r["model"] == model), None)
+            row = found.get((key, model))
             own = f"{DT_OWN[key]:.1f}" if model == "dt" else "–"
             if row is None:
-                missing.append(f"{key} {label}")
-                lines.append([key, label, 0, "missing", "missing", "missing", "missing", pm(*paper), "missing", own])
+                missing.append(f"{names.get(key, key)} {label}")
+                lines.append([names.get(key, key), label, 0, "missing", "missing", "missing", "missing", pm(*paper),
+                              "missing", own])
                 continue
             hi, lo = row["targets"][0], row["targets"][1]
             last3 = (f"{cell(hi.get('last3'))} / {cell(lo.get('last3'))}")
-            lines.append([f"{key} ({hi['target']:g} / {lo['target']:g})", label, len(row["finished_seeds"]), cell(hi),
-                          cell(lo), last3, ", ".join(f"{v:.1f}" for v in hi["seeds"]), pm(*paper), vs_paper(hi, paper),
-                          own])
-    both = [k for k in ORDER if all(any(short(r["dataset"]) == k and r["model"] == m for r in rows)
-                                    for m in ("dt", "primal"))]
+            lines.append([f"{short(row['dataset'])} ({hi['target']:g} / {lo['target']:g})", label,
+                          len(row["finished_seeds"]), cell(hi), cell(lo), last3, ", ".join(f"{v:.1f}" for v in hi["seeds"]),
+                          pm(*paper), vs_paper(hi, paper), own])
+    both = [k for k in ORDER if (k, "dt") in found and (k, "primal") in found]
     for model, label, i in (("dt", DT_MATCHED, 1), ("primal", PRIMAL, 0)):
-        mine = [next(r for r in rows if short(r["dataset"]) == k and r["model"] == model) for k in both]
+        mine = [found[k, model] for k in both]
         if mine:
             avg = [f"**{np.mean([r['targets'][t]['mean'] for r in mine]):.1f}**" for t in (0, 1)]
             lines.append([f"**average of {len(both)} dataset{'s' * (len(both) != 1)}**", label, "", *avg, "", "",
@@ -148,7 +163,7 @@ def table4_sections() -> str:
     md = table4(ROOT / CURRENT)
     for folder in sorted((ROOT / LEGACY).glob("table4-*")):
         md += (f"\n### Legacy: `{folder.relative_to(ROOT)}`\n\nAn earlier Table 4, kept as it was made; the table "
-               f"above replaces it.\n\n" + table4(folder))
+               f"above replaces it.\n\n" + table4(folder, held(folder)))
     return md
 
 

@@ -46,7 +46,7 @@ def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     md = tables.table4(tmp_path)
     assert "average of 1 dataset**" in md
-    assert "Missing (no record): halfcheetah/medium-expert DT (matched settings)" in md
+    assert "Missing (no record): halfcheetah/medium-expert-v1 DT (matched settings)" in md
     assert md.count("| missing | missing |") == 16
 
 

@@ -14,14 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, TextIO
 
+from datasets.suite import suite_id
 from dt_primal.cli import run_main
 from dt_primal.process import configure_process
 from dt_primal.run import Loader, train_command
 from dt_primal.training.run_folder import dataset_slug
 
 ROOT = Path(__file__).resolve().parents[2]
-# the nine D4RL datasets of the paper's Table 4, as the offline suite builds them
-TABLE4 = [f"dt-primal/{env}/{level}-v0" for env in ("halfcheetah", "hopper", "walker2d")
+# the nine D4RL datasets of the paper's Table 4, as the offline suite builds them (each level's newest version)
+TABLE4 = [suite_id(env, level) for env in ("halfcheetah", "hopper", "walker2d")
           for level in ("medium", "medium-replay", "medium-expert")]
 
 
