@@ -233,7 +233,7 @@ SECTIONS = {
          ("results/dt-paper-cpu-relu", ["dt"], "DT, ReLU (dt-primal)", "dt"),
          ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT, GELU (d3rlpy)", "d3rlpy-dt"),
          ("results/d3rlpy-crosscheck-cpu-relu", ["d3rlpy-dt"], "DT, ReLU (d3rlpy)", "d3rlpy-dt")],
-        ["dt-primal/halfcheetah/medium-expert-v0"], "DT, ReLU (dt-primal)", "DT, GELU (d3rlpy)"),
+        ["dt-primal/halfcheetah/medium-expert-v0"], "DT, ReLU (dt-primal)", "DT, ReLU (d3rlpy)"),
     "dt-paper-gpt2": lambda: compare(
         [("results/dt-paper-cpu-gpt2-init", ["dt"], "DT, gpt2 init", "dt"),
          ("results/dt-paper-cpu", ["dt"], "DT, torch init", "dt")],
