@@ -25,7 +25,11 @@ def dataset_row(dataset_id: str) -> str:
     seconds = f"{info['seconds']:.0f}" if info else "?"
     if "load_average" in info:  # the machine's other work slows a build down
         seconds += f" (load {info['load_average']:.1f})"
+    limit = data.task.time_limit
+    cut = ~data.terminals & (data.lengths < limit) if limit else np.zeros(len(data.lengths), bool)
     normalised = "–" if norm is None else f"{norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f})"
+    if norm is not None and cut.any() and not cut.all():  # the episodes a rollout's step budget cut short pull the mean down
+        normalised += f"; {norm[~cut].mean():.1f} without the {cut.sum()} cut short"
     return (f"| {dataset_id} | {len(data.lengths)} | {len(data.rewards)} | {returns.mean():.1f} ± {returns.std():.1f} | "
             f"{returns.min():.1f} | {returns.max():.1f} | {normalised} | {seconds} |")
 
@@ -127,7 +131,9 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
         "dataset not built here keeps the row this page had, measured where it was built) and any "
         "given with `--datasets`; normalised scores use each dataset's reference returns (the D4RL ones for the "
         "suite; – for a task without any). The expert and medium-expert levels have one version per expert policy; "
-        "`build` makes the newest unless given `--version`. Regenerate this page with `python -m datasets stats`.", "",
+        "`build` makes the newest unless given `--version`. A build's rollouts stop at its step budget, which cuts "
+        "short the last episode of each of its parallel environments (64 in a 1M-step build; in medium-replay, the "
+        "learner's restarts cut some): the normalised mean is also given without them. Regenerate this page with `python -m datasets stats`.", "",
         "## Built datasets", "",
         "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s (1-min load average) |",
         "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",

@@ -307,7 +307,7 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     (policies / "learner.json").write_text(json.dumps(learner))
     monkeypatch.setattr(stats, "POLICY_DIR", policies.parent)
     monkeypatch.setattr(stats, "TASKS", {"hopper": HOPPER})
-    suite.build(HOPPER, "random", steps=STEPS, seed=0)
+    suite.build(HOPPER, "random", steps=3000, seed=0)  # about 47 steps in each of the 64 rollout environments
     suite.build(HOPPER, "expert", steps=STEPS, seed=0, version=0)
     notes = f"{stats.NOTES}\n\n## Why these learners\n\nWritten by hand.\n"
     elsewhere = "| dt-primal/hopper/medium-v0 | 9 | 9000 | built on another machine |"
@@ -318,8 +318,12 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     assert page.endswith(notes) and "an older page" not in page  # the notes survive, the rest is regenerated
     assert elsewhere in page and "stale" not in page  # a row of a dataset not built here is kept, a built one measured
     ds = minari.load_dataset("dt-primal/hopper/random-v0")
-    assert f"| dt-primal/hopper/random-v0 | {ds.total_episodes} | {STEPS} |" in page
+    assert f"| dt-primal/hopper/random-v0 | {ds.total_episodes} | 3000 |" in page
     assert "| dt-primal/hopper/expert-v0 |" in page  # an older version that is built is listed too
+    data = load_dataset("dt-primal/hopper/random-v0", build=False)
+    norm, cut = HOPPER.normalize(data.episode_returns()), ~data.terminals & (data.lengths < HOPPER.time_limit)
+    assert 0 < cut.sum() < len(cut)  # each rollout environment's last episode, cut short by the step budget
+    assert f"; {norm[~cut].mean():.1f} without the {cut.sum()} cut short |" in page
     assert "| medium | expert-v0 | expert-v1 |" in page and "expert-v1 ≥ hopper 100" in page
     row = next(line for line in page.splitlines() if line.startswith("| hopper | SAC |"))
     assert "| 3000 (80.0) | 2.00 |" in row
