@@ -28,7 +28,7 @@ def dataset_row(dataset_id: str) -> str:
     limit = data.task.time_limit
     cut = ~data.terminals & (data.lengths < limit) if limit else np.zeros(len(data.lengths), bool)
     normalised = "–" if norm is None else f"{norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f})"
-    if norm is not None and cut.any() and not cut.all():  # the episodes a rollout's step budget cut short pull the mean down
+    if norm is not None and cut.any() and not cut.all():  # episodes a step budget cut short pull the mean down
         normalised += f"; {norm[~cut].mean():.1f} without the {cut.sum()} cut short"
     return (f"| {dataset_id} | {len(data.lengths)} | {len(data.rewards)} | {returns.mean():.1f} ± {returns.std():.1f} | "
             f"{returns.min():.1f} | {returns.max():.1f} | {normalised} | {seconds} |")
@@ -133,7 +133,8 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
         "suite; – for a task without any). The expert and medium-expert levels have one version per expert policy; "
         "`build` makes the newest unless given `--version`. A build's rollouts stop at its step budget, which cuts "
         "short the last episode of each of its parallel environments (64 in a 1M-step build; in medium-replay, the "
-        "learner's restarts cut some): the normalised mean is also given without them. Regenerate this page with `python -m datasets stats`.", "",
+        "learner's restarts cut some): the normalised mean is also given without them. Regenerate this page with "
+        "`python -m datasets stats`.", "",
         "## Built datasets", "",
         "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s (1-min load average) |",
         "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",
