@@ -40,11 +40,13 @@ def policy_cell(task: Task, path: Path, episodes: int, promoted: dict | None) ->
     r = evaluate_actor(actor, task, episodes, seed=12345)
     s = task.normalize(r)
     cell = f"step {meta['step']}: return {r.mean():.0f} ± {r.std():.0f}, **normalised {s.mean():.1f} ± {s.std():.1f}**"
-    if promoted and promoted.get("measured"):  # the measurement that promoted it (other seeds)
-        m, sd, n = promoted["measured"]
-        cell += f" (promoted on {m:.1f} ± {sd:.1f} over {n} other episodes)"
-    elif promoted:
-        cell += " (the best export of a run that ended below the target)"
+    if promoted:  # the measurement that made it the expert (other seeds)
+        m = promoted.get("measured")
+        on = f"{m[0]:.1f} ± {m[1]:.1f} over {m[2]} other episodes" if m else ""
+        if promoted.get("below_target"):
+            cell += f" (the best export of a run that ended below the target{'; chosen on ' + on if on else ''})"
+        else:
+            cell += f" (promoted on {on})"
     return cell
 
 
@@ -61,9 +63,9 @@ def policy_row(task: Task, episodes: int) -> str | None:
         if path.exists():
             cells.append(policy_cell(task, path, episodes, learner["experts"].get(str(version))))
         elif version == EXPERT_VERSION and learner["best_step"] is not None:
-            cells.append(f"not yet (best so far: step {learner['best_step']}, {learner['best_score']:.1f} over 10 "
-                         f"episodes; an evaluation ≥ {target:g} becomes the expert once it measures ≥ {target:g} over "
-                         f"{EXPERT_EPISODES} episodes)")
+            cells.append(f"not yet (best so far: step {learner['best_step']}, {learner['best_score']:.1f} over "
+                         f"{learner.get('best_episodes') or 10} episodes; an export becomes the expert once it measures "
+                         f"≥ {target:g} over {EXPERT_EPISODES} episodes)")
         else:
             cells.append("not in this checkout" if version < EXPERT_VERSION else "not reached yet")
     last = learner["evals"][-1] if learner["evals"] else {"step": 0, "normalized": float("nan")}

@@ -263,7 +263,8 @@ def test_a_learner_below_expert_level_exports_its_expert_only_when_it_finishes(t
                               policy_dir=tmp_path / "policies")
     assert (folder / EXPERT).read_bytes() == (folder / "best.pt").read_bytes()
     progress = json.loads((folder / "learner.json").read_text())
-    assert progress["best_step"] == 600 and progress["experts"] == {"1": {"step": 600, "measured": None}}
+    assert progress["best_step"] == 600 and progress["experts"] == {"1": {"step": 600, "below_target": True,
+                                                                         "measured": None}}
 
 
 def test_an_evaluation_measured_at_expert_level_becomes_the_expert_and_stops_the_learner(tmp_path, monkeypatch):
@@ -283,19 +284,28 @@ def test_an_evaluation_measured_at_expert_level_becomes_the_expert_and_stops_the
     assert len(json.loads((folder / "learner.json").read_text())["evals"]) == 2
 
 
-def test_a_lucky_evaluation_that_measures_below_target_does_not_become_the_expert(tmp_path, monkeypatch):
-    """10 episodes at the target are not enough: the 100-episode measurement decides."""
+def test_a_lucky_evaluation_neither_becomes_the_expert_nor_replaces_a_better_measured_export(tmp_path, monkeypatch):
+    """10 episodes are not enough: the 100-episode measurement decides the expert and ``best.pt``."""
     import datasets.behaviour as behaviour
-    monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)
-    monkeypatch.setattr(behaviour, "evaluate_actor",  # every 10-episode evaluation at 100, every measurement at 0
-                        lambda actor, task, episodes, seed: np.full(episodes, task.ref_max if episodes < 100 else task.ref_min))
+    monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)  # medium at the first evaluation (step 300)
+    ten, hundred = {600: 96.0, 900: 100.0, 1200: 80.0}, {600: 97.0, 900: 91.0}  # normalised, by learner step
+
+    def evaluate(actor, task, episodes, seed):
+        step = seed - (20_000 if episodes >= behaviour.EXPERT_EPISODES else 10_000)
+        score = (hundred if episodes >= behaviour.EXPERT_EPISODES else ten).get(step, 50.0)
+        return np.full(episodes, task.ref_min + score / 100 * (task.ref_max - task.ref_min))
+
+    monkeypatch.setattr(behaviour, "evaluate_actor", evaluate)
     folder = tmp_path / "policies" / "hopper"
-    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=900, eval_every=300, eval_episodes=1,
+    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
                               policy_dir=tmp_path / "policies")
     progress = json.loads((folder / "learner.json").read_text())
-    assert [e["step"] for e in progress["evals"]] == [300, 600, 900]  # never stopped early
-    assert sorted(progress["measured"]) == ["600", "900"] and all(m[0] == 0 for m in progress["measured"].values())
-    assert progress["experts"]["1"]["measured"] is None  # the run ended: its best export, flagged as below target
+    assert [e["step"] for e in progress["evals"]] == [300, 600, 900, 1200]  # 900's 100 over 10 never stopped it
+    assert sorted(progress["measured"]) == ["600", "900"]  # 1200 is more than MEASURE_MARGIN below the target
+    assert (progress["best_step"], progress["best_episodes"]) == (600, behaviour.EXPERT_EPISODES)
+    assert progress["best_score"] == pytest.approx(97.0, abs=1e-3)
+    assert progress["experts"]["1"] == {"step": 600, "below_target": True, "measured": progress["measured"]["600"]}
+    assert GaussianActor.load(folder / EXPERT)[1]["step"] == 600
 
 
 def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies, tmp_path, monkeypatch):
@@ -303,7 +313,8 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     import datasets.stats as stats
     learner = {"algo": "SAC", "cpu_seconds": 7200.0, "evals": [{"step": 3000, "normalized": 80.0}],
                "best_step": 3000, "best_score": 80.0, "experts": {"0": {"step": 2000, "measured": [77.7, 1.5, 100]},
-                                                                 "1": {"step": 3000, "measured": None}}}
+                                                                 "1": {"step": 3000, "below_target": True,
+                                                                       "measured": [96.0, 2.0, 100]}}}
     (policies / "learner.json").write_text(json.dumps(learner))
     monkeypatch.setattr(stats, "POLICY_DIR", policies.parent)
     monkeypatch.setattr(stats, "TASKS", {"hopper": HOPPER})
@@ -329,7 +340,8 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     assert "| 3000 (80.0) | 2.00 |" in row
     medium, old, new = row.split(" | ")[4:7]
     assert medium.startswith("step 1000: return") and old.startswith("step 2000: return") and new.startswith("step 3000")
-    assert "promoted on 77.7 ± 1.5 over 100 other episodes" in old and "ended below the target" in new
+    assert "promoted on 77.7 ± 1.5 over 100 other episodes" in old
+    assert "ended below the target; chosen on 96.0 ± 2.0 over 100 other episodes)" in new
     assert "![learning curves](datasets-learners.png)" in page and (tmp_path / "datasets-learners.png").stat().st_size > 0
 
 
