@@ -9,8 +9,8 @@ later export is kept as ``best.pt``. An evaluation (10 episodes) within ``MEASUR
 expert target of ``EXPERT_VERSION`` is measured again over ``EXPERT_EPISODES`` episodes; if that
 mean reaches the target, the export becomes ``expert-v<version>.pt`` and the learner stops. A
 measured export outranks any unmeasured one for ``best.pt`` (a lucky 10-episode evaluation is not
-enough), and when the run ends without an expert, ``best.pt`` becomes the expert. Exports are small and committed under
-``datasets/policies/<env>/``.
+enough), and when the run ends without an expert, ``best.pt`` becomes the expert. Exports are small
+and committed under ``datasets/policies/<env>/``.
 """
 from __future__ import annotations
 
@@ -243,7 +243,8 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, ev
                 (out / "history.npz").unlink(missing_ok=True)
                 progress["medium_step"] = step
             elif progress["medium_step"] is not None:
-                if keep_if_best(task, actor, step, score, eval_episodes, progress, lambda: torch.save(export(), out / "best.pt")):
+                save_best = lambda: torch.save(export(), out / "best.pt")
+                if keep_if_best(task, actor, step, score, eval_episodes, progress, save_best):
                     torch.save(export(), expert)
                     progress["experts"][str(EXPERT_VERSION)] = {"step": step, "measured": progress["measured"][str(step)]}
                     done = True
