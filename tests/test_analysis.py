@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import torch
 
+from conftest import make_episodes
+from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.spectrum import layer_spectra
@@ -18,9 +20,9 @@ TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2",
         "--precision", "fp32"]
 
 
-def sweep(tmp_path, data):
-    return subprocess.run([sys.executable, "-m", "dt_primal.sweep", "--datasets", str(data), "--models", "dt", "primal",
-                           "--seeds", "0", "1", "--jobs", "2", "--out", str(tmp_path / "sweep"), "--", *TINY],
+def sweep(tmp_path, *data, seeds=("0", "1")):
+    return subprocess.run([sys.executable, "-m", "dt_primal.sweep", "--datasets", *map(str, data), "--models", "dt",
+                           "primal", "--seeds", *seeds, "--jobs", "2", "--out", str(tmp_path / "sweep"), "--", *TINY],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
 
 
@@ -50,6 +52,16 @@ def test_sweep_trains_each_group_of_seeds_once_as_one_ensemble_and_aggregates(tm
     last = [line for line in logs[0].read_text().splitlines() if line.startswith("$ ")][-1]
     assert "--seeds 1 --out" in last and last.endswith("--resume")
     assert [log.read_text().count("$ ") for log in logs] == [2, 1]
+
+
+def test_ensembles_of_several_datasets_train_side_by_side_in_one_out(tmp_path):
+    """Table 4's layout: each model's group is one ensemble over a task's datasets, the groups at once."""
+    data = [hopper_file(tmp_path), tmp_path / "hopper_other.hdf5"]
+    write_d4rl(data[1], make_episodes(lengths=(30, 45, 20), seed=4))
+    res = sweep(tmp_path, *data, seeds=("0",))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("done (seeds 0)") == 2 and "FAILED" not in res.stdout
+    assert all((run_dir(tmp_path / "sweep", str(d), m, 0) / "eval.json").exists() for d in data for m in ("dt", "primal"))
 
 
 def test_spectrum_curves_are_cumulative_fractions():

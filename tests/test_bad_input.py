@@ -150,6 +150,20 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
                 pass
 
 
+def test_ensembles_of_other_datasets_share_an_out_and_the_same_members_do_not(tmp_path):
+    """A sweep's groups run at once in one --out: each holds its OUT/DATASET/MODEL folders, not OUT."""
+    hopper, walker = ["dt-primal/hopper/medium-v0", "dt-primal/hopper/medium-replay-v0"], \
+        ["dt-primal/walker2d/medium-v0", "dt-primal/walker2d/medium-replay-v0"]
+    with run_folder.hold_run_folder(tmp_path, [0, 1], datasets=hopper, model="dt"):
+        with run_folder.hold_run_folder(tmp_path, [0, 1], datasets=walker, model="dt"), \
+                run_folder.hold_run_folder(tmp_path, [0, 1], datasets=hopper, model="primal"):
+            pass
+        group = tmp_path / "dt-primal_hopper_medium-replay-v0" / "dt"
+        with raises(f"--out {group} is in use"):  # other seeds of the same dataset and model: their report clashes
+            with run_folder.hold_run_folder(tmp_path, [2], datasets=[walker[0], hopper[1]], model="dt"):
+                pass
+
+
 def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -171,18 +171,21 @@ class RunFolder:
 @contextlib.contextmanager
 def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enabled: bool = True,
                     datasets: list[str] | None = None, model: str | None = None):
-    """Hold the run folder ``out`` and each member's (``member_folders``) for the duration of the block;
-    yields a ``RunFolder``. ``enabled`` False (the other processes of a torchrun run): nothing is held."""
+    """Hold the run folder and each member's (``member_folders``) for the duration of the block; yields a
+    ``RunFolder``. The run folder is ``out``, or with several datasets each OUT/DATASET/MODEL (where their
+    reports go), so that ensembles of other datasets or models share ``out`` (a sweep's groups). ``enabled``
+    False (the other processes of a torchrun run): nothing is held."""
     out = Path(out)
     folder = RunFolder(out, seeds, enabled, datasets, model)
     if not enabled:
         yield folder
         return
-    created = [p for p in dict.fromkeys([out, *folder.members]) if not p.exists()]
+    held = list(dict.fromkeys([out] if datasets is None or len(datasets) < 2 else [m.parent for m in folder.members]))
+    created = [p for p in dict.fromkeys([out, *held, *folder.members]) if not p.exists()]
     usable_folder(out)
     fds = []
     try:
-        for path in dict.fromkeys([out, *folder.members]):
+        for path in dict.fromkeys([*held, *folder.members]):
             if path != out:
                 usable_folder(path)
             fds.append(_lock(path))
