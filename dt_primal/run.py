@@ -105,8 +105,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
                 print(f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
                       f"normalised score {normalized_text(r)} ({r['episodes']} episodes)")
         if args.seeds:
-            for k, spec in enumerate(specs):  # the members come dataset by dataset
-                out = Path(cfg.out) if len(specs) == 1 else folder.members[k * len(seeds)].parent
+            for k, (spec, out) in enumerate(zip(specs, folder.datasets)):  # the members come dataset by dataset
                 summary = write_report(results[k * len(seeds):(k + 1) * len(seeds)], out / "report.json")
                 for r in summary["across_checkpoints"]:
                     print(f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "

@@ -97,13 +97,20 @@ def dataset_slug(dataset: str) -> str:
     return dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
 
 
+def dataset_folders(out: Path, datasets: list[str] | None = None, model: str | None = None) -> list[Path]:
+    """The folder of each dataset of a run, where its report goes: OUT, or with several datasets
+    OUT/DATASET/MODEL (a sweep's layout, so that ensembles of other datasets or models share OUT)."""
+    if datasets is not None and len(datasets) > 1:
+        return [out / dataset_slug(d) / model for d in datasets]
+    return [out]
+
+
 def member_folders(out: Path, seeds: list[int] | None, datasets: list[str] | None = None,
                    model: str | None = None) -> list[Path]:
-    """Where each member of a run writes, dataset by dataset and seed by seed: OUT/seed_N with --seeds,
-    OUT itself otherwise; with several datasets (``seeds`` then given) OUT/DATASET/MODEL/seed_N, a sweep's layout."""
-    if datasets is not None and len(datasets) > 1:
-        return [out / dataset_slug(d) / model / f"seed_{s}" for d in datasets for s in seeds]
-    return [out / f"seed_{s}" for s in seeds] if seeds else [out]
+    """Where each member of a run writes, dataset by dataset and seed by seed: its dataset's folder
+    (``dataset_folders``) with --seeds, as seed_N in it (always, with several datasets)."""
+    folders = dataset_folders(out, datasets, model)
+    return [f / f"seed_{s}" for f in folders for s in seeds] if seeds else folders
 
 
 def member_name(dataset: str, seed: int, with_dataset: bool) -> str:
@@ -129,7 +136,7 @@ class RunFolder:
     def __init__(self, out: Path, seeds: list[int] | None, enabled: bool, datasets: list[str] | None = None,
                  model: str | None = None):
         self.out, self.enabled = out, enabled
-        self.members = member_folders(out, seeds, datasets, model)
+        self.datasets, self.members = dataset_folders(out, datasets, model), member_folders(out, seeds, datasets, model)
 
     def check_dataset(self, data: Trajectories | list[Trajectories], resume: bool) -> None:
         """Refuse to continue (``resume``) a member whose recorded dataset differs from its data (``data``,
@@ -171,21 +178,19 @@ class RunFolder:
 @contextlib.contextmanager
 def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enabled: bool = True,
                     datasets: list[str] | None = None, model: str | None = None):
-    """Hold the run folder and each member's (``member_folders``) for the duration of the block; yields a
-    ``RunFolder``. The run folder is ``out``, or with several datasets each OUT/DATASET/MODEL (where their
-    reports go), so that ensembles of other datasets or models share ``out`` (a sweep's groups). ``enabled``
-    False (the other processes of a torchrun run): nothing is held."""
+    """Hold each dataset's folder (``dataset_folders``) and each member's (``member_folders``) for the
+    duration of the block; yields a ``RunFolder``. ``enabled`` False (the other processes of a torchrun
+    run): nothing is held."""
     out = Path(out)
     folder = RunFolder(out, seeds, enabled, datasets, model)
     if not enabled:
         yield folder
         return
-    held = list(dict.fromkeys([out] if datasets is None or len(datasets) < 2 else [m.parent for m in folder.members]))
-    created = [p for p in dict.fromkeys([out, *held, *folder.members]) if not p.exists()]
+    created = [p for p in dict.fromkeys([out, *folder.datasets, *folder.members]) if not p.exists()]
     usable_folder(out)
     fds = []
     try:
-        for path in dict.fromkeys([*held, *folder.members]):
+        for path in dict.fromkeys([*folder.datasets, *folder.members]):
             if path != out:
                 usable_folder(path)
             fds.append(_lock(path))
