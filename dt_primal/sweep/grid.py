@@ -18,16 +18,12 @@ from datasets.suite import suite_id
 from dt_primal.cli import run_main
 from dt_primal.process import configure_process
 from dt_primal.run import Loader, train_command
-from dt_primal.training.run_folder import dataset_slug
+from dt_primal.training.run_folder import group_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them (each level's newest version)
 TABLE4 = [suite_id(env, level) for env in ("halfcheetah", "hopper", "walker2d")
           for level in ("medium", "medium-replay", "medium-expert")]
-
-
-def group_dir(out: Path, dataset: str, model: str) -> Path:
-    return out / dataset_slug(dataset) / model
 
 
 def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:

@@ -97,11 +97,16 @@ def dataset_slug(dataset: str) -> str:
     return dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
 
 
+def group_dir(out: Path, dataset: str, model: str) -> Path:
+    """A sweep's folder of one dataset and model in ``out``: OUT/DATASET/MODEL."""
+    return out / dataset_slug(dataset) / model
+
+
 def dataset_folders(out: Path, datasets: list[str] | None = None, model: str | None = None) -> list[Path]:
-    """The folder of each dataset of a run, where its report goes: OUT, or with several datasets
-    OUT/DATASET/MODEL (a sweep's layout, so that ensembles of other datasets or models share OUT)."""
+    """The folder of each dataset of a run, where its report goes: OUT, or with several datasets its
+    ``group_dir`` (a sweep's layout, so that ensembles of other datasets or models share OUT)."""
     if datasets is not None and len(datasets) > 1:
-        return [out / dataset_slug(d) / model for d in datasets]
+        return [group_dir(out, d, model) for d in datasets]
     return [out]
 
 
