@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from dt_primal.errors import UserError
+from dt_primal.untrusted import check_minari_folder
 
 REF_KEYS = ("ref_min_score", "ref_max_score")
 
@@ -32,6 +33,8 @@ def combine(parts: list[str], into: str) -> str:
     if into in local or get_dataset_path(into).exists():
         raise UserError(f"{into} already exists in {home}: choose another --into, or delete it first "
                         f"(minari delete {into}).")
+    for p in parts:
+        check_minari_folder(p)  # before Minari reads anything of it (it may make the environment its metadata names)
     datasets = [minari.load_dataset(p) for p in parts]
     refs = {tuple(d.storage.metadata.get(k) for k in REF_KEYS) for d in datasets}
     get_dataset_path(into).parent.mkdir(parents=True, exist_ok=True)

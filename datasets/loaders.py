@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,6 +24,7 @@ from dt_primal.errors import UserError
 from envs import Task, derived_targets, find_task, task_for
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
+MINARI_ID = re.compile(r"[\w.+-]{1,100}(/[\w.+-]{1,100}){0,4}")
 HDF5_SUFFIXES, PICKLE_SUFFIXES = (".hdf5", ".h5"), (".pkl", ".pickle")
 
 
@@ -84,10 +86,13 @@ def evaluation_task(spec: str, env: str | None, data: Trajectories, ref_scores: 
     if task is None:
         raise UserError(f"The dataset {spec} does not name the task it was recorded on; pass --env with {ENV_HINT}.")
     if ref_scores is None and data.ref_scores is not None:  # the user's are checked with the config (--ref-min)
-        ref_scores = tuple(float(x) for x in data.ref_scores)
+        try:
+            ref_scores = tuple(float(x) for x in data.ref_scores)
+        except (TypeError, ValueError, OverflowError):
+            ref_scores = (float("nan"), float("nan"))
         if not (np.isfinite(ref_scores).all() and ref_scores[0] != ref_scores[1]):
-            raise UserError(f"The dataset {spec}'s metadata gives the reference returns ref_min_score {ref_scores[0]:g} "
-                            f"and ref_max_score {ref_scores[1]:g}, which cannot normalise a score (they must be finite "
+            raise UserError(f"The dataset {spec}'s metadata gives the reference returns ref_min_score "
+                            f"{str(data.ref_scores[0])[:40]} and ref_max_score {str(data.ref_scores[1])[:40]}, which cannot normalise a score (they must be finite "
                             f"and differ). Give --ref-min and --ref-max.")
     if ref_scores is not None:
         task = dataclasses.replace(task, ref_min=float(ref_scores[0]), ref_max=float(ref_scores[1]))
@@ -106,9 +111,11 @@ def _minari_id(path: Path) -> str | None:
     for meta in (path / "data" / "metadata.json", path / "metadata.json", path.parent / "metadata.json"):
         if meta.is_file():
             try:
-                return json.loads(meta.read_text()).get("dataset_id")
+                dataset_id = json.loads(meta.read_text()).get("dataset_id")
             except (OSError, ValueError, AttributeError):
                 return None
+            # an id as Minari writes them; anything else (shell syntax, escape codes) is never shown or suggested
+            return dataset_id if isinstance(dataset_id, str) and MINARI_ID.fullmatch(dataset_id) else None
     return None
 
 
@@ -122,7 +129,8 @@ def _minari_hint(path: Path) -> str:
     for _ in dataset_id.split("/"):
         root = root.parent
     return (f" It is the Minari dataset {dataset_id}: give its id instead, with $MINARI_DATASETS_PATH pointing at the "
-            f"folder that holds it (MINARI_DATASETS_PATH={root} python train.py --dataset {dataset_id}).")
+            f"folder that holds it (MINARI_DATASETS_PATH={shlex.quote(str(root))} python train.py --dataset "
+            f"{dataset_id}).")
 
 
 def _directory_message(spec: str, path: Path) -> str:
@@ -158,17 +166,22 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
                 f"medium); pass --download to fetch a hosted Minari dataset (or copy its folder into {home}); or "
                 f"give the path of a D4RL .hdf5 or decision-transformer .pkl file.")
     try:
-        ds = minari.load_dataset(dataset_id, download=download)
-    except Exception as exc:  # unknown remote id, broken files, no network
-        raise UserError(f"Could not load Minari dataset {dataset_id}: {exc}. Check the id "
-                        f"(python -c 'import minari; print(minari.list_local_datasets())').{_combine_hint(dataset_id)}") \
-            from exc
-    episodes = [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
-                for ep in ds.iterate_episodes()]
-    spec, meta = ds.env_spec, ds.storage.metadata
+        if download and dataset_id not in minari.list_local_datasets():
+            minari.download_dataset(dataset_id)
+        meta = untrusted.check_minari_folder(dataset_id)  # before Minari reads anything of it
+        ds = minari.load_dataset(dataset_id)
+        episodes = [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards,
+                         terminals=ep.terminations) for ep in ds.iterate_episodes()]
+    except UserError:
+        raise
+    except Exception as exc:  # unknown remote id, damaged or truncated files, no network
+        raise UserError(f"Could not load Minari dataset {dataset_id} ({type(exc).__name__}: {str(exc)[:200]}). Check "
+                        f"the id (python -c 'import minari; print(minari.list_local_datasets())'), or download or "
+                        f"build the dataset again.{_combine_hint(dataset_id)}") from None
+    spec = meta.get("env_spec")
     refs = (meta.get("ref_min_score"), meta.get("ref_max_score"))
-    return Trajectories.from_episodes(episodes, env=spec and spec.id, source=dataset_id,
-                                      env_spec=spec and spec.to_json(), ref_scores=None if None in refs else refs)
+    return Trajectories.from_episodes(episodes, env=spec and json.loads(spec)["id"], source=dataset_id, env_spec=spec,
+                                      ref_scores=None if None in refs else refs)
 
 
 def _combine_hint(dataset_id: str) -> str:
@@ -182,10 +195,8 @@ def _combine_hint(dataset_id: str) -> str:
 
 
 def load_d4rl_hdf5(path: Path) -> Trajectories:
-    import h5py
-
     try:
-        with h5py.File(path, "r") as f:
+        with untrusted.open_hdf5(path) as f:
             missing = [k for k in D4RL_KEYS if k not in f]
             if missing:
                 hint = _minari_hint(path) if any(k.startswith("episode_") for k in f) else ""
@@ -193,7 +204,7 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
                                 f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).{hint}")
             arrays = {k: f[k][()] for k in D4RL_KEYS}
             timeouts = f["timeouts"][()] if "timeouts" in f else np.zeros_like(arrays["terminals"])
-    except (OSError, KeyError, TypeError) as exc:  # truncated or not hdf5; a key that is a group, not an array
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # truncated or not hdf5; a group
         raise UserError(f"Cannot read {path} as a D4RL hdf5 file ({exc}); the file may be truncated or not "
                         f"in the D4RL layout. Download or convert it again.") from exc
     for k, v in {**arrays, "timeouts": timeouts}.items():
@@ -204,6 +215,8 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
     for k, v in {**arrays, "timeouts": timeouts}.items():
         if len(v) != n:
             raise UserError(f"{path}: '{k}' has {len(v)} rows but 'rewards' has {n}; every key needs one row per step.")
+        if k in ("rewards", "terminals", "timeouts") and np.size(v) != n:
+            raise UserError(f"{path}: '{k}' has the shape {np.shape(v)}, where one value per step ({n},) belongs.")
     where = str(path)
     terminals = flags(arrays["terminals"], "'terminals'", where).reshape(-1)
     timeouts = flags(timeouts, "'timeouts'", where).reshape(-1)
@@ -219,12 +232,7 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
 
 
 def load_pickle(path: Path) -> Trajectories:
-    try:
-        trajs = untrusted.load_pickle(path)  # plain data only: unpickling nothing else runs no code
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(f"Cannot unpickle {path} ({exc}); the file may be truncated or not a pickle.") from exc
+    trajs = untrusted.load_pickle(path)  # plain data only: unpickling nothing else runs no code
     if not isinstance(trajs, (list, tuple)) or not all(isinstance(t, dict) for t in trajs):
         hint = " It holds one dict of arrays, as a D4RL file does: write those arrays into an .hdf5 file (keys " \
                f"{', '.join(D4RL_KEYS)}, timeouts) and give that." if isinstance(trajs, dict) and "observations" in trajs else ""
@@ -238,7 +246,8 @@ def load_pickle(path: Path) -> Trajectories:
                             f"(each needs observations, actions, rewards and terminals or dones).")
         ep = {k: numeric(t[k], f"'{k}' of trajectory {i}", str(path)) for k in ("observations", "actions", "rewards")}
         ep["terminals"] = flags(t.get("terminals", t.get("dones", False)), f"'terminals' of trajectory {i}", str(path))
-        if ep["observations"].ndim != 2 or ep["actions"].ndim != 2 or len(ep["observations"]) < len(ep["actions"]) \
+        if ep["observations"].ndim != 2 or ep["actions"].ndim != 2 or ep["rewards"].ndim != 1 \
+                or len(ep["observations"]) < len(ep["actions"]) \
                 or len(ep["rewards"]) != len(ep["actions"]):
             raise UserError(f"{path}: trajectory {i} has shapes observations {ep['observations'].shape}, actions "
                             f"{ep['actions'].shape}, rewards {ep['rewards'].shape}; expected (T, obs_dim), (T, act_dim), (T,).")

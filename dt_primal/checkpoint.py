@@ -90,8 +90,6 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     torch and NumPy only. Every problem is a UserError that says what to do."""
     try:
         ckpt = load_torch(path)
-    except FileNotFoundError:
-        raise UserError(f"Checkpoint {path} does not exist; train.py writes DIR/last.pt.") from None
     except UserError:
         raise
     except Exception as exc:
@@ -117,24 +115,67 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     except (TypeError, ValueError) as exc:
         raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
                         f"the version that wrote it, or retrain.") from exc
+    _check_values(ckpt, path)
     return ckpt
+
+
+def _check_values(ckpt: dict, path) -> None:
+    """What acting needs of the values: a step count, finite weights, finite statistics with a positive
+    spread (a NaN or a zero there turns every action into NaN)."""
+    step = ckpt["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise UserError(f"{path} is damaged: its step is {str(step)[:40]!r}, not a count. Use an earlier copy or "
+                        f"retrain.")
+    weights = ckpt["model"]
+    if not isinstance(weights, dict) or not all(isinstance(w, torch.Tensor) for w in weights.values()):
+        raise UserError(f"{path} is damaged: its model is not a set of named tensors. Use an earlier copy or retrain.")
+    bad = [k for k, w in weights.items() if w.is_floating_point() and not torch.isfinite(w).all()]
+    if bad:
+        raise UserError(f"{path} holds NaN or infinite weights ({', '.join(bad[:3])}), so every action would be NaN: "
+                        f"the run diverged or the file is damaged. Use an earlier checkpoint or retrain.")
+    mean, std = ckpt["state_mean"], ckpt["state_std"]
+    if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+        raise UserError(f"{path} holds observation statistics that are not finite or a spread that is not positive "
+                        f"(state_std min {np.nanmin(std) if std.size else 0:g}), which would make every action NaN; "
+                        f"the file is damaged. Use an earlier copy or retrain.")
+
+
+def _check_training_state(ckpt: dict, path) -> None:
+    """The random generators' states a continued run restores, tried on fresh generators first."""
+    try:
+        state = ckpt["rng"]
+        s = state["numpy"]
+        np.random.RandomState().set_state((s["bit_generator"], s["key"].numpy().astype(np.uint32), s["pos"],
+                                           s["has_gauss"], s["gauss"]))
+        random.Random().setstate(state["python"])
+        for key in ("torch", "sampler"):
+            torch.Generator().set_state(state[key])
+        if not all(isinstance(c, torch.Tensor) for c in state["cuda"]):
+            raise TypeError("the CUDA generators' states are not tensors")
+    except Exception as exc:  # the file's values, whatever they are
+        raise UserError(f"The training state in {path} is damaged ({type(exc).__name__}: {str(exc)[:160]}); evaluate "
+                        f"it with evaluate.py, or start a new run with another --out.") from None
 
 
 def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
     """``read_checkpoint``, checked also for what evaluation (and, with ``resume``, a continued run)
     needs: the run's config and task."""
-    from envs import Task  # imports Gymnasium and MuJoCo, which acting with a model does not need
+    from gymnasium.error import Error as GymError  # Gymnasium and MuJoCo: acting with a model does not need them
+
+    from envs import Task
     ckpt = read_checkpoint(path)
     if resume and not TRAINING_STATE_KEYS <= set(ckpt):
         raise UserError(f"{path} is not a dt-primal checkpoint that can be resumed (it lacks "
                         f"{', '.join(sorted(TRAINING_STATE_KEYS - set(ckpt)))}); give a DIR/last.pt written by train.py.")
-    if resume and "exp_avg" not in ckpt["optimizer"]:
+    if resume and not (isinstance(ckpt["optimizer"], dict) and "exp_avg" in ckpt["optimizer"]):
         raise UserError(f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
                         f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
+    if resume:
+        _check_training_state(ckpt, path)
     try:
         Config(**ckpt["config"]).validate()
         Task.from_record(ckpt["task"])
-    except (TypeError, ValueError, KeyError, UserError) as exc:
+    except (TypeError, ValueError, KeyError, UserError, GymError) as exc:
         raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
                         f"the version that wrote it, or retrain.") from exc
     return ckpt

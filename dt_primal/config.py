@@ -151,10 +151,19 @@ def _more_problems(cfg: Config) -> list[str]:
     for name in ("dataset", "out") + (("env",) if cfg.env is not None else ()):
         if not str(getattr(cfg, name)).strip():
             problems.append(f"--{name} is empty")
+        try:
+            str(getattr(cfg, name)).encode("utf-8")
+        except UnicodeEncodeError:
+            problems.append(f"--{name} holds bytes that are not UTF-8 text ({getattr(cfg, name)!r}); rename it")
+    huge = [f.name for f in fields(cfg) if f.type.startswith("int") and isinstance(getattr(cfg, f.name), int)
+            and getattr(cfg, f.name) > MAX_COUNT]
+    if huge:
+        problems.append(f"{', '.join('--' + n.replace('_', '-') for n in huge)} must be at most {MAX_COUNT:.0e}")
     return problems
 
 
 MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
+MAX_COUNT = 10**15  # sizes and step counts beyond this are typing mistakes (10^26 overflows 64-bit counters)
 
 
 # paper: the defaults (the Primal.+DT paper's, docs/method.md, "Hyper-parameters").

@@ -114,7 +114,7 @@ def numeric(value, what: str, where: str) -> np.ndarray:
         array = np.asarray(value)
         if array.dtype.kind == "O":  # lists of numbers, None (NaN, refused later), or something else
             array = array.astype(np.float64)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise UserError(f"{where}: {what} is not an array of numbers ({exc}). Every key needs one row of numbers per "
                         f"step, all rows of the same length; convert the data and try again.") from None
     if array.dtype.kind not in "biuf":

@@ -27,6 +27,7 @@ from dt_primal.evaluation.reports import pm, table
 from dt_primal.sweep.grid import TABLE4
 from dt_primal.sweep.results import DT_MATCHED, LABELS, collect
 from dt_primal.sweep.tables import cell, gap_rows, gap_table, short
+from dt_primal.untrusted import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results.md"
@@ -61,7 +62,7 @@ def setting(config: dict, name: str):
 
 
 def records(group: Path, seeds) -> list[dict]:
-    return [json.loads((group / f"seed_{s}" / "eval.json").read_text()) for s in seeds]
+    return [read_record(group / f"seed_{s}" / "eval.json") for s in seeds]
 
 
 def made_with(rows: list[dict]) -> str:

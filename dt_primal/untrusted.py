@@ -1,42 +1,136 @@
-"""Reading the files a user is given (checkpoints, dataset pickles) without running their code.
+"""What a file a user is given may hold, checked before anything is built from it.
 
-Unpickling calls whatever functions a file names, so a shared file could run anything on the
-reader's machine. Both readers here build plain data only: lists, dicts, tuples, numbers and
-strings, tensors (``torch.load(weights_only=True)``), and NumPy arrays, scalars and dtypes (the
-few NumPy functions that rebuild them from their bytes; ``ADMITTED_GLOBALS``). A file that names
-anything else is refused before anything it names is called.
+Researchers exchange checkpoints and datasets, so every reader of one treats it as hostile: nothing
+in it may choose code to run, a module to import, another file to read, or how much memory to
+allocate. Each kind of file, and what is admitted from it:
+
+| file | reader | admitted |
+|---|---|---|
+| checkpoint (``last.pt``) | ``load_torch`` | a zip archive as ``torch.save`` writes it: uncompressed entries whose sizes add up to the file's; in it tensors, lists, dicts, numbers, strings and NumPy arrays, scalars and dtypes (``ADMITTED_GLOBALS``), each array no larger than its bytes in the file |
+| decision-transformer pickle | ``load_pickle`` | the same plain data, NumPy's rebuilders bounded the same way |
+| HDF5 (a D4RL file, a Minari ``main_data.hdf5``) | ``open_hdf5`` | groups and datasets stored inside the file (no external files, external links or virtual datasets), each declaring no more than its stored bytes can hold (``MAX_RATIO``), all of them together fitting in memory |
+| Minari ``metadata.json`` | ``check_minari_metadata`` | a JSON object whose spaces are flat Boxes of checked size, whose counts fit in memory and whose environment spec ``envs.check_spec`` admits; checked before Minari reads anything |
+| environment spec (a dataset's metadata, a checkpoint's task) | ``envs.check_spec`` | a registered id (no ``module:`` prefix), the entry point Gymnasium registers for it, no wrappers, and only numeric constructor options |
+| run records (``eval.json``, ``evals.jsonl``) | ``read_record``, ``read_curve`` | JSON objects of at most ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong |
+| records archive (``.tgz``) | ``dt_primal.sweep.records`` | run records under relative ``seed_N`` paths, regular files of at most ``MAX_RECORD`` bytes |
+
+A file that breaks a rule is a ``UserError`` that names the rule; nothing named in it was called.
 """
 from __future__ import annotations
 
 import _codecs
+import contextlib
+import json
+import math
 import os
 import pickle
 import re
+import stat
+import sys
+import zipfile
 
 import numpy as np
-import torch
 
 from dt_primal.errors import UserError
 
-_NUMPY = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype,
-          "numpy._core.multiarray._reconstruct": np._core.multiarray._reconstruct,
-          "numpy._core.multiarray.scalar": np._core.multiarray.scalar,
-          "numpy._core.numeric._frombuffer": np._core.numeric._frombuffer}
-# what a pickle may name: NumPy's rebuilders under their NumPy 2 and NumPy 1 module names, and the bytes decoder
-# of pickle protocol 2 (the protocol torch.save writes)
-ADMITTED_GLOBALS = {**_NUMPY, **{k.replace("numpy._core", "numpy.core"): v for k, v in _NUMPY.items()},
-                    "_codecs.encode": _codecs.encode}
-# the classes of NumPy's dtypes of numbers, booleans and text, which torch.load checks as it rebuilds a dtype
-NUMPY_DTYPES = sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGSU"}, key=str)
+# deflate, the strongest compression HDF5 applies without plugins, cannot shrink data more than 1032:1
+MAX_RATIO = 1100
+MAX_RECORD = 16 * 2**20  # a run record (eval.json, evals.jsonl, dataset.json) is a few kB
 ADMITTED = "lists, dicts, numbers, strings, tensors and NumPy arrays"
 
 
-def refused(path: str | os.PathLike, name: str) -> UserError:
+def check_fits_memory(nbytes: int, path, what: str) -> None:
+    """Refuse a file that declares ``nbytes`` of ``what``, more than half this machine's free memory (the
+    data is converted once after it is read)."""
+    from dt_primal.machine import available_bytes
+
+    free = available_bytes("cpu")[0]
+    if free and nbytes > free // 2:
+        raise UserError(f"{path} declares {what} of {nbytes / 2**30:.1f} GiB, more than this machine can hold while "
+                        f"converting it ({free / 2**30:.1f} GiB free); it was not read. Use a machine with more "
+                        f"memory, or check that the file is the one you meant.")
+
+
+def regular_file(path, what: str) -> int:
+    """The size of ``path``, a regular, non-empty file; a UserError for a folder, a FIFO, a device or an
+    empty file (a FIFO would make the reader wait forever)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist.") from None
+    except OSError as exc:
+        raise UserError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{what} {path} is not a regular file (a folder, a pipe or a device); give the file itself.")
+    if info.st_size == 0:
+        raise UserError(f"{what} {path} is empty (0 bytes): it was not written completely. Use another copy.")
+    return info.st_size
+
+
+def refused(path, name: str) -> UserError:
     """The error for a file that names ``name``, which is not admitted."""
     return UserError(f"{path} was refused: reading it would call {name}, and dt-primal reads only {ADMITTED} from a "
                      f"file, because unpickling anything else can run code on this machine (nothing in the file was "
                      f"run). Do not use the file unless you know where it came from; ask for one written by train.py, "
                      f"or for a dataset as an .hdf5 file.")
+
+
+# --- pickles (a checkpoint's data.pkl, a decision-transformer dataset) ---
+
+class _ArrayName:
+    """What a pickle gets for ``numpy.ndarray``: only a marker for ``_reconstruct``; calling it (an array
+    of uninitialised memory of a size the file chooses) is refused."""
+
+    def __new__(cls, *args, **kwargs):
+        raise UserError("it calls numpy.ndarray directly (an array of uninitialised memory of a size the file "
+                        "chooses), which NumPy's own pickles never do")
+
+
+class _Array:
+    """An array as NumPy pickles it, made empty by ``_reconstruct`` and filled by ``__setstate__``, which
+    checks that the file holds every byte of the shape it declares before NumPy allocates it."""
+
+    def __init__(self, subtype=None, shape=(0,), dtype=b"b"):
+        if subtype is not _ArrayName or tuple(shape) != (0,):
+            raise UserError(f"it rebuilds an array with the shape {str(shape)[:80]}, where NumPy's own pickles "
+                            f"start from an empty array")
+        self.array = None
+
+    def __setstate__(self, state):
+        version, shape, dtype, fortran, raw = state if len(state) == 5 else (1, *state)
+        if not (isinstance(dtype, np.dtype) and isinstance(shape, tuple)
+                and all(isinstance(n, int) and 0 <= n < 2**40 for n in shape)):
+            raise UserError(f"an array in it declares the shape {str(shape)[:80]} and dtype {str(dtype)[:80]}")
+        count = math.prod(shape)
+        held = len(raw) if dtype.hasobject else len(raw) // max(dtype.itemsize, 1)
+        if not isinstance(raw, (bytes, bytearray, list)) or held != count:
+            raise UserError(f"an array in it declares {count} values of {dtype} but holds {held}")
+        self.array = np._core.multiarray._reconstruct(np.ndarray, (0,), b"b")
+        self.array.__setstate__((version, shape, dtype, fortran, raw))
+
+
+def _unwrap(value):
+    """``value`` with every ``_Array`` replaced by its array, in dicts, lists and tuples."""
+    if isinstance(value, _Array):
+        if value.array is None:
+            raise UserError("an array in it is never filled")
+        return value.array
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(v) for v in value)
+    return value
+
+
+_NUMPY = {"numpy.ndarray": _ArrayName, "numpy.dtype": np.dtype, "numpy._core.multiarray._reconstruct": _Array,
+          "numpy._core.multiarray.scalar": np._core.multiarray.scalar,
+          "numpy._core.numeric._frombuffer": np._core.numeric._frombuffer}
+# what a pickle may name: NumPy's rebuilders (bounded) under their NumPy 2 and NumPy 1 module names, and the bytes
+# decoder of pickle protocol 2 (the protocol torch.save writes)
+ADMITTED_GLOBALS = {**_NUMPY, **{k.replace("numpy._core", "numpy.core"): v for k, v in _NUMPY.items()},
+                    "_codecs.encode": _codecs.encode}
+# the classes of NumPy's dtypes of numbers, booleans and text, which torch.load checks as it rebuilds a dtype
+NUMPY_DTYPES = sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGSU"}, key=str)
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -51,20 +145,235 @@ class _PlainUnpickler(pickle.Unpickler):
             raise refused(self.path, f"{module}.{name}") from None
 
 
-def load_pickle(path: str | os.PathLike) -> object:
-    """The plain data a pickle file holds; UserError when it names anything not admitted."""
-    with open(path, "rb") as f:
-        return _PlainUnpickler(f, path).load()
+def _refusal(path, exc: Exception) -> UserError | None:
+    """The UserError for a pickle that names or rebuilds something not admitted (``exc`` raised by either
+    unpickler); None for other failures."""
+    if isinstance(exc, UserError):
+        return exc if str(path) in str(exc) else UserError(
+            f"{path} was refused: {exc}. dt-primal reads only {ADMITTED} as NumPy and torch.save write them; use a "
+            f"file written by train.py, or a dataset as an .hdf5 file.")
+    named = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    if named and isinstance(exc, pickle.UnpicklingError):
+        return refused(path, named.group(1))
+    return None
 
 
-def load_torch(path: str | os.PathLike) -> object:
-    """``torch.load`` of the tensors and plain data a file holds, on the CPU; UserError when it names
-    anything else. Other failures (a missing, truncated or foreign file) raise as torch.load's do."""
+def load_pickle(path) -> object:
+    """The plain data a pickle file holds; a UserError when it names anything not admitted, or is not a
+    pickle of plain data."""
+    regular_file(path, "The dataset file")
     try:
-        with torch.serialization.safe_globals([(f, name) for name, f in ADMITTED_GLOBALS.items()] + NUMPY_DTYPES):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        named = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
-        if named:
-            raise refused(path, named.group(1)) from None
+        with open(path, "rb") as f:
+            return _unwrap(_PlainUnpickler(f, path).load())
+    except Exception as exc:
+        raise (_refusal(path, exc) or UserError(
+            f"Cannot unpickle {path} ({type(exc).__name__}: {str(exc)[:200]}); the file may be truncated or not a "
+            f"pickle.")) from None
+
+
+# --- checkpoints ---
+
+def _check_archive(path, size: int) -> None:
+    """``path`` is a zip archive as ``torch.save`` writes it: its entries stored uncompressed, so that what
+    they declare cannot exceed the file (a compressed entry could inflate a small file a thousandfold)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise UserError(f"Checkpoint {path} is not a checkpoint archive ({exc}); it is truncated or corrupted, or was "
+                        f"not written by train.py. Use an earlier copy or retrain.") from None
+    packed = [e.filename for e in entries if e.compress_type != zipfile.ZIP_STORED]
+    declared = sum(e.file_size for e in entries)
+    if packed or declared > size:
+        raise UserError(f"Checkpoint {path} was refused: its entries declare {declared} bytes in a file of {size}"
+                        f"{' and ' + packed[0] + ' is compressed' if packed else ''}, which torch.save never writes "
+                        f"(a small file must not make the reader allocate much more than its size). Use a checkpoint "
+                        f"written by train.py.")
+
+
+def load_torch(path) -> object:
+    """``torch.load`` of the tensors and plain data a checkpoint holds, on the CPU, after checking the archive;
+    a UserError when it names anything not admitted. Other failures raise as ``torch.load``'s do."""
+    import torch
+
+    _check_archive(path, regular_file(path, "Checkpoint"))
+    admitted = [(f, name) for name, f in ADMITTED_GLOBALS.items()] + [(_Array, "dt_primal.untrusted._Array")]
+    try:
+        with torch.serialization.safe_globals(admitted + NUMPY_DTYPES):
+            return _unwrap(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as exc:
+        refusal = _refusal(path, exc)
+        if refusal is not None:
+            raise refusal from None
         raise
+
+
+# --- HDF5 ---
+
+def _check_hdf5_object(f, name: str, path) -> int:
+    """The bytes the dataset ``name`` of the open file ``f`` declares (0 for a group), after checking that it
+    is stored in the file and declares no more than its stored bytes can hold."""
+    import h5py
+
+    link = f.get(name, getlink=True)
+    if isinstance(link, h5py.ExternalLink):
+        raise UserError(f"{path} was refused: '{name}' links to the file {link.filename}, and dt-primal reads no file "
+                        f"but the one given. Copy the data into the file (h5repack) and try again.")
+    node = f.get(name)
+    if not isinstance(node, h5py.Dataset):
+        return 0
+    if node.external or node.is_virtual:
+        raise UserError(f"{path} was refused: '{name}' keeps its data in other files, and dt-primal reads no file but "
+                        f"the one given. Copy the data into the file (h5repack) and try again.")
+    declared = int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize if node.shape else node.dtype.itemsize
+    stored = node.id.get_storage_size()
+    if declared > 4096 and declared > MAX_RATIO * max(stored, 1):
+        raise UserError(f"{path} was refused: '{name}' declares {node.shape} values ({declared} bytes) but stores "
+                        f"{stored} bytes, more than any compression can restore; the file is damaged or crafted.")
+    return declared
+
+
+@contextlib.contextmanager
+def open_hdf5(path):
+    """The HDF5 file ``path``, open for reading, every object of it checked (``_check_hdf5_object``), and all
+    datasets together small enough for this machine's memory."""
+    import h5py
+
+    regular_file(path, "The dataset file")
+    with h5py.File(path, "r") as f:
+        names: list[str] = []
+        f.visit_links(names.append)  # every link, none of them followed
+        declared = sum(_check_hdf5_object(f, name, path) for name in names)
+        check_fits_memory(declared, path, "arrays")
+        yield f
+
+
+# --- Minari ---
+
+SPACE_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8"}
+
+
+def _check_box(serialized, what: str, where: str) -> None:
+    try:
+        space = json.loads(serialized)
+        shape = tuple(space["shape"])
+        ok = space["type"] == "Box" and space["dtype"] in SPACE_DTYPES and len(shape) == 1 and \
+            all(isinstance(n, int) and 0 < n <= 100_000 for n in shape)
+    except (TypeError, ValueError, KeyError):
+        ok = False
+    if not ok:
+        raise UserError(f"{where}'s {what} is not a flat Box space of at most 100000 numbers (found "
+                        f"{str(serialized)[:120]}); only flat observation and action spaces are supported.")
+
+
+def check_minari_metadata(meta: object, where: str) -> None:
+    """A Minari dataset's ``metadata.json`` (parsed), checked before Minari reads it: Minari makes the
+    environment of a dataset whose spaces are missing, and allocates from the counts it declares."""
+    from envs import check_spec
+
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}'s metadata.json is not a JSON object; the dataset is damaged.")
+    for key in ("observation_space", "action_space"):
+        if key not in meta:
+            raise UserError(f"{where}'s metadata.json lacks its {key}, which Minari then recovers by making the "
+                            f"environment its env_spec names; a file may not make an environment. Every dataset "
+                            f"Minari writes records it: ask for a complete copy.")
+        _check_box(meta[key], key, where)
+    if meta.get("data_format") not in ("hdf5", "arrow"):
+        raise UserError(f"{where}'s metadata.json gives the data format {str(meta.get('data_format'))[:40]!r}; Minari "
+                        f"writes hdf5 or arrow.")
+    episodes, steps = (meta.get(k) for k in ("total_episodes", "total_steps"))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (episodes, steps)) \
+            or episodes > steps:
+        raise UserError(f"{where}'s metadata.json declares {str(episodes)[:40]} episodes and {str(steps)[:40]} steps; "
+                        f"they must be counts, with no more episodes than steps.")
+    check_fits_memory(episodes * 8, where, "an index of its episodes")  # Minari allocates it from the count
+    spec = meta.get("env_spec")
+    if spec is not None:
+        try:
+            check_spec(spec)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(f"{where}'s metadata.json: {exc}") from None
+
+
+def check_minari_folder(dataset_id: str) -> dict:
+    """The metadata of the local Minari dataset ``dataset_id``, checked (``check_minari_metadata``), and its
+    data files: no links out of its folder, an HDF5 file checked by ``open_hdf5``, Arrow files fitting in memory."""
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    data = get_dataset_path(dataset_id) / "data"
+    where = f"The Minari dataset {dataset_id}"
+    links = [p for p in (data, *data.rglob("*")) if p.is_symlink()]
+    if links:
+        raise UserError(f"{where} was refused: {links[0]} is a link, and dt-primal reads no file outside a dataset's "
+                        f"folder. Copy the dataset without links.")
+    if regular_file(data / "metadata.json", f"{where}'s metadata") > MAX_RECORD:
+        raise UserError(f"{where}'s metadata.json is larger than {MAX_RECORD >> 20} MiB; Minari's are a few kB.")
+    try:
+        meta = json.loads((data / "metadata.json").read_bytes())
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{where}'s metadata.json is not JSON ({exc}); the dataset is damaged.") from None
+    check_minari_metadata(meta, where)
+    if meta["data_format"] == "hdf5":
+        with open_hdf5(data / "main_data.hdf5"):
+            pass
+    else:
+        check_fits_memory(sum(p.stat().st_size for p in data.rglob("*") if p.is_file()), where, "Arrow files")
+    return meta
+
+
+# --- run records ---
+
+def _is_count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _reports_ok(reports: object) -> bool:
+    """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read."""
+    return isinstance(reports, list) and bool(reports) and all(
+        isinstance(r, dict) and _is_number(r.get("target")) and _is_count(r.get("episodes", 0))
+        and (_is_number(r.get("normalized_mean")) or (r.get("normalized_mean") is None and _is_number(r.get("return_mean"))))
+        for r in reports)
+
+
+def read_record(path, reports: bool = True) -> dict:
+    """A finished run's ``eval.json``, a JSON object checked for what the tables read: its step and its
+    reports (``reports`` False: only that it is an object, for its config)."""
+    if regular_file(path, "The run record") > MAX_RECORD:
+        raise UserError(f"The run record {path} is larger than {MAX_RECORD >> 20} MiB; train.py writes a few kB.")
+    try:
+        record = json.loads(open(path, "rb").read())
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"The run record {path} is not JSON ({str(exc)[:100]}); it is damaged. Restore it from "
+                        f"the run's folder or from git, or evaluate its checkpoint again.") from None
+    if not (isinstance(record, dict) and (not reports or _is_count(record.get("step")) and _reports_ok(record.get("targets")))):
+        raise UserError(f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
+                        f"writes them in eval.json); it is damaged. Restore it, or evaluate its checkpoint again.")
+    return record
+
+
+def read_curve(path) -> list[dict]:
+    """The evaluations of a run's ``evals.jsonl`` (one JSON object per line: a step and its reports); a line
+    that is not one (such as the last line of a run killed while writing it) is left out, and said."""
+    if not os.path.exists(path) or os.stat(path).st_size == 0:
+        return []
+    if regular_file(path, "The run record") > 64 * MAX_RECORD:
+        raise UserError(f"The run record {path} is larger than {64 * MAX_RECORD >> 20} MiB; it is damaged.")
+    curve, damaged = [], 0
+    for line in open(path, "rb").read().decode(errors="replace").splitlines():
+        try:
+            point = json.loads(line)
+        except (ValueError, RecursionError):
+            point = None
+        if isinstance(point, dict) and _is_count(point.get("step")) and _reports_ok(point.get("reports")):
+            curve.append(point)
+        else:
+            damaged += bool(line.strip())
+    if damaged:
+        print(f"note: {path}: left out {damaged} damaged line{'s' * (damaged > 1)} (a run killed while writing "
+              f"one, or an edited file)", file=sys.stderr)
+    return curve

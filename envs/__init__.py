@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import re
 import warnings
@@ -32,6 +33,75 @@ def _mujoco_warning(message: str) -> None:
 mujoco.set_mju_user_warning(_mujoco_warning)
 
 
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class ForeignEntryPoint(gym.error.Error, ValueError):
+    """An environment id or EnvSpec from a file that would choose the code that builds its environment."""
+
+
+# what a file's EnvSpec may pass to the environment's constructor: the numeric options and flags of Gymnasium's
+# MuJoCo environments (weights, ranges, noise, frame skip, what the observation includes), never a file (xml_file),
+# a camera or a renderer
+ENV_OPTIONS = frozenset({
+    "frame_skip", "forward_reward_weight", "ctrl_cost_weight", "contact_cost_weight", "healthy_reward",
+    "terminate_when_unhealthy", "healthy_state_range", "healthy_z_range", "healthy_angle_range", "contact_force_range",
+    "contact_cost_range", "reset_noise_scale", "exclude_current_positions_from_observation", "use_contact_forces",
+    "include_cfrc_ext_in_observation", "include_cinert_in_observation", "include_cvel_in_observation",
+    "include_qfrc_actuator_in_observation", "reward_dist_weight", "reward_control_weight", "reward_near_weight",
+    "render_mode"})
+MAX_TIME_LIMIT = 100_000  # a file's time limit beyond this would let one evaluation episode run for hours
+
+
+def check_id(gym_id: object) -> None:
+    """An environment id from a file: a registered id, never ``module:id`` (``gym.make`` would import the
+    module); ``gymnasium.error.Error`` for an id Gymnasium does not know."""
+    if not isinstance(gym_id, str) or ":" in gym_id or not re.fullmatch(r"[\w./-]{1,200}", gym_id):
+        raise ForeignEntryPoint(f"the environment id {str(gym_id)[:80]!r} is not a registered Gymnasium id (an id "
+                                f"with 'module:' would make Gymnasium import that module); a file may not choose "
+                                f"code to run, so it is refused")
+    gym.spec(gym_id)
+
+
+def _plain_option(value: object) -> bool:
+    """A number, a flag, None, or a short list of numbers (a range)."""
+    if isinstance(value, (list, tuple)):
+        return len(value) <= 8 and all(isinstance(v, (int, float)) for v in value)
+    return value is None or isinstance(value, (int, float, bool))
+
+
+def check_spec(spec: str) -> None:
+    """A JSON EnvSpec from a file (a dataset's metadata, a checkpoint's task) may set its environment's
+    numeric options (``ENV_OPTIONS``) and time limit, never the code that builds it: its id is registered,
+    its entry points are those Gymnasium registers for the id, and it adds no wrappers."""
+    try:
+        parsed = EnvSpec.from_json(spec)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ForeignEntryPoint(f"its environment spec is not a Gymnasium EnvSpec ({type(exc).__name__}: "
+                                f"{str(exc)[:120]})") from None
+    check_id(parsed.id)
+    registered = gym.spec(parsed.id)
+    foreign = [str(e) for e in (parsed.entry_point, parsed.vector_entry_point)
+               if e not in (registered.entry_point, registered.vector_entry_point)]
+    foreign += [str(w.entry_point) for w in parsed.additional_wrappers]
+    if foreign:
+        raise ForeignEntryPoint(f"its environment spec names the code {', '.join(foreign)[:200]} to build "
+                                f"{parsed.id}, where Gymnasium registers {registered.entry_point} and no wrappers; a "
+                                f"file may not choose code to run, so it is refused")
+    options = parsed.kwargs if isinstance(parsed.kwargs, dict) else {"(not a dict)": parsed.kwargs}
+    odd = [k for k, v in options.items() if k not in ENV_OPTIONS or not _plain_option(v) or
+           (k == "render_mode" and v is not None)]
+    if odd:
+        raise ForeignEntryPoint(f"its environment spec passes {', '.join(map(str, odd))[:200]} to {parsed.id}'s "
+                                f"constructor, where a file may set only numeric options (a file name, for one, would "
+                                f"make this machine open a file the sender chose), so it is refused")
+    limit = parsed.max_episode_steps
+    if limit is not None and not (isinstance(limit, int) and 0 < limit <= MAX_TIME_LIMIT):
+        raise ForeignEntryPoint(f"its environment spec sets the time limit {str(limit)[:40]}, where 1 to "
+                                f"{MAX_TIME_LIMIT} steps are admitted")
+
+
 @dataclass(frozen=True)
 class Task:
     name: str  # a D4RL task's alias (hopper), else the Gymnasium id
@@ -42,6 +112,12 @@ class Task:
     spec: str | None = None  # the environment as a JSON EnvSpec (a dataset's: kwargs, time limit); None: the id's
 
     def __post_init__(self):
+        check_id(self.gym_id)
+        refs = (self.ref_min, self.ref_max)
+        if refs != (None, None) and not (all(_finite(r) for r in refs) and refs[0] != refs[1]):
+            raise ValueError(f"the reference returns {refs} cannot normalise a score (they must be finite and differ)")
+        if not (isinstance(self.targets, tuple) and all(_finite(t) for t in self.targets)):
+            raise ValueError(f"the targets {str(self.targets)[:80]} are not finite returns")
         if self.spec is not None:
             check_spec(self.spec)
 
@@ -73,24 +149,6 @@ TASKS: dict[str, Task] = {
     "hopper": Task("hopper", "Hopper-v5", -20.272305, 3234.3, (3600.0, 1800.0)),
     "walker2d": Task("walker2d", "Walker2d-v5", 1.629008, 4592.3, (5000.0, 2500.0)),
 }
-
-
-class ForeignEntryPoint(gym.error.Error, ValueError):
-    """An EnvSpec that would build its environment with code Gymnasium does not register for its id."""
-
-
-def check_spec(spec: str) -> None:
-    """A JSON EnvSpec from a file (a dataset's metadata, a checkpoint's task) may set its environment's
-    kwargs and time limit, never the code that builds it: ``gym.make`` imports and calls the entry points
-    it names, so they must be those Gymnasium registers for its id (wrappers: Gymnasium's own)."""
-    parsed = EnvSpec.from_json(spec)
-    registered = gym.spec(parsed.id)  # gymnasium.error.Error for an id it does not know
-    foreign = [str(e) for e in [parsed.entry_point] if e != registered.entry_point] + \
-        [str(w.entry_point) for w in parsed.additional_wrappers if not str(w.entry_point).startswith("gymnasium.")]
-    if foreign:
-        raise ForeignEntryPoint(f"its environment spec names the code {', '.join(foreign)} to build {parsed.id}, where "
-                                f"Gymnasium registers {registered.entry_point}; a file may not choose code to run, so "
-                                f"it is refused")
 
 
 def find_task(text: str) -> Task | None:

@@ -7,15 +7,20 @@ once. A problem is a ``UserError`` that says what is wrong and what to do.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from dt_primal.config import MAX_SEED, PRECISIONS, Config
 from dt_primal.errors import UserError
+from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.machine import check_device, gib, memory_bytes
 from envs import Task
 
@@ -77,6 +82,15 @@ def _is_report(path: Path) -> bool:
         return False
 
 
+def _is_report_table(path: Path) -> bool:
+    """Whether ``path`` holds a Markdown table that evaluate.py wrote (which it may replace)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline(4096).rstrip("\n") == REPORT_TABLE_HEAD
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def check_evaluate_args(args) -> None:
     """evaluate.py's options, before any checkpoint is loaded: ``args`` has ``checkpoints, episodes,
     out, env_workers`` and optionally ``targets, seed, device, precision``."""
@@ -115,9 +129,17 @@ def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
         if any(path.exists() and c.exists() and path.resolve() == c.resolve() for c in checkpoints):
             raise UserError(f"--out {out} would overwrite the checkpoint {path} with the report; give another file, "
                             f"e.g. --out {out.with_name('eval.json')}.")
+    for path in (out, out.with_suffix(".md")):
+        if path.is_symlink():
+            raise UserError(f"{path} is a symbolic link, and the report is never written through a link (it would "
+                            f"rewrite the file the link points to); remove it, or give another --out.")
     if out.exists() and not _is_report(out):
         raise UserError(f"--out {out} already exists and is not an evaluation report, so writing the report would "
                         f"destroy it; give another file (an earlier report there would be replaced).")
+    table = out.with_suffix(".md")
+    if table.exists() and not _is_report_table(table):
+        raise UserError(f"{table}, where the report's Markdown table goes (beside --out {out}), already exists and is "
+                        f"not a table evaluate.py wrote, so writing the report would destroy it; give another --out.")
     parent = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
     if not parent.is_dir():
         raise UserError(f"--out {out} lies under {parent}, which is a file, not a folder; give another path.")
@@ -126,12 +148,40 @@ def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
                         f"path in a folder you can write to.")
 
 
-def env_sizes(task: Task) -> tuple[int, int]:
-    """Observation and action sizes of the task's environment."""
-    env = task.make()
-    sizes = env.observation_space.shape[0], env.action_space.shape[0]
+@dataclass(frozen=True)
+class TaskLimits:
+    obs_dim: int
+    low: np.ndarray  # (act_dim,) action bounds
+    high: np.ndarray
+    time_limit: int  # steps after which the environment ends an episode
+
+
+@functools.lru_cache(maxsize=None)
+def task_limits(task: Task) -> TaskLimits:
+    """The action bounds and the time limit of a task's environment (made once per process); an
+    environment that cannot be made, or whose spaces are not flat boxes, is refused."""
+    try:
+        env = task.make()
+    except Exception as exc:  # a missing package, bad kwargs in the dataset's EnvSpec, ...
+        raise UserError(f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it "
+                        f"needs, or pass --env with another environment.") from exc
+    if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+               for space in (env.observation_space, env.action_space)):
+        env.close()
+        raise UserError(f"{task.gym_id} has the observation space {env.observation_space} and the action space "
+                        f"{env.action_space}; a Decision Transformer here needs vectors of real numbers for both "
+                        f"(continuous control, as the MuJoCo tasks).")
+    limits = TaskLimits(env.observation_space.shape[0], np.asarray(env.action_space.low, np.float64),
+                        np.asarray(env.action_space.high, np.float64),
+                        int(env.spec.max_episode_steps or 1000))
     env.close()
-    return sizes
+    return limits
+
+
+def env_sizes(task: Task) -> tuple[int, int]:
+    """Observation and action sizes of the task's environment (``task_limits``)."""
+    limits = task_limits(task)
+    return limits.obs_dim, len(limits.low)
 
 
 def check_evaluate_run(args, ckpts: list[dict]) -> None:

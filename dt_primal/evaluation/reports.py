@@ -88,6 +88,10 @@ def aggregate(results: list[dict]) -> dict:
     return {"checkpoints": results, "across_checkpoints": across}
 
 
+REPORT_COLUMNS = ["checkpoint", "target", "episodes", "return", "normalised score"]
+REPORT_TABLE_HEAD = "| " + " | ".join(REPORT_COLUMNS) + " |"  # the first line of every report table
+
+
 def markdown(summary: dict) -> str:
     """Markdown table of ``aggregate``'s output."""
     rows = [[res["checkpoint"], f"{r['target']:g}", r["episodes"], pm(r["return_mean"], r["return_std"]),
@@ -95,6 +99,6 @@ def markdown(summary: dict) -> str:
     rows += [[f"**mean ± std over {r['checkpoints']} checkpoints**", f"{r['target']:g}", r["episodes"],
               pm(r["return_mean"], r["return_std"]), f"**{normalized_text(r)}**"]
              for r in summary["across_checkpoints"]]
-    return table(["checkpoint", "target", "episodes", "return", "normalised score"], rows) + \
+    return table(REPORT_COLUMNS, rows) + \
         "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
         "(ddof 0) of the per-checkpoint means.\n"

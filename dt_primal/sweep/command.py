@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from datasets.suite import buildable
+from dt_primal.errors import UserError
 from dt_primal.sweep.grid import BUSY, TABLE4, ensemble_groups, run_groups_locally
 from dt_primal.sweep.plots import plot_bars, plot_curves
 from dt_primal.sweep.ray_cluster import run_groups_on_ray
@@ -69,6 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report-dir", type=Path, default=None,
                    help="where the tables and plots go (default --out)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    for name in ("jobs", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1 (got {getattr(args, name)}).")
+    if args.cpus_per_task <= 0 or (args.gpus_per_task is not None and args.gpus_per_task < 0):
+        raise UserError("--cpus-per-task must be positive and --gpus-per-task at least 0.")
     if "table4" in args.datasets:  # rows whose expert is not trained yet wait, named, unless only aggregating
         table4 = TABLE4 if args.aggregate_only else buildable(TABLE4)
         args.datasets = [d for spec in args.datasets for d in (table4 if spec == "table4" else [spec])]

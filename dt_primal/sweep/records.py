@@ -16,10 +16,14 @@ import argparse
 import io
 import re
 import tarfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from dt_primal.cli import run_main
 from dt_primal.errors import UserError
+from dt_primal.untrusted import MAX_RECORD
+
+MAX_ENTRIES = 100_000
 
 NAMES = ("eval.json", "evals.jsonl", "dataset.json")
 RECORD = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
@@ -37,11 +41,20 @@ def from_archive(src: Path) -> dict[str, bytes]:
     no other member is read, and none is extracted."""
     try:
         with tarfile.open(src, "r:*") as tar:
-            members = tar.getmembers()
+            members = []
+            for m in tar:  # one at a time: an archive of millions of entries is refused before it fills memory
+                members.append(m)
+                if len(members) > MAX_ENTRIES:
+                    raise UserError(f"{src} holds more than {MAX_ENTRIES} entries; a sweep's records are far fewer.")
             taken = {m.name: m for m in members if m.isreg() and RECORD.match(m.name) and ".." not in m.name.split("/")}
+            big = [m.name for m in taken.values() if m.size > MAX_RECORD]
+            if big:
+                raise UserError(f"{src} was refused: {big[0]} declares {taken[big[0]].size} bytes, where a run record "
+                                f"is a few kB (at most {MAX_RECORD >> 20} MiB are read); the archive is damaged or "
+                                f"not one this command packed.")
             left = [m.name for m in members if m.name not in taken and not m.isdir()]
-            files = {name: tar.extractfile(m).read() for name, m in taken.items()}
-    except (tarfile.TarError, OSError, EOFError) as exc:
+            files = {name: tar.extractfile(m).read(MAX_RECORD) for name, m in taken.items()}
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise UserError(f"{src} is not a readable .tgz archive ({exc}).") from None
     if left:
         print(f"left out of {src}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} (not a run record)")
@@ -51,6 +64,13 @@ def from_archive(src: Path) -> dict[str, bytes]:
 
 def into_folder(records: dict[str, bytes], dst: Path) -> int:
     """Write ``records`` under ``dst``; the number of new files. A differing file already there is refused."""
+    folders = {str(f) for n in records for f in PurePosixPath(n).parents}
+    in_the_way = lambda p, folder: p.is_symlink() or (p.exists() and not (p.is_dir() if folder else p.is_file()))
+    blocked = [n for n in records if n in folders or in_the_way(dst / n, False)
+               or any(in_the_way(p, True) for p in (dst / n).parents if dst in p.parents)]
+    if blocked:
+        raise UserError(f"{dst} cannot take the records {', '.join(blocked[:3])}: a file, folder or link is in the way "
+                        f"of that path there. Nothing was written; move it aside, or choose another destination.")
     clash = [n for n, b in records.items() if (dst / n).is_file() and (dst / n).read_bytes() != b]
     if clash:
         raise UserError(f"{dst} already holds different records for {', '.join(clash[:3])}: a run is recorded once. "

@@ -3,13 +3,13 @@ their scores at the last checkpoint and over the last three evaluations, labelle
 they trained with."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from dt_primal.evaluation.reports import mean_std, score
 from dt_primal.sweep.grid import group_dir, run_dir, train_options
+from dt_primal.untrusted import read_curve, read_record
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
 DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
@@ -28,7 +28,8 @@ def run_settings(group: Path, seed: int) -> dict | None:
     the last train command line the sweep logged in the group's train.log; None when none is there
     (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
     from dt_primal.config import PRESETS, make_config
-    cfg = json.loads((group / f"seed_{seed}" / "eval.json").read_text()).get("config", {})
+    cfg = read_record(group / f"seed_{seed}" / "eval.json", reports=False).get("config")
+    cfg = cfg if isinstance(cfg, dict) else {}
     if all(k in cfg for k in RECORDED):
         return {k: cfg[k] for k in RECORDED}
     ckpt = group / f"seed_{seed}" / "last.pt"
@@ -64,10 +65,8 @@ def label_of(model: str, settings: dict | None, default: str | None) -> str:
 def curve_points(rd: Path) -> list[dict]:
     """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
     one (eval.json), each as {"step", "scores": ``score`` per target}."""
-    final = json.loads((rd / "eval.json").read_text())
-    pts = [json.loads(line) for line in (rd / "evals.jsonl").read_text().splitlines() if line.strip()] \
-        if (rd / "evals.jsonl").exists() else []
-    pts = [p for p in pts if p["step"] < final.get("step", float("inf"))] + [final]
+    final = read_record(rd / "eval.json")
+    pts = [p for p in read_curve(rd / "evals.jsonl") if p["step"] < final["step"]] + [final]
     return [{"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]}
             for p in pts]
 
@@ -91,7 +90,7 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int],
             finished = [s for s, path in paths.items() if path.exists()]
             if not finished:
                 continue
-            evals = [json.loads(paths[s].read_text()) for s in finished]
+            evals = [read_record(paths[s]) for s in finished]
             curves = [curve_points(run_dir(out, d, m, s)) for s in finished]
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []

@@ -8,20 +8,17 @@ meant but is worth knowing is one ``note:`` line on stderr.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 
 from dt_primal.config import MAX_SEED, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_memory, check_targets, env_sizes
+from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_memory, check_targets, env_sizes, task_limits
 from dt_primal.machine import available_bytes, check_device, gib
 from envs import Task
 
@@ -38,34 +35,6 @@ ACTION_TOLERANCE = 1e-3
 
 def note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class TaskLimits:
-    low: np.ndarray  # (act_dim,) action bounds
-    high: np.ndarray
-    time_limit: int  # steps after which the environment ends an episode
-
-
-@functools.lru_cache(maxsize=None)
-def task_limits(task: Task) -> TaskLimits:
-    """The action bounds and the time limit of a task's environment (made once per process); an
-    environment that cannot be made, or whose spaces are not flat boxes, is refused."""
-    try:
-        env = task.make()
-    except Exception as exc:  # a missing package, bad kwargs in the dataset's EnvSpec, ...
-        raise UserError(f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it "
-                        f"needs, or pass --env with another environment.") from exc
-    if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-               for space in (env.observation_space, env.action_space)):
-        env.close()
-        raise UserError(f"{task.gym_id} has the observation space {env.observation_space} and the action space "
-                        f"{env.action_space}; a Decision Transformer here needs vectors of real numbers for both "
-                        f"(continuous control, as the MuJoCo tasks).")
-    limits = TaskLimits(np.asarray(env.action_space.low, np.float64), np.asarray(env.action_space.high, np.float64),
-                        int(env.spec.max_episode_steps or 1000))
-    env.close()
-    return limits
 
 
 def check_run_inputs(data: Trajectories, cfg: Config, seeds: list[int] | None = None, rescale_actions: bool = False,

@@ -36,7 +36,8 @@ from dt_primal.provenance import provenance
 from dt_primal.training.checks import (check_batch_split, check_distinct, check_folders, check_steps_left,
                                        check_unchanged)
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
-from dt_primal.training.run_folder import member_name
+from dt_primal.training.run_folder import member_name, write_text
+from dt_primal.untrusted import read_curve
 from dt_primal.training.step import TrainStep
 
 
@@ -151,8 +152,8 @@ class TrainingRun:
         if self.rank == 0:
             for m, path in zip(self.members, self.curves):
                 m.folder.mkdir(parents=True, exist_ok=True)
-                curve = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
-                path.write_text("".join(json.dumps(c) + "\n" for c in curve if c["step"] <= self.step))
+                curve = read_curve(path)
+                write_text(path, "".join(json.dumps(c) + "\n" for c in curve if c["step"] <= self.step))
                 self.writers.append(SummaryWriter(str(m.folder)))
         cfg = self.cfg
         if cfg.compile and self.rank == 0 and self.step < cfg.steps:
@@ -273,7 +274,7 @@ class TrainingRun:
                       "dataset": m.data.source, "model": self.cfg.model, "seed": m.cfg.seed, "ensemble": self.seeds,
                       "eval_seconds": seconds, "targets": reports, "provenance": made,
                       "config": dataclasses.asdict(m.cfg)}  # the record says how it was made
-            (m.folder / "eval.json").write_text(json.dumps(result, indent=1))
+            write_text(m.folder / "eval.json", json.dumps(result, indent=1))
             results.append(result)
         return results
 

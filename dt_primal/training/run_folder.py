@@ -29,6 +29,10 @@ from dt_primal.errors import UserError
 
 LOCK_NAME = ".train.lock"
 DATASET_RECORD = "dataset.json"
+# what a run writes into a member's folder (besides TensorBoard's events, whose names are new each time) and, with
+# --seeds, into its dataset's folder: never through a link, and never over a file that no run wrote
+RUN_FILES = ("last.pt", "prev.pt", "eval.json", "evals.jsonl", DATASET_RECORD, LOCK_NAME)
+REPORT_FILES = ("report.json", "report.md")
 
 
 def _cannot_write(folder: Path, exc: OSError) -> UserError:
@@ -55,13 +59,24 @@ def usable_folder(out: Path) -> None:
         raise _cannot_write(out, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
 
 
+def check_no_links(folder: Path, names: tuple[str, ...]) -> None:
+    """None of ``folder``'s files ``names`` (nor ``folder`` itself, inside --out) is a symbolic link: a run
+    writing through one would rewrite the file it points to."""
+    link = next((folder / n for n in names if (folder / n).is_symlink()), None)
+    if link is not None:
+        raise UserError(f"{link} is a symbolic link, and a run never writes through a link (it would rewrite the file "
+                        f"the link points to, {os.readlink(link)}). Remove the link, or choose another --out.")
+
+
 def _lock(folder: Path) -> int:
     """An exclusive lock on ``folder``/.train.lock, or a UserError naming the run that holds it."""
     path = folder / LOCK_NAME
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                check_no_links(folder, (LOCK_NAME,))
             raise _cannot_write(folder, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the OS when this process ends, however it ends
@@ -90,6 +105,28 @@ def _lock(folder: Path) -> int:
     except OSError:
         pass  # the lock holds without its description
     return fd
+
+
+def check_nothing_in_the_way(folder: Path) -> None:
+    """A folder that never held a run (no ``.train.lock``, no ``last.pt``) holds none of the files a run
+    writes: they are someone else's, a user's own ``eval.json`` say, which the run would overwrite."""
+    if (folder / LOCK_NAME).exists() or (folder / "last.pt").exists():
+        return
+    in_the_way = [n for n in RUN_FILES + REPORT_FILES if (folder / n).exists()]
+    if in_the_way:
+        them = "them" if len(in_the_way) > 1 else "it"
+        raise UserError(f"{folder} already holds {', '.join(in_the_way)}, which no run of dt-primal wrote there (the "
+                        f"folder never held a run): the run would overwrite {them}. Move {them} away, or choose "
+                        f"another --out.")
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path`` by a rename of a new file, so that a link at ``path`` is replaced, never followed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def dataset_slug(dataset: str) -> str:
@@ -175,7 +212,7 @@ class RunFolder:
                     if isinstance(then, dict) and then.get("hash") == now["hash"]:
                         continue
             try:
-                record.write_text(json.dumps(now, indent=1))
+                write_text(record, json.dumps(now, indent=1))
             except OSError as exc:
                 raise _cannot_write(folder, exc) from None
 
@@ -197,7 +234,10 @@ def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enab
     try:
         for path in dict.fromkeys([*folder.datasets, *folder.members]):
             if path != out:
+                check_no_links(path.parent, (path.name,))
                 usable_folder(path)
+            check_no_links(path, RUN_FILES + REPORT_FILES)
+            check_nothing_in_the_way(path)
             fds.append(_lock(path))
         yield folder
     finally:
