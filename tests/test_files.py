@@ -20,7 +20,7 @@ from dt_primal.config import Config, make_config
 from dt_primal.errors import UserError
 from dt_primal.sweep.grid import group_dir
 from dt_primal.training.loop import train
-from dt_primal.untrusted import ADMITTED_GLOBALS, NUMPY_DTYPES
+from dt_primal.untrusted import load_torch
 from test_reliability import one_thread  # noqa: F401 (one thread: runs in this process give the same weights)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +98,7 @@ def test_a_checkpoint_written_by_an_earlier_version_resumes_exactly(tmp_path):
 def test_an_old_architecture_comes_from_the_weights_never_from_the_datasets_name(tmp_path):
     """Checkpoints written before they stored the KSVD rank and episode length: both are read off the
     weights (the dataset's name would give the paper's rank for walker2d-medium, 96); no activation: GELU."""
-    with torch.serialization.safe_globals([(f, n) for n, f in ADMITTED_GLOBALS.items()] + NUMPY_DTYPES):
-        old = torch.load(FORMAT1 / "last.pt", weights_only=True)
+    old = load_torch(FORMAT1 / "last.pt")
     assert isinstance(old["state_mean"], np.ndarray) and isinstance(old["rng"]["numpy"], tuple)
     old["config"].update(s=None, max_ep_len=None, dataset="dt-primal/walker2d/medium-v0")
     del old["config"]["activation"]

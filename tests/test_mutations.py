@@ -1,0 +1,274 @@
+"""Random corruptions of valid files a user may be given: each one loads, or is refused with a message (a
+UserError, which the commands print with status 2); never another exception, a hang, or much memory.
+
+Run as a script (one kind, in a fresh process, so that its peak memory is its own):
+  python tests/test_mutations.py KIND COUNT SEED FOLDER   ->  one JSON line of counts
+"""
+import copy
+import io
+import json
+import os
+import pickle
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("checkpoint", "hdf5", "pickle", "minari", "archive")
+COUNT = 200  # corruptions per kind, half of them byte-level, half structure-level
+MAX_GROWTH_MB = 300  # resident memory a corrupted file may add at most over reading valid ones
+
+
+# --- corruptions ---
+
+ODD_VALUES = [None, "x", -1, 0, 2**70, float("nan"), float("inf"), [], {}, [[[[1]]]], True, b"\x00", (1, "a"),
+              "a" * 10_000, [1.5] * 50, {"observations": 1}]
+
+
+def byte_level(blob: bytes, rng: np.random.Generator) -> bytes:
+    """``blob`` with one of: bytes flipped, a truncation, random bytes inserted, a range overwritten."""
+    b = bytearray(blob)
+    at = int(rng.integers(0, max(len(b), 1)))
+    choice = int(rng.integers(4))
+    if choice == 0:
+        for i in rng.integers(0, len(b), int(rng.integers(1, 20))):
+            b[i] ^= 1 << int(rng.integers(8))
+    elif choice == 1:
+        del b[at:]
+    elif choice == 2:
+        b[at:at] = rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8).tobytes()
+    else:
+        n = int(rng.integers(1, 256))
+        b[at:at + n] = bytes([int(rng.integers(256))]) * min(n, len(b) - at)
+    return bytes(b)
+
+
+def mutate_tree(value, rng: np.random.Generator):
+    """A copy of nested dicts/lists ``value`` with one element replaced by an odd value, or a key removed."""
+    value = copy.deepcopy(value)
+    parents = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            parents.extend((v, k) for k in v)
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            parents.extend((v, i) for i in range(len(v)))
+            for x in v:
+                walk(x)
+    walk(value)
+    if not parents:
+        return ODD_VALUES[int(rng.integers(len(ODD_VALUES)))]
+    parent, key = parents[int(rng.integers(len(parents)))]
+    if isinstance(parent, dict) and rng.random() < 0.2:
+        del parent[key]
+    else:
+        parent[key] = _odd(parent[key], rng)
+    return value
+
+
+def _odd(old, rng):
+    import torch
+    if isinstance(old, (torch.Tensor, np.ndarray)) and rng.random() < 0.5:
+        arr = old.numpy() if isinstance(old, torch.Tensor) else old
+        shape = list(arr.shape) or [1]
+        shape[int(rng.integers(len(shape)))] += int(rng.choice([-1, 1, 7]))
+        new = np.full([max(n, 0) for n in shape], rng.choice([0.0, np.nan, 1e30]), np.float32)
+        return torch.from_numpy(new) if isinstance(old, torch.Tensor) else new
+    return copy.deepcopy(ODD_VALUES[int(rng.integers(len(ODD_VALUES)))])
+
+
+# --- each kind: its valid file, its structure-level corruption, its reader ---
+
+def structured(kind: str, path: Path, rng: np.random.Generator) -> None:
+    """Rewrite the valid file ``path`` of ``kind`` with one structure-level corruption."""
+    import torch
+    if kind == "checkpoint":
+        torch.save(mutate_tree(torch.load(path, weights_only=True), rng), path)
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps(mutate_tree(pickle.loads(path.read_bytes()), rng)))
+    elif kind == "hdf5":
+        _mutate_hdf5(path, rng)
+    elif kind == "minari":
+        meta = path / "metadata.json"
+        record = json.loads(meta.read_text())
+        for key in ("observation_space", "action_space", "env_spec"):
+            record[key] = json.loads(record[key])
+        record = mutate_tree(record, rng)
+        if isinstance(record, dict):
+            for key in ("observation_space", "action_space", "env_spec"):
+                if key in record and rng.random() < 0.9:
+                    record[key] = json.dumps(record[key], default=str)
+        meta.write_text(json.dumps(record, default=str))
+    elif kind == "archive":
+        _mutate_archive(path, rng)
+
+
+def _mutate_hdf5(path: Path, rng: np.random.Generator) -> None:
+    import h5py
+    with h5py.File(path, "a") as f:
+        key = sorted(f)[int(rng.integers(len(f)))]
+        n = len(f[key])
+        del f[key]
+        choice = int(rng.integers(5))
+        if choice == 0:
+            f[key] = np.zeros((n + int(rng.integers(-3, 4)), 2), np.float32)
+        elif choice == 1:
+            f[key] = np.array(["text"] * n, dtype="S4")
+        elif choice == 2:
+            f.create_group(key)
+        elif choice == 3:
+            f.create_dataset(key, (int(rng.integers(10**6, 10**9)), 11), np.float32, chunks=(100, 11),
+                             compression="gzip")
+        else:
+            f[key] = np.full(n, rng.choice([np.nan, 1e39, 2.0]), np.float64)
+
+
+def _mutate_archive(path: Path, rng: np.random.Generator) -> None:
+    with tarfile.open(path) as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isreg() else b"") for m in tar.getmembers()]
+    index = int(rng.integers(len(entries)))
+    m, data = entries[index]
+    choice = int(rng.integers(4))
+    if choice == 0:
+        m.name = rng.choice(["../x/seed_0/eval.json", "/abs/seed_0/eval.json", m.name + "/seed_1/eval.json",
+                             "a/" * 50 + "seed_0/eval.json"])
+    elif choice == 1:
+        m.type, m.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    elif choice == 2:
+        data = json.dumps(mutate_tree(json.loads(data or b"{}"), rng), default=str).encode()
+    else:
+        m.type = tarfile.DIRTYPE
+    m.size = len(data) if m.isreg() else 0
+    entries[index] = (m, data)
+    with tarfile.open(path, "w:gz") as tar:
+        for e, d in entries:
+            tar.addfile(e, io.BytesIO(d) if e.isreg() else None)
+
+
+def read(kind: str, path: Path, scratch: Path) -> None:
+    """Read ``path`` as the commands do."""
+    from datasets.loaders import load_dataset
+    from dt_primal import checkpoint
+    from dt_primal.sweep import records
+    if kind == "checkpoint":
+        ckpt = checkpoint.load_checkpoint(path)
+        checkpoint.model_from_checkpoint(ckpt)
+        checkpoint.load_checkpoint(path, resume=True)
+    elif kind in ("hdf5", "pickle"):
+        load_dataset(str(path), env="hopper")
+    elif kind == "minari":
+        load_dataset(path.parent.relative_to(os.environ["MINARI_DATASETS_PATH"]).as_posix())
+    elif kind == "archive":
+        shutil.rmtree(scratch, ignore_errors=True)
+        records.into_folder(records.from_archive(path), scratch)
+
+
+def valid_file(kind: str, folder: Path) -> Path:
+    """A valid file of ``kind`` in ``folder`` (for minari: the dataset's data folder)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import make_episodes
+    from datasets.synthetic import write_d4rl
+    from test_data import write_minari, write_pickle
+    eps = make_episodes(lengths=(40, 25), seed=3)
+    if kind == "hdf5":
+        write_d4rl(folder / "hopper.hdf5", eps)
+        return folder / "hopper.hdf5"
+    if kind == "pickle":
+        write_pickle(folder / "hopper.pkl", eps)
+        return folder / "hopper.pkl"
+    if kind == "minari":
+        write_minari("mutations/hopper/valid-v0", eps)
+        return Path(os.environ["MINARI_DATASETS_PATH"]) / "mutations/hopper/valid-v0" / "data"
+    if kind == "checkpoint":
+        from dt_primal.config import make_config
+        from dt_primal.training.loop import train
+        from datasets.loaders import load_dataset
+        write_d4rl(folder / "hopper.hdf5", eps)
+        cfg = make_config(dataset=str(folder / "hopper.hdf5"), env="hopper", d_model=16, n_head=2, n_layer=1, s=4,
+                          steps=1, warmup_steps=1, batch_size=4, eval_every=1000, eval_episodes=1, device="cpu",
+                          max_ep_len=50, out=str(folder / "run"), precision="fp32")
+        train(cfg, load_dataset(str(folder / "hopper.hdf5"), env="hopper"))
+        return folder / "run" / "last.pt"
+    from dt_primal.sweep import records
+    (folder / "sweep").mkdir()
+    for seed in (0, 1):
+        run = folder / "sweep" / "hopper" / "dt" / f"seed_{seed}"
+        run.mkdir(parents=True)
+        (run / "eval.json").write_text(json.dumps({"step": 5, "targets": [{"target": 1.0, "normalized_mean": 2.0}]}))
+        (run / "evals.jsonl").write_text("")
+    records.into_archive(records.from_folder(folder / "sweep"), folder / "records.tgz")
+    return folder / "records.tgz"
+
+
+def main(kind: str, count: int, seed: int, folder: Path) -> dict:
+    from dt_primal.errors import UserError
+    rng = np.random.default_rng(seed)
+    valid = valid_file(kind, folder)
+    read(kind, valid, folder / "scratch")  # warm: the modules and caches every case uses
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    counts, failures = {"loaded": 0, "refused": 0, "other": 0, "hang": 0}, []
+
+    def alarm(*_):
+        raise TimeoutError
+    signal.signal(signal.SIGALRM, alarm)
+    for i in range(count):
+        case = folder / f"case{'' if valid.suffix else '_dir'}{valid.suffix}"
+        shutil.rmtree(case, ignore_errors=True) if case.is_dir() else case.unlink(missing_ok=True)
+        if kind == "minari":
+            shutil.rmtree(valid.parent.parent / "case-v0", ignore_errors=True)
+            shutil.copytree(valid.parent, valid.parent.parent / "case-v0")
+            case = valid.parent.parent / "case-v0" / "data"
+            meta = json.loads((case / "metadata.json").read_text())
+            (case / "metadata.json").write_text(json.dumps({**meta, "dataset_id": "mutations/hopper/case-v0"}))
+            target = case / ("metadata.json" if i % 4 == 0 else "main_data.hdf5")
+        else:
+            shutil.copy(valid, case)
+            target = case
+        if i % 2 == 0:
+            target.write_bytes(byte_level(target.read_bytes(), rng))
+        else:
+            structured(kind, case, rng)
+        signal.alarm(30)
+        try:
+            read(kind, case, folder / "scratch")
+            counts["loaded"] += 1
+        except UserError:
+            counts["refused"] += 1
+        except TimeoutError:
+            counts["hang"] += 1
+        except Exception as exc:  # noqa: BLE001 (what the test counts)
+            counts["other"] += 1
+            failures.append(f"case {i}: {type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            signal.alarm(0)
+    growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    return {"kind": kind, **counts, "peak_growth_mb": round(growth, 1), "failures": failures[:10]}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_corrupted_files_load_or_are_refused_with_a_message(kind, tmp_path):
+    res = subprocess.run([sys.executable, __file__, kind, str(COUNT), "0", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    print(json.dumps(result))
+    assert result["other"] == 0 and result["hang"] == 0, result
+    assert result["refused"] > COUNT // 4, result  # the corruptions reach the checks
+    assert result["peak_growth_mb"] < MAX_GROWTH_MB, result
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    kind_, count_, seed_, folder_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    import warnings
+    warnings.simplefilter("ignore")
+    print(json.dumps(main(kind_, count_, seed_, folder_)))
