@@ -10,6 +10,9 @@ first step and never on import: a program that imports dt_primal keeps its proce
   step take 1.1x the CPU time. Freed blocks below 256 MiB are kept for reuse instead (no effect where
   the C library is not glibc).
 
+- MuJoCo's warning about HalfCheetah's deprecated 'settotalmass', printed for every environment made,
+  is dropped (``envs.quiet_mujoco_warnings``).
+
 TF32 is no process-wide setting here: ``--precision tf32`` enables it around the training step and
 the evaluation's forward passes only (``dt_primal.precision``).
 """
@@ -26,6 +29,8 @@ def configure_process(threads: int | None = None, wait_policy: str | None = "PAS
     if wait_policy is not None:
         os.environ.setdefault("OMP_WAIT_POLICY", wait_policy)  # too late for OpenMP once torch is loaded
     _keep_freed_memory()
+    from envs import quiet_mujoco_warnings  # Gymnasium and MuJoCo, not torch
+    quiet_mujoco_warnings()
     if threads is not None:
         import torch
         torch.set_num_threads(threads)

@@ -23,14 +23,16 @@ import numpy as np
 
 
 def _mujoco_warning(message: str) -> None:
-    """MuJoCo prints its warnings on stderr each time an env is made. Gymnasium's HalfCheetah model
-    uses the deprecated 'settotalmass' attribute, which would repeat that line for every episode
-    of an evaluation; it is harmless and dropped. Any other MuJoCo warning becomes a Python warning."""
     if "settotalmass" not in message:
         warnings.warn(f"MuJoCo: {message.strip()}", RuntimeWarning, stacklevel=2)
 
 
-mujoco.set_mju_user_warning(_mujoco_warning)
+def quiet_mujoco_warnings() -> None:
+    """MuJoCo prints its warnings on stderr each time an env is made. Gymnasium's HalfCheetah model
+    uses the deprecated 'settotalmass' attribute, which would repeat that line for every episode of an
+    evaluation; it is harmless and dropped, and any other MuJoCo warning becomes a Python warning.
+    Process-wide: the commands call it (``dt_primal.process.configure_process``), never an import."""
+    mujoco.set_mju_user_warning(_mujoco_warning)
 
 
 def _finite(x: object) -> bool:

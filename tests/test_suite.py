@@ -1,5 +1,7 @@
 """The offline suite at a tiny scale, with throwaway behaviour policies in a temporary folder."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,8 @@ from datasets.loaders import load_dataset
 from datasets.rollout import collect
 from datasets.transitions import load_transitions, save_transitions
 from envs import TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HOPPER = TASKS["hopper"]
 STEPS = 300
@@ -241,8 +245,15 @@ def test_rollout_parts_give_the_same_data_in_worker_processes():
             np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_halfcheetah_is_made_without_the_settotalmass_warning_line(capfd):
-    TASKS["halfcheetah"].make().close()  # evaluation makes one env per episode: the line would repeat
+def test_halfcheetah_is_made_without_the_settotalmass_warning_line_in_a_command(capfd):
+    """The commands drop the line (evaluation makes one env per episode: it would repeat); importing envs
+    leaves MuJoCo's process-wide warning handler as it was."""
+    script = "import envs; envs.TASKS['halfcheetah'].make().close()"
+    printed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert "settotalmass" in printed.stderr + printed.stdout
+    from dt_primal.process import configure_process
+    configure_process(wait_policy=None)
+    TASKS["halfcheetah"].make().close()
     captured = capfd.readouterr()
     assert "settotalmass" not in captured.err + captured.out
 
