@@ -26,7 +26,7 @@ from pathlib import Path
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, add_config_args, overrides
-from dt_primal.errors import UserError
+from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.policy import policy_from_checkpoints
 from dt_primal.evaluation.reports import normalized_text, scoring
@@ -77,8 +77,9 @@ def main() -> None:
                   f"{args.episodes} episodes x {len(targets)} targets")
         policy = policy_from_checkpoints([ckpts[i] for i in members], device, precision)
         seed = given.get("seed")
-        per_member = rollout(policy, task, list(targets), args.episodes, env_workers=args.env_workers, progress=True,
-                             seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs])
+        with phase("evaluate.py"):
+            per_member = rollout(policy, task, list(targets), args.episodes, env_workers=args.env_workers,
+                                 progress=True, seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs])
         for i, cfg, reports in zip(members, cfgs, per_member):
             results[i] = {"checkpoint": str(args.checkpoints[i]), "model": cfg["model"], "dataset": ckpts[i]["dataset"],
                           "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg["seed"], "precision": precision,

@@ -5,7 +5,6 @@ import errno
 import json
 import re
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -13,10 +12,6 @@ import torch
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import aggregate, markdown
 
-# functions whose presence in a traceback means the evaluation was running
-_EVALUATION_FUNCTIONS = {"rollout", "evaluate", "evaluate_and_record"}
-# packages whose code in a traceback (without the evaluation's functions) means the training step was running
-_TRAINING_PACKAGES = {"model", "training"}
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -52,39 +47,21 @@ def _fail(message: str, mid_line: bool = False) -> None:
     sys.exit(2)
 
 
-def _in_evaluate_py(exc: BaseException) -> bool:
-    files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    return Path(sys.argv[0]).name == "evaluate.py" or any(Path(f).name == "evaluate.py" for f in files)
-
-
-def _in_package(filename: str, packages: set[str]) -> bool:
-    """Whether ``filename`` is a module of one of dt_primal's subpackages ``packages``."""
-    path = Path(filename)
-    return path.parent.name in packages and path.parent.parent.name == "dt_primal"
-
-
 def out_of_memory_message(exc: BaseException, memory: str) -> str:
     """What ran out and which options need less: the batch while training, the episodes run at once
-    while evaluating (found from the functions in the traceback; both when unknown)."""
-    frames = [frame.f_code for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    functions = {code.co_name for code in frames}
-    training_files = any(_in_package(code.co_filename, _TRAINING_PACKAGES) or code.co_name == "sample"
-                         for code in frames)
+    while evaluating (the phase the work tagged, ``dt_primal.errors.phase``; both when untagged)."""
     text = re.sub(r"^\[enforce fail[^\]]*\]\s*err == 0\.\s*", "", str(exc).strip())  # PyTorch's CPU allocator
     detail = ". ".join(text.split(". ")[:2]).splitlines()[0].rstrip(".") if text else type(exc).__name__
-    if _in_evaluate_py(exc):
+    where = getattr(exc, "phase", None)
+    if where == "evaluate.py":
         return (f"Out of {memory} while evaluating ({detail}). All episodes of all checkpoints run at once: lower "
                 f"--episodes, or evaluate fewer checkpoints per command.")
     evaluation = (f"lower --eval-episodes (the final evaluation) or --eval-episodes-during (those during training); "
                   f"both may change when the run continues with --resume")
     training = (f"lower --batch-size, train fewer --seeds at once or a smaller model (in a new --out), or use "
                 f"--precision bf16 (which --resume may change)")
-    if functions & _EVALUATION_FUNCTIONS:
-        what, fix = "in the evaluation, which runs all its episodes at once", evaluation
-    elif training_files:
-        what, fix = "while training", training
-    else:
-        what, fix = "", f"{training}; for the evaluation, {evaluation}"
+    what, fix = {"evaluation": ("in the evaluation, which runs all its episodes at once", evaluation),
+                 "training": ("while training", training)}.get(where, ("", f"{training}; for the evaluation, {evaluation}"))
     return (f"Out of {memory}{' ' + what if what else ''} ({detail}). To need less, {fix}. Checkpoints already "
             f"written are intact.")
 

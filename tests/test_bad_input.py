@@ -24,7 +24,7 @@ from dt_primal import machine
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
-from dt_primal.errors import UserError
+from dt_primal.errors import UserError, phase
 from dt_primal.evaluation import checks as evaluate_checks
 from dt_primal.run import train_command
 from dt_primal.training import checks, run_folder
@@ -390,11 +390,19 @@ def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
     assert code == 2 and err.strip().startswith("error: Out of GPU memory") and "Traceback" not in err
     assert "Tried to allocate 20.00 GiB" in err and "--batch-size" in err and "--eval-episodes" in err
 
-    def rollout():  # the evaluation: only its options
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    def evaluation():  # the evaluation, tagged where it starts: only its options
+        with phase("evaluation"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
 
-    code, err = _exit_of(lambda: rollout(), capsys)
+    code, err = _exit_of(evaluation, capsys)
     assert code == 2 and "in the evaluation" in err and "--eval-episodes" in err and "--batch-size" not in err
+
+    def evaluate_py():  # evaluate.py's rollouts: its own option
+        with phase("evaluate.py"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    code, err = _exit_of(evaluate_py, capsys)
+    assert code == 2 and "while evaluating" in err and "lower --episodes" in err and "--eval-episodes" not in err
 
 
 def test_cpu_out_of_memory_while_training(tmp_path, monkeypatch, capsys):

@@ -25,7 +25,7 @@ from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_c
                                   save_checkpoints, set_rng_state)
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
-from dt_primal.errors import UserError
+from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline
 from dt_primal.evaluation.rollout import rollout
@@ -88,7 +88,8 @@ class TrainingRun:
         for m in self.members:  # recorded resolved
             m.cfg = dataclasses.replace(m.cfg, precision=self.cfg.precision)
         self.step, self.saved_step = 0, None
-        self._build(ckpts)
+        with phase("training"):
+            self._build(ckpts)
         members, cfg = self.members, self.cfg
         self.policy = Policy(self.model, np.stack([m.state_mean for m in members]),
                              np.stack([m.state_std for m in members]), cfg.reward_scale, cfg.context, cfg.precision)
@@ -167,7 +168,8 @@ class TrainingRun:
 
     def update(self) -> None:
         """One training step of every member."""
-        self.train_step()
+        with phase("training"):
+            self.train_step()
         self.step += 1; self.n_log += 1
         self.bar.update(1)
 
@@ -213,8 +215,9 @@ class TrainingRun:
     def evaluate(self, episodes: int) -> list[list[dict]]:
         """``episodes`` episodes per target of every member at once: per member, a report per target."""
         members = self.members
-        return rollout(self.policy, [m.task for m in members], [m.targets for m in members], episodes,
-                       seeds=[m.cfg.seed + 100_000 for m in members])
+        with phase("evaluation"):
+            return rollout(self.policy, [m.task for m in members], [m.targets for m in members], episodes,
+                           seeds=[m.cfg.seed + 100_000 for m in members])
 
     def evaluate_and_record(self) -> None:
         """The periodic evaluation: its scores to TensorBoard, evals.jsonl and the progress bar."""
