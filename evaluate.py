@@ -3,9 +3,11 @@ report and a Markdown table (per checkpoint and target, then mean ± std across 
 
   python evaluate.py runs/hopper/seed_*/last.pt --episodes 100 --out runs/hopper/eval100.json
 """
+
 from __future__ import annotations
 
 from dt_primal.process import configure_process
+
 
 def resolved_precision(given: str | None, cfg: dict, model_config: dict, device, done: dict) -> str:
     """``--precision`` for checkpoints of run config ``cfg``, printed the first time (``acting_precision``)."""
@@ -35,15 +37,21 @@ from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
 from envs import Task
 
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")
-    p.add_argument("--env-workers", type=int, default=None,
-                   help="worker processes stepping the environments (default: none on a CPU, one per core beside a "
-                        "GPU; docs/benchmarks.md, \"Evaluation speed\")")
+    p.add_argument(
+        "--env-workers",
+        type=int,
+        default=None,
+        help="worker processes stepping the environments (default: none on a CPU, one per core beside a "
+        'GPU; docs/benchmarks.md, "Evaluation speed")',
+    )
     add_config_args(p, only=("device", "targets", "seed", "precision", "ref_min", "ref_max"))
     args = p.parse_args()
     check_evaluate_args(args)
@@ -57,8 +65,10 @@ def main() -> None:
         tasks = [dataclasses.replace(t, ref_min=refs[0], ref_max=refs[1]) for t in tasks]
     if len({dataclasses.replace(t, targets=()) for t in tasks}) > 1:
         names = sorted({f"{t.gym_id} (reference returns {t.ref_min}, {t.ref_max})" for t in tasks})
-        raise UserError(f"The checkpoints come from different tasks or reference scores ({', '.join(names)}); evaluate "
-                        f"each task separately, or give --ref-min and --ref-max.")
+        raise UserError(
+            f"The checkpoints come from different tasks or reference scores ({', '.join(names)}); evaluate "
+            f"each task separately, or give --ref-min and --ref-max."
+        )
     task = tasks[0]
     groups: dict[tuple, list[int]] = {}
     for i, ckpt in enumerate(ckpts):
@@ -70,20 +80,37 @@ def main() -> None:
     results, precisions = [None] * len(ckpts), {}
     for (targets, *_), members in groups.items():
         cfgs = [ckpts[i]["config"] for i in members]
-        precision = resolved_precision(given.get("precision"), cfgs[0], ckpts[members[0]]["model_config"], device,
-                                       precisions)
+        precision = resolved_precision(
+            given.get("precision"), cfgs[0], ckpts[members[0]]["model_config"], device, precisions
+        )
         for i, cfg in zip(members, cfgs):
-            print(f"{args.checkpoints[i]}: {cfg['model']} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
-                  f"{args.episodes} episodes x {len(targets)} targets")
+            print(
+                f"{args.checkpoints[i]}: {cfg['model']} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
+                f"{args.episodes} episodes x {len(targets)} targets"
+            )
         policy = policy_from_checkpoints([ckpts[i] for i in members], device, precision)
         seed = given.get("seed")
         with phase("evaluate.py"):
-            per_member = rollout(policy, task, list(targets), args.episodes, env_workers=args.env_workers,
-                                 progress=True, seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs])
+            per_member = rollout(
+                policy,
+                task,
+                list(targets),
+                args.episodes,
+                env_workers=args.env_workers,
+                progress=True,
+                seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs],
+            )
         for i, cfg, reports in zip(members, cfgs, per_member):
-            results[i] = {"checkpoint": str(args.checkpoints[i]), "model": cfg["model"], "dataset": ckpts[i]["dataset"],
-                          "step": ckpts[i]["step"], "task": task.gym_id, "seed": cfg["seed"], "precision": precision,
-                          "targets": reports}
+            results[i] = {
+                "checkpoint": str(args.checkpoints[i]),
+                "model": cfg["model"],
+                "dataset": ckpts[i]["dataset"],
+                "step": ckpts[i]["step"],
+                "task": task.gym_id,
+                "seed": cfg["seed"],
+                "precision": precision,
+                "targets": reports,
+            }
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:

@@ -2,6 +2,7 @@
 dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard events
 (``python train.py --help``; the command is ``dt_primal.run.train_command``).
 """
+
 import sys
 
 from dt_primal.process import configure_process

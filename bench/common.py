@@ -4,9 +4,10 @@ training step, and writing one section of docs/benchmarks.md.
 Import this module before torch: it makes the commands' process-wide settings
 (``dt_primal.process.configure_process``: ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
 already sets it, as bench/peers.py does, and glibc's malloc keeping freed blocks), so dt-primal and
-the peers are timed under the same OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a 2-thread step
-several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
+the peers are timed under the same OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a
+2-thread step several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
 """
+
 from __future__ import annotations
 
 import datetime
@@ -36,7 +37,9 @@ import torch  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 QUICK_DOC = Path(tempfile.gettempdir()) / "dt-primal-benchmarks-quick.md"  # --quick smoke runs never overwrite DOC
-SCRATCH = Path(tempfile.gettempdir()) / "dt-primal-bench"  # generated data, runs and raw results, outside the repository
+SCRATCH = (
+    Path(tempfile.gettempdir()) / "dt-primal-bench"
+)  # generated data, runs and raw results, outside the repository
 DOC_HEADER = """# Benchmarks
 
 Each section below is written by one command in `bench/` and replaced in place when that command
@@ -77,10 +80,17 @@ def cpu_model() -> str:
 
 def machine() -> dict:
     import gymnasium
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "gymnasium": gymnasium.__version__, "python": platform.python_version(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "gymnasium": gymnasium.__version__,
+        "python": platform.python_version(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def load_avg() -> float:
@@ -121,6 +131,7 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
     """A D4RL-style hdf5 file of Hopper-shaped random data (``datasets.synthetic.hopper_episodes``: obs 11,
     act 3, rewards in [0, 4), episodes of 50..1000 steps). Written once; an existing file is reused."""
     from datasets.synthetic import hopper_episodes, write_d4rl
+
     path = Path(path)
     if path.exists():
         return path
@@ -153,9 +164,24 @@ def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capt
 def short_run_args(steps: int, eval_episodes: int, precision: str, device: str = "cpu") -> list[str]:
     """train.py options of a short measured run on Hopper data: ``steps`` training steps, no
     intermediate evaluation, one checkpoint, then the final evaluation."""
-    return ["--env", "hopper", "--device", device, "--precision", precision, "--steps", str(steps),
-            "--eval-every", str(steps), "--checkpoint-every", str(steps),
-            "--log-every", str(max(1, min(100, steps // 3))), "--eval-episodes", str(eval_episodes)]
+    return [
+        "--env",
+        "hopper",
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--steps",
+        str(steps),
+        "--eval-every",
+        str(steps),
+        "--checkpoint-every",
+        str(steps),
+        "--log-every",
+        str(max(1, min(100, steps // 3))),
+        "--eval-episodes",
+        str(eval_episodes),
+    ]
 
 
 def run_timed(cmd: list[str]) -> tuple[float, float]:
@@ -174,6 +200,7 @@ def training_rate(out: Path) -> float:
     """A train.py run's training steps/s: the mean of its perf/steps_per_s TensorBoard scalars,
     weighted by the steps of each logging window."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(out), size_guidance={"scalars": 0})
     acc.Reload()
     events = acc.Scalars("perf/steps_per_s")
@@ -187,6 +214,7 @@ def task_with(task, **make_kwargs):
     import dataclasses
 
     import gymnasium as gym
+
     from envs import Task
 
     @dataclasses.dataclass(frozen=True)
@@ -239,11 +267,13 @@ def write_section(key: str, title: str, body: str, quick: bool, info: dict | Non
     smoke run) and print ``body``. ``info``: run_info() of the measurement when it was taken
     earlier (default: now)."""
     m = info or run_info()
-    head = (f"## {title}\n\n"
-            f"*{m['date']}* · {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
-            f"torch {m['torch']}, gymnasium {m['gymnasium']}, Python {m['python']} · "
-            f"OMP_WAIT_POLICY={m['omp_wait_policy']} · 1-min load average at the end: {m['load']:.2f}\n\n"
-            f"```\n{m['command']}\n```\n\n")
+    head = (
+        f"## {title}\n\n"
+        f"*{m['date']}* · {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
+        f"torch {m['torch']}, gymnasium {m['gymnasium']}, Python {m['python']} · "
+        f"OMP_WAIT_POLICY={m['omp_wait_policy']} · 1-min load average at the end: {m['load']:.2f}\n\n"
+        f"```\n{m['command']}\n```\n\n"
+    )
     section = f"<!-- BEGIN {key} -->\n{head}{body.strip()}\n<!-- END {key} -->"
     doc = QUICK_DOC if quick else DOC
     doc.parent.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,7 @@ Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``tr
   records differ in them (dt-primal's records written before these options trained with GELU and a
   N(0, 0.02) table).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,16 +92,33 @@ class D3rlpyMember:
     ``ContinuousDecisionTransformer`` (or anything with its signature); the scalers are d3rlpy's
     (``transform`` on torch tensors) or None."""
 
-    def __init__(self, transformer: torch.nn.Module, context: int, max_timestep: int,
-                 observation_scaler=None, reward_scaler=None, action_scaler=None):
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        context: int,
+        max_timestep: int,
+        observation_scaler=None,
+        reward_scaler=None,
+        action_scaler=None,
+    ):
         self.transformer, self.context, self.max_timestep = transformer, context, max_timestep
-        self.observation_scaler, self.reward_scaler, self.action_scaler = observation_scaler, reward_scaler, action_scaler
+        self.observation_scaler, self.reward_scaler, self.action_scaler = (
+            observation_scaler,
+            reward_scaler,
+            action_scaler,
+        )
 
     @classmethod
-    def from_algo(cls, algo) -> "D3rlpyMember":
+    def from_algo(cls, algo) -> D3rlpyMember:
         cfg = algo.config
-        return cls(algo.impl.modules.transformer, cfg.context_size, cfg.max_timestep, cfg.observation_scaler,
-                   cfg.reward_scaler, cfg.action_scaler)
+        return cls(
+            algo.impl.modules.transformer,
+            cfg.context_size,
+            cfg.max_timestep,
+            cfg.observation_scaler,
+            cfg.reward_scaler,
+            cfg.action_scaler,
+        )
 
     def inputs(self, states, actions, returns_to_go, timesteps):
         """The model's inputs as d3rlpy's ``TorchTransformerInput.from_numpy`` builds them, for a batch:
@@ -149,18 +167,20 @@ class D3rlpyPolicies:
         self.train(False)
 
     @classmethod
-    def from_algos(cls, algos, max_ep_len: int = 1000) -> "D3rlpyPolicies":
+    def from_algos(cls, algos, max_ep_len: int = 1000) -> D3rlpyPolicies:
         return cls([D3rlpyMember.from_algo(a) for a in algos], algos[0].impl.action_size, max_ep_len)
 
-    def train(self, mode: bool = True) -> "D3rlpyPolicies":
+    def train(self, mode: bool = True) -> D3rlpyPolicies:
         for p in self.policies:
             p.transformer.train(mode)
         self.training = mode
         return self
 
     def __call__(self, states, actions, returns_to_go, timesteps, valid=None, last_only: bool = True):
-        preds = [p(*(x[m] for x in (states, actions, returns_to_go, timesteps)), valid, last_only)[0]
-                 for m, p in enumerate(self.policies)]
+        preds = [
+            p(*(x[m] for x in (states, actions, returns_to_go, timesteps)), valid, last_only)[0]
+            for m, p in enumerate(self.policies)
+        ]
         return torch.stack(preds), []
 
 
@@ -170,27 +190,34 @@ class D3rlpyPolicies:
 def settings_from_args(args: argparse.Namespace):
     """dt-primal's Config for the run: the preset, then the options given (as train.py does)."""
     from dt_primal.config import make_config, overrides
+
     given = {k: v for k, v in overrides(args).items() if k != "out"}  # --out is where the runs go, not a setting
     return make_config(args.preset, **given)
 
 
-def differences(precision: str, activations: tuple[str, str] = ("relu", "relu"), timestep_init: str = "gpt2") -> list[str]:
+def differences(
+    precision: str, activations: tuple[str, str] = ("relu", "relu"), timestep_init: str = "gpt2"
+) -> list[str]:
     """Where d3rlpy's DT departs from dt-primal's trained in ``precision`` (the module docstring says
     why); ``activations``: the MLP activation of d3rlpy's runs and of dt-primal's; ``timestep_init``:
     dt-primal's timestep table (d3rlpy's is always N(0, 0.02), dt-primal's ``gpt2``)."""
-    notes = ["position encoding: d3rlpy's learned table over timesteps 1..1000 (dt-primal: 0..999)",
-             "loss: d3rlpy sums the squared error over action dimensions and averages over all window steps, "
-             "padding included (dt-primal: mean over valid steps and dimensions)",
-             "windows: d3rlpy draws the last step uniformly and left-pads (dt-primal: the first step, right-pads); "
-             "d3rlpy never learns the last action of an episode that timed out",
-             "layer norm eps 3e-3 in d3rlpy's blocks (dt-primal 1e-5); observation std + 1e-3 (dt-primal + 1e-6)"]
+    notes = [
+        "position encoding: d3rlpy's learned table over timesteps 1..1000 (dt-primal: 0..999)",
+        "loss: d3rlpy sums the squared error over action dimensions and averages over all window steps, "
+        "padding included (dt-primal: mean over valid steps and dimensions)",
+        "windows: d3rlpy draws the last step uniformly and left-pads (dt-primal: the first step, right-pads); "
+        "d3rlpy never learns the last action of an episode that timed out",
+        "layer norm eps 3e-3 in d3rlpy's blocks (dt-primal 1e-5); observation std + 1e-3 (dt-primal + 1e-6)",
+    ]
     if precision != "fp32":
         notes.append(f"precision: d3rlpy trains and is evaluated in fp32 (dt-primal: {precision})")
     if activations[0] != activations[1]:
         notes.append(f"MLP activation: d3rlpy {activations[0]}, dt-primal {activations[1]}")
     if timestep_init != "gpt2":
-        notes.append("timestep table's initialisation: d3rlpy N(0, 0.02), dt-primal N(0, 1) (`--timestep-init "
-                     f"{timestep_init}`; `--timestep-init gpt2` is d3rlpy's)")
+        notes.append(
+            "timestep table's initialisation: d3rlpy N(0, 0.02), dt-primal N(0, 1) (`--timestep-init "
+            f"{timestep_init}`; `--timestep-init gpt2` is d3rlpy's)"
+        )
     return notes
 
 
@@ -198,17 +225,28 @@ def build_algo(cfg, device: str = "cpu:0"):
     """d3rlpy's DecisionTransformer at dt-primal's settings ``cfg`` (as d3rlpy's own DT reproduction
     script builds it: a one-layer state encoder, standard observation scaler, reward scale)."""
     import d3rlpy
+
     config = d3rlpy.algos.DecisionTransformerConfig(
-        batch_size=cfg.batch_size, context_size=cfg.context, max_timestep=cfg.max_ep_len, learning_rate=cfg.lr,
+        batch_size=cfg.batch_size,
+        context_size=cfg.context,
+        max_timestep=cfg.max_ep_len,
+        learning_rate=cfg.lr,
         encoder_factory=d3rlpy.models.VectorEncoderFactory([cfg.d_model], exclude_last_activation=True),
         optim_factory=d3rlpy.optimizers.AdamWFactory(
-            weight_decay=cfg.weight_decay, clip_grad_norm=cfg.grad_clip,
-            lr_scheduler_factory=d3rlpy.optimizers.WarmupSchedulerFactory(max(1, cfg.warmup_steps))),
-        num_heads=cfg.n_head, num_layers=cfg.n_layer, attn_dropout=cfg.dropout, resid_dropout=cfg.dropout,
-        embed_dropout=cfg.dropout, activation_type=cfg.activation,
+            weight_decay=cfg.weight_decay,
+            clip_grad_norm=cfg.grad_clip,
+            lr_scheduler_factory=d3rlpy.optimizers.WarmupSchedulerFactory(max(1, cfg.warmup_steps)),
+        ),
+        num_heads=cfg.n_head,
+        num_layers=cfg.n_layer,
+        attn_dropout=cfg.dropout,
+        resid_dropout=cfg.dropout,
+        embed_dropout=cfg.dropout,
+        activation_type=cfg.activation,
         position_encoding_type=d3rlpy.PositionEncodingType.SIMPLE,
         observation_scaler=d3rlpy.preprocessing.StandardObservationScaler(),
-        reward_scaler=d3rlpy.preprocessing.MultiplyRewardScaler(1.0 / cfg.reward_scale))
+        reward_scaler=d3rlpy.preprocessing.MultiplyRewardScaler(1.0 / cfg.reward_scale),
+    )
     return config.create(device=device)
 
 
@@ -216,18 +254,25 @@ def to_replay_buffer(data):
     """dt-primal's ``Trajectories`` as a d3rlpy dataset: the same episodes, ends marked as terminals
     (terminated episodes) or timeouts (the others)."""
     import d3rlpy
+
     ends = data.starts + data.lengths - 1
     terminals, timeouts = np.zeros(len(data.rewards), np.float32), np.zeros(len(data.rewards), np.float32)
     terminals[ends[data.terminals]] = 1.0
     timeouts[ends[~data.terminals]] = 1.0
-    return d3rlpy.dataset.MDPDataset(observations=data.observations, actions=data.actions,
-                                     rewards=data.rewards.reshape(-1, 1), terminals=terminals, timeouts=timeouts,
-                                     action_space=d3rlpy.ActionSpace.CONTINUOUS)
+    return d3rlpy.dataset.MDPDataset(
+        observations=data.observations,
+        actions=data.actions,
+        rewards=data.rewards.reshape(-1, 1),
+        terminals=terminals,
+        timeouts=timeouts,
+        action_space=d3rlpy.ActionSpace.CONTINUOUS,
+    )
 
 
 def prepare(algo, dataset) -> None:
     """What ``DecisionTransformer.fit`` does before its loop: fit the scalers, build the networks."""
     from d3rlpy.algos.utility import build_scalers_with_trajectory_slicer
+
     build_scalers_with_trajectory_slicer(algo, dataset)
     algo.build_with_dataset(dataset)
 
@@ -237,9 +282,15 @@ def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
     from dt_primal.evaluation.policy import Policy
     from dt_primal.evaluation.rollout import rollout
+
     obs_dim = algos[0].impl.observation_shape[0]
-    policy = Policy(D3rlpyPolicies.from_algos(algos, cfg.max_ep_len), np.zeros(obs_dim, np.float32),
-                    np.ones(obs_dim, np.float32), 1.0, cfg.context)
+    policy = Policy(
+        D3rlpyPolicies.from_algos(algos, cfg.max_ep_len),
+        np.zeros(obs_dim, np.float32),
+        np.ones(obs_dim, np.float32),
+        1.0,
+        cfg.context,
+    )
     return rollout(policy, task, targets, episodes, seeds=[s + 100_000 for s in seeds])
 
 
@@ -247,7 +298,9 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
     """Train one seed with d3rlpy's own sampler and update (the body of its ``fit`` loop), evaluating
     as dt-primal does; writes ``run``/evals.jsonl, model.d3 and eval.json (dt-primal's formats)."""
     import d3rlpy
+
     from dt_primal.provenance import provenance
+
     run.mkdir(parents=True, exist_ok=True)
     model_file = run / "model.d3"
     if model_file.exists():  # trained, the final evaluation was interrupted
@@ -267,16 +320,30 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
             losses.append(algo.update(batch)["loss"])
             if step % log_every == 0:
                 now = time.perf_counter()
-                print(f"seed {seed} step {step}: loss {np.mean(losses):.4f}, {log_every / (now - t_log):.1f} updates/s",
-                      flush=True)
+                print(
+                    f"seed {seed} step {step}: loss {np.mean(losses):.4f}, {log_every / (now - t_log):.1f} updates/s",
+                    flush=True,
+                )
                 losses, t_log = [], now
             if step % cfg.eval_every == 0 and step < cfg.steps:
                 reports = evaluate([algo], task, targets, cfg.eval_episodes_during, cfg, [seed])[0]
                 with curve.open("a") as f:
-                    f.write(json.dumps({"step": step, "reports": [{k: v for k, v in r.items() if k not in ("returns", "lengths")}
-                                                                  for r in reports]}) + "\n")
-                print(f"seed {seed} step {step}: " + ", ".join(f"target {r['target']:g} -> {r['normalized_mean']:.1f}"
-                                                               for r in reports), flush=True)
+                    f.write(
+                        json.dumps(
+                            {
+                                "step": step,
+                                "reports": [
+                                    {k: v for k, v in r.items() if k not in ("returns", "lengths")} for r in reports
+                                ],
+                            }
+                        )
+                        + "\n"
+                    )
+                print(
+                    f"seed {seed} step {step}: "
+                    + ", ".join(f"target {r['target']:g} -> {r['normalized_mean']:.1f}" for r in reports),
+                    flush=True,
+                )
                 t_log = time.perf_counter()
         print(f"seed {seed}: trained {cfg.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
         algo.save(str(model_file))
@@ -284,24 +351,55 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
     reports = evaluate([algo], task, targets, cfg.eval_episodes, cfg, [seed])[0]
     made = provenance("cpu")
     made["versions"]["d3rlpy"] = d3rlpy.__version__
-    result = {"checkpoint": str(model_file), "step": cfg.steps, "task": task.gym_id, "dataset": cfg.dataset,
-              "model": MODEL, "seed": seed, "eval_seconds": time.perf_counter() - t0, "targets": reports,
-              "d3rlpy": d3rlpy.__version__, "activation": cfg.activation, "precision": "fp32",
-              "settings": {k: getattr(cfg, k) for k in ("n_layer", "d_model", "n_head", "context", "dropout", "lr",
-                                                         "weight_decay", "warmup_steps", "grad_clip", "batch_size",
-                                                         "reward_scale", "steps")},
-              # the settings as dt-primal's records state them: d3rlpy trains in fp32, its timestep table N(0, 0.02)
-              "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, precision="fp32", timestep_init="gpt2")),
-              "provenance": made}
+    result = {
+        "checkpoint": str(model_file),
+        "step": cfg.steps,
+        "task": task.gym_id,
+        "dataset": cfg.dataset,
+        "model": MODEL,
+        "seed": seed,
+        "eval_seconds": time.perf_counter() - t0,
+        "targets": reports,
+        "d3rlpy": d3rlpy.__version__,
+        "activation": cfg.activation,
+        "precision": "fp32",
+        "settings": {
+            k: getattr(cfg, k)
+            for k in (
+                "n_layer",
+                "d_model",
+                "n_head",
+                "context",
+                "dropout",
+                "lr",
+                "weight_decay",
+                "warmup_steps",
+                "grad_clip",
+                "batch_size",
+                "reward_scale",
+                "steps",
+            )
+        },
+        # the settings as dt-primal's records state them: d3rlpy trains in fp32, its timestep table N(0, 0.02)
+        "config": dataclasses.asdict(dataclasses.replace(cfg, seed=seed, precision="fp32", timestep_init="gpt2")),
+        "provenance": made,
+    }
     (run / "eval.json").write_text(json.dumps(result, indent=1))
-    print(f"seed {seed}: " + ", ".join(f"target {r['target']:g}: normalised {r['normalized_mean']:.1f} ± "
-                                       f"{r['normalized_std']:.1f}" for r in reports), flush=True)
+    print(
+        f"seed {seed}: "
+        + ", ".join(
+            f"target {r['target']:g}: normalised {r['normalized_mean']:.1f} ± {r['normalized_std']:.1f}"
+            for r in reports
+        ),
+        flush=True,
+    )
     return result
 
 
 def cmd_train(args: argparse.Namespace) -> None:
     from datasets.loaders import load_dataset
     from dt_primal.sweep.grid import run_dir
+
     cfg = settings_from_args(args)
     if cfg.model != "dt":
         sys.exit(f"error: the cross-check trains d3rlpy's DT, but the settings say --model {cfg.model}")
@@ -310,9 +408,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     task = data.task
     cfg = cfg.resolved(task)
     targets = cfg.targets or list(task.targets)
-    print(f"d3rlpy DT on {cfg.dataset}: d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers, K {cfg.context}, "
-          f"lr {cfg.lr:g}, warm-up {cfg.warmup_steps}, {cfg.steps} steps, batch {cfg.batch_size}, activation "
-          f"{cfg.activation}, {args.threads} threads", flush=True)
+    print(
+        f"d3rlpy DT on {cfg.dataset}: d_model {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers, K "
+        f"{cfg.context}, "
+        f"lr {cfg.lr:g}, warm-up {cfg.warmup_steps}, {cfg.steps} steps, batch {cfg.batch_size}, activation "
+        f"{cfg.activation}, {args.threads} threads",
+        flush=True,
+    )
     for note in differences(cfg.precision):
         print(f"  differs: {note}", flush=True)
     for seed in args.seeds:
@@ -330,6 +432,7 @@ def recorded_model(rows: list[dict]) -> dict:
     """The MLP activation and timestep table of dt-primal's runs in ``rows``, from their eval.json's config;
     where none is recorded, those every run before the options had: GELU and a N(0, 0.02) table."""
     from dt_primal.checkpoint import UNRECORDED as before
+
     for r in rows:
         for seed in r["finished_seeds"]:
             cfg = json.loads((Path(r["dir"]) / f"seed_{seed}" / "eval.json").read_text()).get("config")
@@ -341,6 +444,7 @@ def recorded_model(rows: list[dict]) -> dict:
 def cmd_report(args: argparse.Namespace) -> None:
     from dt_primal.sweep.results import DT_PAPER, collect
     from dt_primal.sweep.tables import gap_rows, gap_table, write_tables
+
     datasets = args.datasets
     ours = collect(args.dt_primal, datasets, ["dt"], args.seeds, label=DT_PAPER)
     theirs = collect(args.d3rlpy, datasets, [MODEL], args.seeds, label=D3RLPY_LABEL)
@@ -356,11 +460,14 @@ def cmd_report(args: argparse.Namespace) -> None:
     activations = (evals[0].get("activation", "gelu") if evals else "gelu", model["activation"])
     known = [r["settings"]["precision"] for r in ours if r["settings"]]
     precision = known[0] if known else "unknown (no checkpoint or train.log of dt-primal's runs)"
-    md = (table + f"\n- **{D3RLPY_LABEL}**: d3rlpy {evals[0].get('d3rlpy', '') if evals else ''}'s "
-          f"`DecisionTransformer` at the same settings, evaluated by dt-primal's evaluation "
-          f"(`bench/d3rlpy_crosscheck.py`). Where it differs:\n"
-          + "".join(f"  - {n}\n" for n in differences(precision, activations, model["timestep_init"]))
-          + "\ndt-primal DT − d3rlpy DT:\n\n" + gap_table(gaps, "dt-primal DT", "d3rlpy DT"))
+    md = (
+        table + f"\n- **{D3RLPY_LABEL}**: d3rlpy {evals[0].get('d3rlpy', '') if evals else ''}'s "
+        f"`DecisionTransformer` at the same settings, evaluated by dt-primal's evaluation "
+        f"(`bench/d3rlpy_crosscheck.py`). Where it differs:\n"
+        + "".join(f"  - {n}\n" for n in differences(precision, activations, model["timestep_init"]))
+        + "\ndt-primal DT − d3rlpy DT:\n\n"
+        + gap_table(gaps, "dt-primal DT", "d3rlpy DT")
+    )
     (out / "crosscheck.md").write_text(md)
     (out / "crosscheck.json").write_text(json.dumps({"rows": rows, "gaps": gaps}, indent=1))
     print(md)
@@ -368,29 +475,70 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="bench/d3rlpy_crosscheck.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="bench/d3rlpy_crosscheck.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", allow_abbrev=False,
-                       help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation")
+    t = sub.add_parser(
+        "train", allow_abbrev=False, help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation"
+    )
     from dt_primal.config import PRESETS, add_config_args
+
     t.add_argument("--preset", choices=list(PRESETS), default="dt-paper", help="dt-primal's preset (default dt-paper)")
     t.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    add_config_args(t, only=("dataset", "env", "download", "model", "n_layer", "d_model", "n_head", "context",
-                             "dropout", "activation", "max_ep_len", "steps", "batch_size", "lr", "weight_decay", "warmup_steps",
-                             "grad_clip", "precision", "reward_scale", "targets", "eval_every", "eval_episodes_during",
-                             "eval_episodes"))
-    t.add_argument("--out", type=Path, default=Path("runs/d3rlpy-crosscheck"),
-                   help="runs go to OUT/<dataset slug>/d3rlpy-dt/seed_N, as the sweep lays out its runs")
-    r = sub.add_parser("report", allow_abbrev=False, help="per dataset: both implementations' scores, and the gap in standard errors")
+    add_config_args(
+        t,
+        only=(
+            "dataset",
+            "env",
+            "download",
+            "model",
+            "n_layer",
+            "d_model",
+            "n_head",
+            "context",
+            "dropout",
+            "activation",
+            "max_ep_len",
+            "steps",
+            "batch_size",
+            "lr",
+            "weight_decay",
+            "warmup_steps",
+            "grad_clip",
+            "precision",
+            "reward_scale",
+            "targets",
+            "eval_every",
+            "eval_episodes_during",
+            "eval_episodes",
+        ),
+    )
+    t.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/d3rlpy-crosscheck"),
+        help="runs go to OUT/<dataset slug>/d3rlpy-dt/seed_N, as the sweep lays out its runs",
+    )
+    r = sub.add_parser(
+        "report", allow_abbrev=False, help="per dataset: both implementations' scores, and the gap in standard errors"
+    )
     r.add_argument("--d3rlpy", type=Path, required=True, help="the train command's --out")
-    r.add_argument("--dt-primal", type=Path, required=True,
-                   help="a sweep folder with dt-primal's DT runs (--models dt -- --preset dt-paper ...)")
+    r.add_argument(
+        "--dt-primal",
+        type=Path,
+        required=True,
+        help="a sweep folder with dt-primal's DT runs (--models dt -- --preset dt-paper ...)",
+    )
     r.add_argument("--datasets", nargs="+", required=True)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--out", type=Path, default=None,
-                   help="where crosscheck.{md,json,csv} go (default: the --d3rlpy folder)")
+    r.add_argument(
+        "--out", type=Path, default=None, help="where crosscheck.{md,json,csv} go (default: the --d3rlpy folder)"
+    )
     args = p.parse_args(argv)
     if args.cmd == "train":
         cmd_train(args)

@@ -16,6 +16,7 @@ setting: ``--warmup`` untimed updates (they include the capture or the compilati
 ``--updates`` timed ones, with the device synchronised before and after. Data: Hopper-shaped
 random data (100k steps), as the other training benchmarks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,17 +30,36 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dt_primal.model.attention
 import dt_primal.model.dropout
-
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
 
 MODES = ("eager", "captured", "compiled", "compiled+captured")
-SIZES = {"spec": ("Primal.+DT paper (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
-         "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1))}
+SIZES = {
+    "spec": ("Primal.+DT paper (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
+    "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1)),
+}
 
 
-VIEWS = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
-         "slice", "unbind", "split", "split_with_sizes", "detach", "alias", "as_strided", "lift_fresh"}
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "select",
+    "slice",
+    "unbind",
+    "split",
+    "split_with_sizes",
+    "detach",
+    "alias",
+    "as_strided",
+    "lift_fresh",
+}
 
 
 class OpCounter(TorchDispatchMode):
@@ -56,11 +76,13 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def library_step(data, size: str, members: int, precision: str, device: str, compile: bool = False,
-                 capture: bool = True):
+def library_step(
+    data, size: str, members: int, precision: str, device: str, compile: bool = False, capture: bool = True
+):
     """The library's training step for one setting."""
-    cfg = make_config("paper", model="primal", s=64, device=device, precision=precision, compile=compile,
-                      **SIZES[size][1])
+    cfg = make_config(
+        "paper", model="primal", s=64, device=device, precision=precision, compile=compile, **SIZES[size][1]
+    )
     return common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
 
 
@@ -83,13 +105,20 @@ def count_ops(data, size: str, members: int, precision: str, device: str) -> dic
         step()
         with OpCounter() as counter:
             step()
-    return {"size": size, "members": members, "precision": precision, "ops": sum(counter.ops.values()),
-            "top": counter.ops.most_common(6)}
+    return {
+        "size": size,
+        "members": members,
+        "precision": precision,
+        "ops": sum(counter.ops.values()),
+        "top": counter.ops.most_common(6),
+    }
 
 
-def time_setting(data, size: str, members: int, mode: str, precision: str, device: str, warmup: int,
-                 updates: int) -> dict:
-    torch._dynamo.reset()  # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
+def time_setting(
+    data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int
+) -> dict:
+    # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
+    torch._dynamo.reset()
     step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     t0 = time.perf_counter()
@@ -102,10 +131,17 @@ def time_setting(data, size: str, members: int, mode: str, precision: str, devic
         step()
     sync()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"size": size, "members": members, "mode": mode, "precision": precision,
-            "ms_per_update": 1e3 * wall / updates, "updates_per_s": updates / wall,
-            "member_updates_per_s": members * updates / wall, "cpu_ms_per_update": 1e3 * cpu / updates,
-            "warmup_s": first}
+    return {
+        "size": size,
+        "members": members,
+        "mode": mode,
+        "precision": precision,
+        "ms_per_update": 1e3 * wall / updates,
+        "updates_per_s": updates / wall,
+        "member_updates_per_s": members * updates / wall,
+        "cpu_ms_per_update": 1e3 * cpu / updates,
+        "warmup_s": first,
+    }
 
 
 def settings(args):
@@ -118,25 +154,41 @@ def settings(args):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, nargs="+", default=[1, 3])
-    p.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
-                   help="eager (--no-cuda-graph), captured (the default on CUDA), compiled (--compile --no-cuda-graph), "
-                        "compiled+captured (--compile)")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=["eager"],
+        help="eager (--no-cuda-graph), captured (the default on CUDA), compiled (--compile --no-cuda-graph), "
+        "compiled+captured (--compile)",
+    )
     p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
     p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (at least 5 when capturing)")
-    p.add_argument("--count-ops", action="store_true",
-                   help="count the ATen operations of one eager update per size, precision and member count instead of "
-                        "timing (views aside: each is about one kernel launch on a GPU); writes its own section")
-    p.add_argument("--profile", action="store_true",
-                   help="per setting: the FLOPs of an update, the model-FLOPs utilisation at the timed rate and the five "
-                        "kernels (operators on a CPU) with the most device time, from torch.profiler; its own section")
-    p.add_argument("--peak-tflops", type=float, default=989.4,
-                   help="--profile: the device's peak for the precision, in TFLOP/s (default: an H100 SXM's dense bf16)")
+    p.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="count the ATen operations of one eager update per size, precision and member count instead of "
+        "timing (views aside: each is about one kernel launch on a GPU); writes its own section",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="per setting: the FLOPs of an update, the model-FLOPs utilisation at the timed rate and the five "
+        "kernels (operators on a CPU) with the most device time, from torch.profiler; its own section",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=989.4,
+        help="--profile: the device's peak for the precision, in TFLOP/s (default: an H100 SXM's dense bf16)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 1 and 2 members, 2 updates")
     args = p.parse_args()
     if args.quick:
@@ -150,40 +202,86 @@ def main() -> None:
     for size, precision, mode, m, warmup in settings(args):
         r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates)
         records.append(r)
-        print(f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
-              f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
-              f"(load {common.load_avg():.2f})", flush=True)
-    section = "ensemble_speed" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + \
-        ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
+        print(
+            f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
+            f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
+            f"(load {common.load_avg():.2f})",
+            flush=True,
+        )
+    section = (
+        "ensemble_speed"
+        + ("" if args.device == "cpu" else "_" + args.device.replace(":", ""))
+        + ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
+    )
     if not args.quick:
         common.save_results(section, {"records": records, "args": vars(args)})
-    rows = [[SIZES[r["size"]][0], r["precision"], r["mode"], r["members"], f"{r['ms_per_update']:.1f}",
-             f"{r['cpu_ms_per_update']:.0f}", f"{r['updates_per_s']:.1f}", f"**{r['member_updates_per_s']:.1f}**",
-             f"{r['warmup_s']:.1f}"] for r in records]
+    rows = [
+        [
+            SIZES[r["size"]][0],
+            r["precision"],
+            r["mode"],
+            r["members"],
+            f"{r['ms_per_update']:.1f}",
+            f"{r['cpu_ms_per_update']:.0f}",
+            f"{r['updates_per_s']:.1f}",
+            f"**{r['member_updates_per_s']:.1f}**",
+            f"{r['warmup_s']:.1f}",
+        ]
+        for r in records
+    ]
     single = {(r["size"], r["precision"], r["mode"]): r["ms_per_update"] for r in records if r["members"] == 1}
-    notes = [f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: {r['members']} members take "
-             f"{r['ms_per_update'] / single[key]:.2f}× the time of one per update, i.e. "
-             f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
-             for r in records if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"])) in single]
-    body = "\n".join([
-        f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, Primal.+DT "
-        f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} untimed "
-        f"ones (capture and compilation happen there: see the warm-up column). The members are one tensor dimension "
-        f"of the model (docs/ensembles.md).", "",
-        common.md_table(["size", "precision", "mode", "members", "ms per update (wall)", "CPU ms per update",
-                         "updates/s", "member-updates/s", "warm-up s"], rows), "",
-        *[f"- {n}" for n in notes]])
-    common.write_section(section, f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
-                         body, args.quick)
+    notes = [
+        f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: {r['members']} members take "
+        f"{r['ms_per_update'] / single[key]:.2f}× the time of one per update, i.e. "
+        f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
+        for r in records
+        if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"])) in single
+    ]
+    body = "\n".join(
+        [
+            f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, "
+            f"Primal.+DT "
+            f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} "
+            f"untimed "
+            "ones (capture and compilation happen there: see the warm-up column). The members are one tensor "
+            f"dimension "
+            f"of the model (docs/ensembles.md).",
+            "",
+            common.md_table(
+                [
+                    "size",
+                    "precision",
+                    "mode",
+                    "members",
+                    "ms per update (wall)",
+                    "CPU ms per update",
+                    "updates/s",
+                    "member-updates/s",
+                    "warm-up s",
+                ],
+                rows,
+            ),
+            "",
+            *[f"- {n}" for n in notes],
+        ]
+    )
+    common.write_section(
+        section,
+        f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
+        body,
+        args.quick,
+    )
 
 
-def profile_setting(data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int,
-                    peak_tflops: float) -> dict:
+def profile_setting(
+    data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int, peak_tflops: float
+) -> dict:
     """FLOPs of one update (``FlopCounterMode`` on an eager update: the matrix products and attention),
     the model-FLOPs utilisation at the rate ``time_setting`` measures, and the five kernels with the
     most device time (self time of the operators on a CPU) over ``updates`` profiled updates."""
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.flop_counter import FlopCounterMode
+
     eager = library_step(data, size, members, precision, device, capture=False)
     eager()
     with FlopCounterMode(display=False) as flops:
@@ -202,8 +300,11 @@ def profile_setting(data, size: str, members: int, mode: str, precision: str, de
     events = [e for e in prof.key_averages() if own(e) > 0 and not e.key.startswith(("ProfilerStep", "cudaGraph"))]
     total = sum(own(e) for e in events)
     top = [(e.key, own(e) / total) for e in sorted(events, key=own, reverse=True)[:5]]
-    return r | {"gflop_per_member_update": flops.get_total_flops() / members / 1e9,
-                "mfu": flops.get_total_flops() * r["updates_per_s"] / (peak_tflops * 1e12), "top": top}
+    return r | {
+        "gflop_per_member_update": flops.get_total_flops() / members / 1e9,
+        "mfu": flops.get_total_flops() * r["updates_per_s"] / (peak_tflops * 1e12),
+        "top": top,
+    }
 
 
 def profile_section(args, data) -> None:
@@ -211,39 +312,94 @@ def profile_section(args, data) -> None:
     rows = []
     for size, precision, mode, m, warmup in settings(args):
         r = profile_setting(data, size, m, mode, precision, args.device, warmup, args.updates, args.peak_tflops)
-        rows.append([SIZES[size][0], precision, mode, m, f"{r['gflop_per_member_update']:.1f}",
-                     f"{r['member_updates_per_s']:.1f}", f"**{r['mfu']:.1%}**",
-                     "; ".join(f"`{name[:60]}` {share:.0%}" for name, share in r["top"])])
+        rows.append(
+            [
+                SIZES[size][0],
+                precision,
+                mode,
+                m,
+                f"{r['gflop_per_member_update']:.1f}",
+                f"{r['member_updates_per_s']:.1f}",
+                f"**{r['mfu']:.1%}**",
+                "; ".join(f"`{name[:60]}` {share:.0%}" for name, share in r["top"]),
+            ]
+        )
         print(" | ".join(map(str, rows[-1])), flush=True)
-    body = "\n".join([
-        f"The library's training step on `--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, "
-        f"s 64): GFLOP per member-update (counted by `torch.utils.flop_counter.FlopCounterMode` on an eager update), "
-        f"member-updates/s ({args.updates} timed updates), the model-FLOPs utilisation against a peak of "
-        f"{args.peak_tflops:g} TFLOP/s, and the five kernels with the most device time over {args.updates} profiled "
-        f"updates (`torch.profiler`; on a CPU the operators' self time), with their share of it.", "",
-        common.md_table(["size", "precision", "mode", "members", "GFLOP per member-update", "member-updates/s", "MFU",
-                         "largest kernels (share of device time)"], rows)])
-    common.write_section("ensemble_profile" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
-                         f"Ensembles: FLOPs, utilisation and largest kernels ({args.device})", body, args.quick)
+    body = "\n".join(
+        [
+            f"The library's training step on `--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per "
+            f"member, "
+            "s 64): GFLOP per member-update (counted by `torch.utils.flop_counter.FlopCounterMode` on an eager "
+            f"update), "
+            f"member-updates/s ({args.updates} timed updates), the model-FLOPs utilisation against a peak of "
+            f"{args.peak_tflops:g} TFLOP/s, and the five kernels with the most device time over {args.updates} "
+            f"profiled "
+            f"updates (`torch.profiler`; on a CPU the operators' self time), with their share of it.",
+            "",
+            common.md_table(
+                [
+                    "size",
+                    "precision",
+                    "mode",
+                    "members",
+                    "GFLOP per member-update",
+                    "member-updates/s",
+                    "MFU",
+                    "largest kernels (share of device time)",
+                ],
+                rows,
+            ),
+        ]
+    )
+    common.write_section(
+        "ensemble_profile" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+        f"Ensembles: FLOPs, utilisation and largest kernels ({args.device})",
+        body,
+        args.quick,
+    )
 
 
 def ops_section(args, data) -> None:
     """``--count-ops``: the operations of one update for every setting asked for, as a section of docs/benchmarks.md."""
-    records = [count_ops(data, size, m, precision, args.device) for size in args.sizes
-               for precision in args.precisions for m in args.members]
+    records = [
+        count_ops(data, size, m, precision, args.device)
+        for size in args.sizes
+        for precision in args.precisions
+        for m in args.members
+    ]
     for r in records:
         print(f"{SIZES[r['size']][0]:32s} {r['precision']} {r['members']:2d} members: {r['ops']} ops", flush=True)
-    rows = [[SIZES[r["size"]][0], r["precision"], r["members"], f"**{r['ops']}**",
-             ", ".join(f"`{name}` {n}" for name, n in r["top"])] for r in records]
-    body = "\n".join([
-        f"ATen operations in one eager update of the library's training step (`dt_primal.training.step.TrainStep`) on "
-        f"`--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, s 64), views aside, counted by a "
-        f"`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, and a "
-        f"CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer kernels "
-        f"(sampling, clipping and AdamW stay outside it).", "",
-        common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows)])
-    common.write_section("ensemble_ops" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
-                         f"Ensembles: operations per update ({args.device})", body, args.quick)
+    rows = [
+        [
+            SIZES[r["size"]][0],
+            r["precision"],
+            r["members"],
+            f"**{r['ops']}**",
+            ", ".join(f"`{name}` {n}" for name, n in r["top"]),
+        ]
+        for r in records
+    ]
+    body = "\n".join(
+        [
+            "ATen operations in one eager update of the library's training step "
+            f"(`dt_primal.training.step.TrainStep`) on "
+            f"`--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per member, s 64), views aside, counted "
+            f"by a "
+            "`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, "
+            f"and a "
+            "CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer "
+            f"kernels "
+            f"(sampling, clipping and AdamW stay outside it).",
+            "",
+            common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows),
+        ]
+    )
+    common.write_section(
+        "ensemble_ops" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+        f"Ensembles: operations per update ({args.device})",
+        body,
+        args.quick,
+    )
 
 
 if __name__ == "__main__":

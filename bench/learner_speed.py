@@ -9,6 +9,7 @@ step with one gradient update, after ``--warmup`` steps that fill the replay buf
 CrossQ's default critics (sb3-contrib) are two 1024-unit layers with batch renormalisation; SAC's
 and TQC's are two 256-unit layers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ def steps_per_second(algo: str, env: str, steps: int, warmup: int, critic: list[
 
     kwargs = {"policy_kwargs": {"net_arch": {"pi": [256, 256], "qf": critic}}} if critic else {}
     model = {"SAC": SAC, "TQC": TQC, "CrossQ": CrossQ}[algo](
-        "MlpPolicy", TASKS[env].make(), learning_starts=warmup // 2, buffer_size=steps + warmup, seed=0, device="cpu",
-        **kwargs)
+        "MlpPolicy",
+        TASKS[env].make(),
+        learning_starts=warmup // 2,
+        buffer_size=steps + warmup,
+        seed=0,
+        device="cpu",
+        **kwargs,
+    )
     model.learn(warmup)
     t0 = time.process_time()
     model.learn(steps, reset_num_timesteps=False)

@@ -57,8 +57,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch's OpenMP loads
 
@@ -222,9 +222,7 @@ def build_hf(args: argparse.Namespace, data: Dataset) -> Peer:
     model = DecisionTransformerModel(config)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=WEIGHT_DECAY)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / WARMUP_STEPS, 1.0)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min((step + 1) / WARMUP_STEPS, 1.0))
     sampler = WindowSampler(data, args.context, args.batch, args.seed)
 
     def update(batch: dict[str, torch.Tensor]) -> float:
@@ -251,11 +249,7 @@ def build_hf(args: argparse.Namespace, data: Dataset) -> Peer:
 
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     pos_table = model.encoder.wpe.weight.numel() + model.encoder.wte.weight.numel()
-    unused_heads = sum(
-        p.numel()
-        for m in (model.predict_state, model.predict_return)
-        for p in m.parameters()
-    )
+    unused_heads = sum(p.numel() for m in (model.predict_state, model.predict_return) for p in m.parameters())
     notes = [
         f"attn_implementation={config._attn_implementation}",
         f"params include the GPT-2 wpe/wte tables ({pos_table}; only position 0 is used) "
@@ -286,9 +280,7 @@ def build_d3rlpy(args: argparse.Namespace, data: Dataset) -> Peer:
         context_size=args.context,
         max_timestep=MAX_EP_LEN,
         learning_rate=args.lr,
-        encoder_factory=d3rlpy.models.VectorEncoderFactory(
-            [args.d_model], exclude_last_activation=True
-        ),
+        encoder_factory=d3rlpy.models.VectorEncoderFactory([args.d_model], exclude_last_activation=True),
         optim_factory=d3rlpy.optimizers.AdamWFactory(
             weight_decay=WEIGHT_DECAY,
             clip_grad_norm=GRAD_CLIP,
@@ -378,8 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         peer = (build_hf if args.peer == "hf" else build_d3rlpy)(args, data)
         t = time_updates(peer, args.warmup, args.updates)
     notes = peer.notes + [
-        f"sampling {t.sampling:.3f}s of {t.seconds:.3f}s "
-        f"(update-only {args.updates / (t.seconds - t.sampling):.2f}/s)",
+        f"sampling {t.sampling:.3f}s of {t.seconds:.3f}s (update-only {args.updates / (t.seconds - t.sampling):.2f}/s)",
         f"process CPU {t.cpu_seconds:.1f}s ({args.updates / t.cpu_seconds:.2f} updates per CPU-s)",
         f"last loss {t.loss:.4f}",
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "

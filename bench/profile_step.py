@@ -13,6 +13,7 @@
 3. The floor the matrix products set: the step's matmul FLOPs over the rate this CPU's GEMM
    reaches, against the step's time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,16 +32,28 @@ from dt_primal.config import make_config
 # name: (environment changes, make_train_step options, config changes, description)
 VARIANTS = {
     "baseline": ({}, {}, {}, "as the training loop runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
-    "omp-default": ({"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None}, {}, {},
-                    "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (the commands set PASSIVE "
-                    "unless the environment names a policy)"),
+    "omp-default": (
+        {"DT_PRIMAL_BENCH_OMP": "unset", "OMP_WAIT_POLICY": None},
+        {},
+        {},
+        "OMP_WAIT_POLICY unset: OpenMP's default spin-waiting (the commands set PASSIVE "
+        "unless the environment names a policy)",
+    ),
     "1-thread": ({"OMP_NUM_THREADS": "1"}, {}, {}, "1 thread"),
-    "torch-dropout": ({}, {"torch_dropout": True}, {},
-                      "PyTorch's dropout masks instead of dt_primal.model.dropout's cheap CPU masks (the model's CPU-only seam)"),
+    "torch-dropout": (
+        {},
+        {"torch_dropout": True},
+        {},
+        "PyTorch's dropout masks instead of dt_primal.model.dropout's cheap CPU masks (the model's CPU-only seam)",
+    ),
     "bf16": ({}, {}, {"precision": "bf16"}, "--precision bf16 (autocast)"),
     "bf16-torch-dropout": ({}, {"torch_dropout": True}, {"precision": "bf16"}, "bf16 with PyTorch's dropout masks"),
-    "compile": ({"TORCHINDUCTOR_CACHE_DIR": f"{common.SCRATCH}/inductor-{os.getpid()}"}, {}, {"compile": True},
-                "torch.compile(model), default mode, empty compile cache (first steps not timed)"),
+    "compile": (
+        {"TORCHINDUCTOR_CACHE_DIR": f"{common.SCRATCH}/inductor-{os.getpid()}"},
+        {},
+        {"compile": True},
+        "torch.compile(model), default mode, empty compile cache (first steps not timed)",
+    ),
 }
 
 
@@ -53,7 +66,9 @@ def spec_config(**changes):
 
 
 def profile(steps: int, precision: str) -> tuple[str, str, str]:
-    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
+
     step = common.make_train_step(spec_config(precision=precision), load_data(), phase=record_function)
     for _ in range(3):
         step()
@@ -61,32 +76,52 @@ def profile(steps: int, precision: str) -> tuple[str, str, str]:
         for _ in range(steps):
             step()
     events = prof.key_averages()
-    phases = [e for e in events if e.key in ("sample", "forward + loss", "backward", "clip gradients", "AdamW",
-                                              "loss bookkeeping")]  # TrainStep's phase labels
+    phases = [
+        e
+        for e in events
+        if e.key in ("sample", "forward + loss", "backward", "clip gradients", "AdamW", "loss bookkeeping")
+    ]  # TrainStep's phase labels
     total = sum(e.cpu_time_total for e in phases)
-    phase_rows = [[e.key, f"{e.cpu_time_total / steps / 1e3:.1f}", f"{100 * e.cpu_time_total / total:.1f}%"]
-                  for e in sorted(phases, key=lambda e: -e.cpu_time_total)]
-    ops = sorted((e for e in events if e.key not in {p.key for p in phases} and not e.key.startswith("ProfilerStep")),
-                 key=lambda e: -e.self_cpu_time_total)
+    phase_rows = [
+        [e.key, f"{e.cpu_time_total / steps / 1e3:.1f}", f"{100 * e.cpu_time_total / total:.1f}%"]
+        for e in sorted(phases, key=lambda e: -e.cpu_time_total)
+    ]
+    ops = sorted(
+        (e for e in events if e.key not in {p.key for p in phases} and not e.key.startswith("ProfilerStep")),
+        key=lambda e: -e.self_cpu_time_total,
+    )
     self_total = sum(e.self_cpu_time_total for e in events)
-    op_rows = [[f"`{e.key}`", f"{e.self_cpu_time_total / steps / 1e3:.1f}", f"{100 * e.self_cpu_time_total / self_total:.1f}%",
-                f"{e.count // steps}"] for e in ops[:15]]
+    op_rows = [
+        [
+            f"`{e.key}`",
+            f"{e.self_cpu_time_total / steps / 1e3:.1f}",
+            f"{100 * e.self_cpu_time_total / self_total:.1f}%",
+            f"{e.count // steps}",
+        ]
+        for e in ops[:15]
+    ]
     share = lambda keys: 100 * sum(e.self_cpu_time_total for e in events if e.key in keys) / self_total
     sample = next((100 * e.cpu_time_total / total for e in phases if e.key == "sample"), 0.0)
-    summary = (f"{precision}: data sampling takes {sample:.1f}% of the step: not visible. Matrix products (`aten::mm`, "
-               f"`aten::addmm`, `aten::bmm`) take {share({'aten::mm', 'aten::addmm', 'aten::bmm'}):.0f}% of the self "
-               f"CPU time; copies (`aten::copy_`: the head-major layout attention needs"
-               f"{', and dtype casts under autocast' if precision == 'bf16' else ''}) "
-               f"{share({'aten::copy_'}):.0f}%; the dropout masks (`aten::random_`, `aten::bernoulli_`) "
-               f"{share({'aten::random_', 'aten::bernoulli_'}):.0f}%; the rest is element-wise kernels and the optimizer.")
-    return (common.md_table(["part of the step", "ms per step (profiled)", "share"], phase_rows),
-            common.md_table(["operator", "self CPU ms per step", "share of self CPU", "calls per step"], op_rows), summary)
+    summary = (
+        f"{precision}: data sampling takes {sample:.1f}% of the step: not visible. Matrix products (`aten::mm`, "
+        f"`aten::addmm`, `aten::bmm`) take {share({'aten::mm', 'aten::addmm', 'aten::bmm'}):.0f}% of the self "
+        f"CPU time; copies (`aten::copy_`: the head-major layout attention needs"
+        f"{', and dtype casts under autocast' if precision == 'bf16' else ''}) "
+        f"{share({'aten::copy_'}):.0f}%; the dropout masks (`aten::random_`, `aten::bernoulli_`) "
+        f"{share({'aten::random_', 'aten::bernoulli_'}):.0f}%; the rest is element-wise kernels and the optimizer."
+    )
+    return (
+        common.md_table(["part of the step", "ms per step (profiled)", "share"], phase_rows),
+        common.md_table(["operator", "self CPU ms per step", "share of self CPU", "calls per step"], op_rows),
+        summary,
+    )
 
 
 def matmul_floor(precision: str) -> tuple[float, float]:
     """GFLOP of one training step's matrix products (``torch.utils.flop_counter``) and the GFLOP/s
     this CPU's GEMM reaches in ``precision`` on the MLP's first product, 3840×256 @ 256×1024."""
     from torch.utils.flop_counter import FlopCounterMode
+
     step = common.make_train_step(spec_config(precision=precision), load_data())
     step()
     with FlopCounterMode(display=False) as counter:
@@ -103,6 +138,7 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
     if options.pop("torch_dropout", False):  # close the seam: dropout as on a GPU
         import dt_primal.model.attention
         import dt_primal.model.dropout
+
         dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
     step = common.make_train_step(spec_config(**changes), load_data(), **options)
     t0 = time.perf_counter()
@@ -110,13 +146,20 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
         step()
     first = time.perf_counter() - t0
     median, cpu, _ = common.timed(step, steps, warmup=0)
-    return {"variant": name, "seconds": median, "cpu_seconds": cpu, "warmup_seconds": first,
-            "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_WAIT_POLICY", "unset")}
+    return {
+        "variant": name,
+        "seconds": median,
+        "cpu_seconds": cpu,
+        "warmup_seconds": first,
+        "threads": torch.get_num_threads(),
+        "omp": os.environ.get("OMP_WAIT_POLICY", "unset"),
+    }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median)")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -125,15 +168,29 @@ def main() -> None:
     p.add_argument("--variant", help=argparse.SUPPRESS)  # worker mode
     args = p.parse_args()
     if args.variant:
-        print(json.dumps(run_variant(args.variant, max(10, args.warmup) if args.variant == "compile" else args.warmup, args.steps)))
+        print(
+            json.dumps(
+                run_variant(
+                    args.variant, max(10, args.warmup) if args.variant == "compile" else args.warmup, args.steps
+                )
+            )
+        )
         return
     if args.quick:
         args.steps, args.warmup, args.profile_steps, args.variants = 2, 1, 1, ["baseline", "omp-default"]
     profiles = []
     for precision in ("fp32", "bf16"):
         phase_table, op_table, summary = profile(args.profile_steps, precision)
-        profiles += [f"**{precision}**" + (" (autocast)" if precision == "bf16" else ""), "", phase_table, "",
-                     op_table, "", summary, ""]
+        profiles += [
+            f"**{precision}**" + (" (autocast)" if precision == "bf16" else ""),
+            "",
+            phase_table,
+            "",
+            op_table,
+            "",
+            summary,
+            "",
+        ]
         print(phase_table, "\n\n", op_table, flush=True)
     rows = []
     for name in args.variants:
@@ -141,47 +198,106 @@ def main() -> None:
         env = dict(os.environ)
         for k, v in env_changes.items():
             env.pop(k, None) if v is None else env.__setitem__(k, v)
-        out = subprocess.run([sys.executable, __file__, "--variant", name, "--steps", str(args.steps),
-                              "--warmup", str(args.warmup)],
-                             capture_output=True, text=True, env=env)
+        out = subprocess.run(
+            [sys.executable, __file__, "--variant", name, "--steps", str(args.steps), "--warmup", str(args.warmup)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if out.returncode != 0:
-            rows.append([name, description, "failed: " + (out.stderr.strip().splitlines() or [""])[-1][:120], "", "", ""])
+            rows.append(
+                [name, description, "failed: " + (out.stderr.strip().splitlines() or [""])[-1][:120], "", "", ""]
+            )
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append([name, description, f"{r['seconds'] * 1e3:.0f}", f"{r['cpu_seconds'] * 1e3:.0f}",
-                     f"{1 / r['seconds']:.2f}", f"{r['warmup_seconds']:.1f}", f"{common.load_avg():.1f}"])
+        rows.append(
+            [
+                name,
+                description,
+                f"{r['seconds'] * 1e3:.0f}",
+                f"{r['cpu_seconds'] * 1e3:.0f}",
+                f"{1 / r['seconds']:.2f}",
+                f"{r['warmup_seconds']:.1f}",
+                f"{common.load_avg():.1f}",
+            ]
+        )
         print(" | ".join(rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
     base = next((r for r in rows if r[0] == "baseline" and r[3].isdigit()), None)
     if base:
         for r in rows:
-            r.append(f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else "")
+            r.append(
+                f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else ""
+            )
     floors = []
     for precision, variant in (("fp32", "baseline"), ("bf16", "bf16")):
         gflop, rate = matmul_floor(precision)
         floor_ms = gflop / rate * 1e3
         step_ms = next((float(r[2]) for r in rows if r[0] == variant and r[2].isdigit()), None)
-        floors.append([precision, f"{gflop:.1f}", f"{rate:.0f}", f"{floor_ms:.0f}",
-                       f"{step_ms:.0f}" if step_ms else "not timed", f"{100 * floor_ms / step_ms:.0f}%" if step_ms else ""])
-    body = "\n".join([
-        f"Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
-        f"training step (`dt_primal.training.step.TrainStep`, what `train.py` runs, through `bench/common.py:make_train_step`), on "
-        f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
-        f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own overhead "
-        f"inflates the numbers a little.", "", *profiles,
-        f"Variants, each in a fresh process: median of {args.steps} steps after {args.warmup} untimed steps (compile: "
-        f"{max(10, args.warmup)}; their total time, in the warm-up column, includes compilation).", "",
-        common.md_table(["variant", "what", "ms per step (wall)", "CPU ms per step", "updates/s (wall)",
-                         "warm-up s", "load avg after"] + (["speed vs baseline: CPU (wall)"] if base else []), rows), "",
-        "On a machine shared with other jobs the wall time mostly measures how much of the 2 cores this process got; "
-        "CPU time per step (all threads) measures the work and is the fairer comparison between variants (with both "
-        "cores free, the 2-thread wall time would approach CPU / 2).", "",
-        "What bounds the step: its matrix products alone, run at the rate this CPU's GEMM reaches on one of the "
-        "step's largest products (3840×256 @ 256×1024, the MLP's first layer), would take the floor below; many "
-        "of the step's products are smaller or thinner and run slower than that. The rest of the step is element-wise kernels, copies, dropout masks and "
-        "the optimizer (the operator tables above). The peers run at least the same products, plus the last "
-        "block at the return and action tokens.", "",
-        common.md_table(["precision", "matrix products, GFLOP per step", "GEMM rate, GFLOP/s",
-                         "floor: the products alone, ms", "step, ms (variant median, wall)", "floor ÷ step"], floors)])
+        floors.append(
+            [
+                precision,
+                f"{gflop:.1f}",
+                f"{rate:.0f}",
+                f"{floor_ms:.0f}",
+                f"{step_ms:.0f}" if step_ms else "not timed",
+                f"{100 * floor_ms / step_ms:.0f}%" if step_ms else "",
+            ]
+        )
+    body = "\n".join(
+        [
+            f"Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
+            "training step (`dt_primal.training.step.TrainStep`, what `train.py` runs, through "
+            f"`bench/common.py:make_train_step`), on "
+            f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
+            f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own "
+            f"overhead "
+            f"inflates the numbers a little.",
+            "",
+            *profiles,
+            f"Variants, each in a fresh process: median of {args.steps} steps after {args.warmup} untimed steps "
+            f"(compile: "
+            f"{max(10, args.warmup)}; their total time, in the warm-up column, includes compilation).",
+            "",
+            common.md_table(
+                [
+                    "variant",
+                    "what",
+                    "ms per step (wall)",
+                    "CPU ms per step",
+                    "updates/s (wall)",
+                    "warm-up s",
+                    "load avg after",
+                ]
+                + (["speed vs baseline: CPU (wall)"] if base else []),
+                rows,
+            ),
+            "",
+            "On a machine shared with other jobs the wall time mostly measures how much of the 2 cores this process "
+            "got; "
+            "CPU time per step (all threads) measures the work and is the fairer comparison between variants (with "
+            "both "
+            "cores free, the 2-thread wall time would approach CPU / 2).",
+            "",
+            "What bounds the step: its matrix products alone, run at the rate this CPU's GEMM reaches on one of the "
+            "step's largest products (3840×256 @ 256×1024, the MLP's first layer), would take the floor below; many "
+            "of the step's products are smaller or thinner and run slower than that. The rest of the step is "
+            "element-wise kernels, copies, dropout masks and "
+            "the optimizer (the operator tables above). The peers run at least the same products, plus the last "
+            "block at the return and action tokens.",
+            "",
+            common.md_table(
+                [
+                    "precision",
+                    "matrix products, GFLOP per step",
+                    "GEMM rate, GFLOP/s",
+                    "floor: the products alone, ms",
+                    "step, ms (variant median, wall)",
+                    "floor ÷ step",
+                ],
+                floors,
+            ),
+        ]
+    )
     common.write_section("profile", "Profile: one training step at the Primal.+DT paper's size", body, args.quick)
 
 

@@ -18,6 +18,7 @@ the first K (full window, the steady state), times 1000 steps.
 Extrapolated: a 100k-step run = startup + 100k training steps + 9 intermediate evaluations
 (2 targets x 10 episodes every 10k steps) + the final evaluation (2 x 100 episodes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,9 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--steps", type=int, default=300, help="training steps of the measured run")
     p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (the paper's)")
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")
@@ -80,8 +82,17 @@ def main() -> None:
     hdf5 = common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")
     out = WORK / ("quick" if args.quick else f"steps{args.steps}")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--model", "primal", "--out", str(out),
-           *common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device)]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--dataset",
+        str(hdf5),
+        "--model",
+        "primal",
+        "--out",
+        str(out),
+        *common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device),
+    ]
     wall, child_cpu = common.run_timed(cmd)
     result = json.loads((out / "eval.json").read_text())
     eval_s = result["eval_seconds"]
@@ -89,12 +100,19 @@ def main() -> None:
     rate = common.training_rate(out)
     train_s = args.steps / rate
     startup_s = wall - train_s - eval_s  # imports, dataset, env check, model, checkpoint, TensorBoard
-    print(f"measured: {wall:.1f} s wall = ~{startup_s:.1f} s startup + {train_s:.1f} s training ({rate:.2f} steps/s) "
-          f"+ {eval_s:.1f} s final evaluation (episodes of {np.mean(lengths):.0f} steps on average)", flush=True)
+    print(
+        f"measured: {wall:.1f} s wall = ~{startup_s:.1f} s startup + {train_s:.1f} s training ({rate:.2f} steps/s) "
+        f"+ {eval_s:.1f} s final evaluation (episodes of {np.mean(lengths):.0f} steps on average)",
+        flush=True,
+    )
 
     cfg = make_config("paper").resolved(TASKS["hopper"])
-    per_step_final = eval_seconds_per_step(2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision, args.device)
-    per_step_mid = eval_seconds_per_step(2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision, args.device)
+    per_step_final = eval_seconds_per_step(
+        2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision, args.device
+    )
+    per_step_mid = eval_seconds_per_step(
+        2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision, args.device
+    )
     T = cfg.max_ep_len
     final_full, mid_full = per_step_final * T, per_step_mid * T
     n_mid = (args.total_steps - 1) // cfg.eval_every
@@ -103,35 +121,68 @@ def main() -> None:
     total_full = startup_s + total_train + n_mid * mid_full + final_full
     h = lambda s: f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
     rows = [
-        ["startup (imports, dataset, env check, model, TensorBoard, checkpoint)", f"{startup_s:.1f} s", "measured (rest of the wall time)", f"{startup_s:.0f} s"],
-        [f"training, {args.total_steps:,} steps", f"{args.steps} steps in {train_s:.1f} s: **{rate:.2f} steps/s**",
-         f"× {args.total_steps / args.steps:.0f}", f"**{h(total_train)}**"],
-        [f"final evaluation, 2 × {args.eval_episodes} episodes as this policy plays them",
-         f"{eval_s:.1f} s (mean episode {np.mean(lengths):.0f} steps, longest {max(lengths)})", "measured", h(eval_s)],
-        [f"final evaluation, 2 × {args.eval_episodes} full-length episodes",
-         f"{per_step_final:.2f} s per step with {2 * args.eval_episodes} live episodes", f"× {T} steps", f"**{h(final_full)}**"],
-        [f"{n_mid} intermediate evaluations, 2 × {cfg.eval_episodes_during} full-length episodes",
-         f"{per_step_mid:.3f} s per step with {2 * cfg.eval_episodes_during} live episodes", f"× {T} steps × {n_mid}", h(n_mid * mid_full)],
+        [
+            "startup (imports, dataset, env check, model, TensorBoard, checkpoint)",
+            f"{startup_s:.1f} s",
+            "measured (rest of the wall time)",
+            f"{startup_s:.0f} s",
+        ],
+        [
+            f"training, {args.total_steps:,} steps",
+            f"{args.steps} steps in {train_s:.1f} s: **{rate:.2f} steps/s**",
+            f"× {args.total_steps / args.steps:.0f}",
+            f"**{h(total_train)}**",
+        ],
+        [
+            f"final evaluation, 2 × {args.eval_episodes} episodes as this policy plays them",
+            f"{eval_s:.1f} s (mean episode {np.mean(lengths):.0f} steps, longest {max(lengths)})",
+            "measured",
+            h(eval_s),
+        ],
+        [
+            f"final evaluation, 2 × {args.eval_episodes} full-length episodes",
+            f"{per_step_final:.2f} s per step with {2 * args.eval_episodes} live episodes",
+            f"× {T} steps",
+            f"**{h(final_full)}**",
+        ],
+        [
+            f"{n_mid} intermediate evaluations, 2 × {cfg.eval_episodes_during} full-length episodes",
+            f"{per_step_mid:.3f} s per step with {2 * cfg.eval_episodes_during} live episodes",
+            f"× {T} steps × {n_mid}",
+            h(n_mid * mid_full),
+        ],
     ]
-    body = "\n".join([
-        f"`python train.py` (Primal.+DT, the paper's settings: d_model 256, 4 heads, 3 layers, K 20, batch 64, "
-        f"{args.precision}, "
-        f"--device {args.device}) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for {args.steps} steps with "
-        f"no intermediate evaluation and the full final evaluation, then extrapolated to {args.total_steps:,} steps. "
-        f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; on a "
-        f"machine shared with other jobs the wall time depends on how much of its cores this run got). "
-        f"Exact command:", "",
-        "```", common.shown(cmd), "```", "",
-        "A policy trained on random data falls within a few dozen steps, so its evaluation is short; a good Hopper "
-        "policy's episodes last 1000 steps. The full-length evaluation cost is therefore measured separately with "
-        "`dt_primal.evaluation.rollout` on Hopper-v5 without termination: the median time of one batched step "
-        f"(forward pass + env step, full window of K steps) over {args.probe_steps} steps, times {T} steps. "
-        f"train.py inherits OMP_WAIT_POLICY={common.machine()['omp_wait_policy']} from this script.", "",
-        common.md_table(["part", "measured", "extrapolation", f"{args.total_steps:,}-step run"], rows), "",
-        f"**Whole {args.total_steps:,}-step run, extrapolated: {h(total_full)} with full-length evaluation episodes** "
-        f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison, "
-        f"the published DT implementations take about 40 minutes per 100k-step run on a GPU (d3rlpy-benchmarks' "
-        f"DT logs, CORL)."])
+    body = "\n".join(
+        [
+            f"`python train.py` (Primal.+DT, the paper's settings: d_model 256, 4 heads, 3 layers, K 20, batch 64, "
+            f"{args.precision}, "
+            f"--device {args.device}) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for "
+            f"{args.steps} steps with "
+            f"no intermediate evaluation and the full final evaluation, then extrapolated to {args.total_steps:,} "
+            f"steps. "
+            f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; on a "
+            f"machine shared with other jobs the wall time depends on how much of its cores this run got). "
+            f"Exact command:",
+            "",
+            "```",
+            common.shown(cmd),
+            "```",
+            "",
+            "A policy trained on random data falls within a few dozen steps, so its evaluation is short; a good Hopper "
+            "policy's episodes last 1000 steps. The full-length evaluation cost is therefore measured separately with "
+            "`dt_primal.evaluation.rollout` on Hopper-v5 without termination: the median time of one batched step "
+            f"(forward pass + env step, full window of K steps) over {args.probe_steps} steps, times {T} steps. "
+            f"train.py inherits OMP_WAIT_POLICY={common.machine()['omp_wait_policy']} from this script.",
+            "",
+            common.md_table(["part", "measured", "extrapolation", f"{args.total_steps:,}-step run"], rows),
+            "",
+            f"**Whole {args.total_steps:,}-step run, extrapolated: {h(total_full)} with full-length evaluation "
+            f"episodes** "
+            f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison, "
+            f"the published DT implementations take about 40 minutes per 100k-step run on a GPU (d3rlpy-benchmarks' "
+            f"DT logs, CORL).",
+        ]
+    )
     common.write_section("whole_run", "Whole run: training + final evaluation", body, args.quick)
 
 

@@ -1,5 +1,6 @@
 """``python -m datasets``: the offline dataset suite (train behaviour policies, build, stats) and the
 combination of Minari datasets (a D4RL-style medium-expert of hosted ones)."""
+
 from __future__ import annotations
 
 from dt_primal.process import configure_process
@@ -23,34 +24,78 @@ def main(argv=None) -> None:
     t.add_argument("--steps", type=int, default=3_000_000, help="learner steps in all (it stops earlier at its expert)")
     t.add_argument("--eval-every", type=int, default=20_000)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--work-dir", type=Path, default=None, help="its whole state, saved at each evaluation (default runs/behaviour/<env>)")
-    t.add_argument("--policy-dir", type=Path, default=None,
-                   help="where its exports, history and snapshot go (default datasets/policies, committed)")
-    b = sub.add_parser("build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets")
-    b.add_argument("--env", choices=[*TASKS, "all"], required=True,
-                   help="a task, or all: every task, leaving out (named) a dataset whose expert is not trained yet")
+    t.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="its whole state, saved at each evaluation (default runs/behaviour/<env>)",
+    )
+    t.add_argument(
+        "--policy-dir",
+        type=Path,
+        default=None,
+        help="where its exports, history and snapshot go (default datasets/policies, committed)",
+    )
+    b = sub.add_parser(
+        "build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets"
+    )
+    b.add_argument(
+        "--env",
+        choices=[*TASKS, "all"],
+        required=True,
+        help="a task, or all: every task, leaving out (named) a dataset whose expert is not trained yet",
+    )
     b.add_argument("--level", choices=[*LEVELS, "all"], nargs="+", required=True)
-    b.add_argument("--steps", type=int, default=FULL_STEPS, help="transitions per level (default 1M; scale down for quick builds)")
+    b.add_argument(
+        "--steps", type=int, default=FULL_STEPS, help="transitions per level (default 1M; scale down for quick builds)"
+    )
     b.add_argument("--seed", type=int, default=0, help="rollout seed")
-    b.add_argument("--version", type=int, default=None,
-                   help=f"dataset version (default: each level's newest; {', '.join(f'{k} has -v0 to -v{v}' for k, v in VERSIONS.items())}, "
-                        f"the others -v0)")
-    b.add_argument("--jobs", type=int, default=1,
-                   help="datasets built at once, each in its own processes (default 1: one after the other)")
-    s = sub.add_parser("stats", allow_abbrev=False, help="print and write docs/datasets.md: the built datasets and the behaviour policies")
+    b.add_argument(
+        "--version",
+        type=int,
+        default=None,
+        help="dataset version (default: each level's newest; "
+        + ", ".join(f"{k} has -v0 to -v{v}" for k, v in VERSIONS.items())
+        + ", the others -v0)",
+    )
+    b.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="datasets built at once, each in its own processes (default 1: one after the other)",
+    )
+    s = sub.add_parser(
+        "stats",
+        allow_abbrev=False,
+        help="print and write docs/datasets.md: the built datasets and the behaviour policies",
+    )
     s.add_argument("--out", type=Path, default=Path("docs/datasets.md"))
     s.add_argument("--episodes", type=int, default=100, help="episodes to measure each behaviour policy")
-    s.add_argument("--datasets", nargs="+", default=[],
-                   help="also these Minari datasets in $MINARI_DATASETS_PATH, of any task (normalised: – where the task "
-                        "has no reference scores)")
-    c = sub.add_parser("combine", allow_abbrev=False, help="one Minari dataset from the episodes of several, e.g. a D4RL-style medium-expert "
-                                      "of Minari's hosted medium-v0 and expert-v0")
-    c.add_argument("parts", nargs="+", help="local Minari dataset ids, in order (mujoco/hopper/medium-v0 mujoco/hopper/expert-v0)")
+    s.add_argument(
+        "--datasets",
+        nargs="+",
+        default=[],
+        help="also these Minari datasets in $MINARI_DATASETS_PATH, of any task (normalised: – where the task "
+        "has no reference scores)",
+    )
+    c = sub.add_parser(
+        "combine",
+        allow_abbrev=False,
+        help="one Minari dataset from the episodes of several, e.g. a D4RL-style medium-expert "
+        "of Minari's hosted medium-v0 and expert-v0",
+    )
+    c.add_argument(
+        "parts", nargs="+", help="local Minari dataset ids, in order (mujoco/hopper/medium-v0 mujoco/hopper/expert-v0)"
+    )
     c.add_argument("--into", required=True, help="the new dataset's id (mujoco/hopper/medium-expert-v0)")
     args = p.parse_args(argv)
     if args.cmd == "build":
         levels = LEVELS if "all" in args.level else args.level
-        ids = [suite_id(env, level, args.version) for env in (TASKS if args.env == "all" else [args.env]) for level in levels]
+        ids = [
+            suite_id(env, level, args.version)
+            for env in (TASKS if args.env == "all" else [args.env])
+            for level in levels
+        ]
         ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
         if args.jobs > 1:
             build_at_once(ids, args.jobs, args.steps, args.seed)
@@ -59,15 +104,23 @@ def main(argv=None) -> None:
                 build(task, level, steps=args.steps, seed=args.seed, version=version)
     elif args.cmd == "combine":
         from datasets.combine import combine
+
         combine(args.parts, args.into)
     elif args.cmd == "stats":
         from datasets.stats import stats
+
         print(stats(args.out, args.episodes, args.datasets))
     elif args.cmd == "train-policy":
         from datasets.behaviour import train_behaviour
-        train_behaviour(TASKS[args.env], args.work_dir or Path("runs/behaviour") / args.env,
-                        total_steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                        **({"policy_dir": args.policy_dir} if args.policy_dir else {}))
+
+        train_behaviour(
+            TASKS[args.env],
+            args.work_dir or Path("runs/behaviour") / args.env,
+            total_steps=args.steps,
+            eval_every=args.eval_every,
+            seed=args.seed,
+            **({"policy_dir": args.policy_dir} if args.policy_dir else {}),
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ measured export outranks any unmeasured one for ``best.pt`` (a lucky 10-episode 
 enough), and when the run ends without an expert, ``best.pt`` becomes the expert. Exports are small
 and committed under ``datasets/policies/<env>/``.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from envs import Task
 from datasets.rollout import collect
 from datasets.transitions import load_transitions, save_transitions
+from envs import Task
 
 POLICY_DIR = Path(__file__).parent / "policies"
 MEDIUM_SCORE = 40.0  # normalised score: about a third of an expert's return, as D4RL's medium policies
@@ -63,11 +64,15 @@ class GaussianActor(nn.Module):
         return torch.tanh(mu + std * torch.randn(mu.shape, generator=generator)).numpy()
 
     def export(self) -> dict:
-        return {"obs_dim": self.latent_pi[0].in_features, "act_dim": self.mu.out_features,
-                "hidden": self.hidden, "state_dict": self.state_dict()}
+        return {
+            "obs_dim": self.latent_pi[0].in_features,
+            "act_dim": self.mu.out_features,
+            "hidden": self.hidden,
+            "state_dict": self.state_dict(),
+        }
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> tuple["GaussianActor", dict]:
+    def load(cls, path: str | os.PathLike) -> tuple[GaussianActor, dict]:
         """An exported policy and its ``meta`` (learner step, seed, score at export)."""
         blob = torch.load(path, map_location="cpu", weights_only=True)
         actor = cls(blob["obs_dim"], blob["act_dim"], tuple(blob["hidden"]))
@@ -75,11 +80,13 @@ class GaussianActor(nn.Module):
         return actor.eval(), blob["meta"]
 
     @classmethod
-    def from_sb3(cls, model) -> "GaussianActor":
+    def from_sb3(cls, model) -> GaussianActor:
         sb3 = model.actor
         hidden = tuple(m.out_features for m in sb3.latent_pi if isinstance(m, nn.Linear))
         actor = cls(sb3.latent_pi[0].in_features, sb3.mu.out_features, hidden)
-        actor.load_state_dict({k: v for k, v in sb3.state_dict().items() if k.split(".")[0] in ("latent_pi", "mu", "log_std")})
+        actor.load_state_dict(
+            {k: v for k, v in sb3.state_dict().items() if k.split(".")[0] in ("latent_pi", "mu", "log_std")}
+        )
         return actor.eval()
 
 
@@ -105,9 +112,15 @@ def replay_episodes(buffer) -> dict[str, np.ndarray]:
     ends = np.flatnonzero(done | cut)
     truncated = timeout | cut
     lengths = np.diff(np.concatenate([[-1], ends]))
-    return dict(observations=obs.astype(np.float32), final_observations=nxt[ends].astype(np.float32),
-                actions=buffer.actions[:n, 0].astype(np.float32), rewards=buffer.rewards[:n, 0].astype(np.float32),
-                terminations=done & ~truncated, truncations=truncated, lengths=lengths)
+    return dict(
+        observations=obs.astype(np.float32),
+        final_observations=nxt[ends].astype(np.float32),
+        actions=buffer.actions[:n, 0].astype(np.float32),
+        rewards=buffer.rewards[:n, 0].astype(np.float32),
+        terminations=done & ~truncated,
+        truncations=truncated,
+        lengths=lengths,
+    )
 
 
 def restore_replay(buffer, z) -> int:
@@ -128,21 +141,31 @@ def expert_file(version: int) -> str:
     return f"expert-v{version}.pt"
 
 
-def measure_candidate(task: Task, actor: GaussianActor, step: int, progress: dict, version: int = EXPERT_VERSION,
-                      episodes: int = EXPERT_EPISODES) -> bool:
+def measure_candidate(
+    task: Task,
+    actor: GaussianActor,
+    step: int,
+    progress: dict,
+    version: int = EXPERT_VERSION,
+    episodes: int = EXPERT_EPISODES,
+) -> bool:
     """Measure the export of ``step`` over ``episodes`` episodes (once: recorded in ``progress``);
     whether its mean reaches the expert target of ``version``."""
     key = str(step)
     if key not in progress["measured"]:
         score = task.normalize(evaluate_actor(actor, task, episodes, seed=20_000 + step))
         progress["measured"][key] = [float(score.mean()), float(score.std()), episodes]
-        print(f"{task.name} policy of step {step} over {episodes} episodes: normalised {score.mean():.1f} ± "
-              f"{score.std():.1f}", flush=True)
+        print(
+            f"{task.name} policy of step {step} over {episodes} episodes: normalised {score.mean():.1f} ± "
+            f"{score.std():.1f}",
+            flush=True,
+        )
     return progress["measured"][key][0] >= EXPERT_TARGETS[version][task.name]
 
 
-def keep_if_best(task: Task, actor: GaussianActor, step: int, score: float, episodes: int, progress: dict,
-                 save_best) -> bool:
+def keep_if_best(
+    task: Task, actor: GaussianActor, step: int, score: float, episodes: int, progress: dict, save_best
+) -> bool:
     """Rank the export of ``step`` (``score`` over ``episodes`` episodes) against ``best.pt``, measuring it
     over ``EXPERT_EPISODES`` episodes when it comes within ``MEASURE_MARGIN`` of the target; ``save_best()``
     writes it as the new best. Whether its measurement reaches the target."""
@@ -159,9 +182,19 @@ def keep_if_best(task: Task, actor: GaussianActor, step: int, score: float, epis
 
 def new_progress(task: Task, seed: int) -> dict:
     """The learner's history (``learner.json``, committed; read by `python -m datasets stats`)."""
-    return {"task": task.name, "algo": ALGOS[task.name], "seed": seed, "evals": [], "cpu_seconds": 0.0,
-            "medium_step": None, "best_step": None, "best_score": -float("inf"), "best_episodes": 0,
-            "measured": {}, "experts": {}}
+    return {
+        "task": task.name,
+        "algo": ALGOS[task.name],
+        "seed": seed,
+        "evals": [],
+        "cpu_seconds": 0.0,
+        "medium_step": None,
+        "best_step": None,
+        "best_score": -float("inf"),
+        "best_episodes": 0,
+        "measured": {},
+        "experts": {},
+    }
 
 
 def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
@@ -169,14 +202,17 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
     buffer), else from the snapshot ``learner.zip`` with the replay buffer refilled from the committed
     transitions (``history.npz`` until medium level, then ``medium_replay.npz``) and the history cut
     back to the snapshot's step, else new."""
-    from stable_baselines3 import SAC
     from sb3_contrib import TQC
+    from stable_baselines3 import SAC
 
     algo = {"SAC": SAC, "TQC": TQC}[ALGOS[task.name]]
     env, progress_path = task.make(), out / "learner.json"
     resuming, committed = (work_dir / "model.zip").exists(), (out / "learner.zip").exists()
-    progress = json.loads(progress_path.read_text()) if (resuming or committed) and progress_path.exists() \
+    progress = (
+        json.loads(progress_path.read_text())
+        if (resuming or committed) and progress_path.exists()
         else new_progress(task, seed)
+    )
     if resuming:
         model = algo.load(work_dir / "model.zip", env=env, device="cpu")
         model.load_replay_buffer(work_dir / "replay.pkl")
@@ -185,15 +221,18 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
         model = algo.load(out / "learner.zip", env=env, device="cpu", buffer_size=BUFFER_SIZE)
         transitions = out / ("history.npz" if (out / "history.npz").exists() else "medium_replay.npz")
         n = restore_replay(model.replay_buffer, load_transitions(transitions))
-        print(f"resumed {task.name} at step {model.num_timesteps} from the committed learner ({n} transitions of "
-              f"{transitions.name})")
+        print(
+            f"resumed {task.name} at step {model.num_timesteps} from the committed learner ({n} transitions of "
+            f"{transitions.name})"
+        )
         # the history may go past the snapshot: those steps are done again (their CPU time stays counted)
         progress["evals"] = [e for e in progress["evals"] if e["step"] <= model.num_timesteps]
         if not (out / "best.pt").exists():  # not committed: the best export so far is found again
             progress.update(best_step=None, best_score=-float("inf"), best_episodes=0)
     else:
-        model = algo("MlpPolicy", env, learning_starts=10_000, buffer_size=BUFFER_SIZE, seed=seed, device="cpu",
-                     verbose=0)
+        model = algo(
+            "MlpPolicy", env, learning_starts=10_000, buffer_size=BUFFER_SIZE, seed=seed, device="cpu", verbose=0
+        )
     return model, progress
 
 
@@ -203,15 +242,23 @@ def _save_atomic(save, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, eval_every: int = 20_000,
-                    eval_episodes: int = 10, seed: int = 0, policy_dir: Path = POLICY_DIR) -> None:
+def train_behaviour(
+    task: Task,
+    work_dir: Path,
+    total_steps: int = 3_000_000,
+    eval_every: int = 20_000,
+    eval_episodes: int = 10,
+    seed: int = 0,
+    policy_dir: Path = POLICY_DIR,
+) -> None:
     """Train (or resume, ``load_learner``) the behaviour learner of ``task``; export medium,
     medium-replay and the expert of ``EXPERT_VERSION``, until ``total_steps`` or an expert."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     work_dir, out = Path(work_dir), Path(policy_dir) / task.name
-    work_dir.mkdir(parents=True, exist_ok=True); out.mkdir(parents=True, exist_ok=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     expert = out / expert_file(EXPERT_VERSION)
     if expert.exists():
         print(f"{task.name}: {expert.name} exists, the learner is done")
@@ -228,14 +275,30 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, ev
             actor = GaussianActor.from_sb3(self.model)
             returns = evaluate_actor(actor, task, eval_episodes, seed=10_000 + step)
             score = float(task.normalize(returns.mean()))
-            progress["evals"].append({"step": step, "return_mean": float(returns.mean()),
-                                      "return_std": float(returns.std()), "normalized": score})
-            print(f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}",
-                  flush=True)
-            export = lambda: {**actor.export(), "meta": {
-                "task": task.name, "algo": ALGOS[task.name], "train_seed": seed, "step": step,
-                "learner_cpu_seconds": progress["cpu_seconds"] + time.process_time() - self.t0,
-                "eval_return_mean": float(returns.mean()), "eval_normalized": score}}
+            progress["evals"].append(
+                {
+                    "step": step,
+                    "return_mean": float(returns.mean()),
+                    "return_std": float(returns.std()),
+                    "normalized": score,
+                }
+            )
+            print(
+                f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}",
+                flush=True,
+            )
+            export = lambda: {
+                **actor.export(),
+                "meta": {
+                    "task": task.name,
+                    "algo": ALGOS[task.name],
+                    "train_seed": seed,
+                    "step": step,
+                    "learner_cpu_seconds": progress["cpu_seconds"] + time.process_time() - self.t0,
+                    "eval_return_mean": float(returns.mean()),
+                    "eval_normalized": score,
+                },
+            }
             done = False
             if progress["medium_step"] is None and score >= MEDIUM_SCORE:
                 torch.save(export(), out / "medium.pt")
@@ -246,9 +309,14 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, ev
                 save_best = lambda: torch.save(export(), out / "best.pt")
                 if keep_if_best(task, actor, step, score, eval_episodes, progress, save_best):
                     torch.save(export(), expert)
-                    progress["experts"][str(EXPERT_VERSION)] = {"step": step, "measured": progress["measured"][str(step)]}
+                    progress["experts"][str(EXPERT_VERSION)] = {
+                        "step": step,
+                        "measured": progress["measured"][str(step)],
+                    }
                     done = True
-            now = time.process_time(); progress["cpu_seconds"] += now - self.t0; self.t0 = now
+            now = time.process_time()
+            progress["cpu_seconds"] += now - self.t0
+            self.t0 = now
             self.save_state(progress["medium_step"] is None)
             return not done
 
@@ -258,13 +326,17 @@ def train_behaviour(task: Task, work_dir: Path, total_steps: int = 3_000_000, ev
             _save_atomic(self.model.save_replay_buffer, work_dir / "replay.pkl")
             _save_atomic(self.model.save, out / "learner.zip")
             if before_medium:  # until medium level a fresh clone also needs every transition
-                _save_atomic(lambda p: save_transitions(p, replay_episodes(self.model.replay_buffer)),
-                             out / "history.npz")
+                _save_atomic(
+                    lambda p: save_transitions(p, replay_episodes(self.model.replay_buffer)), out / "history.npz"
+                )
             (out / "learner.json").write_text(json.dumps(progress, indent=1))
 
     model.learn(max(total_steps - model.num_timesteps, 0), callback=Checkpoint(), reset_num_timesteps=False)
     if (out / "best.pt").exists() and not expert.exists():  # finished below target: the best export is the expert
         shutil.copyfile(out / "best.pt", expert)
-        progress["experts"][str(EXPERT_VERSION)] = {"step": progress["best_step"], "below_target": True,
-                                                    "measured": progress["measured"].get(str(progress["best_step"]))}
+        progress["experts"][str(EXPERT_VERSION)] = {
+            "step": progress["best_step"],
+            "below_target": True,
+            "measured": progress["measured"].get(str(progress["best_step"])),
+        }
         (out / "learner.json").write_text(json.dumps(progress, indent=1))

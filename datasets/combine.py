@@ -5,6 +5,7 @@ Minari's own ``minari.combine_datasets`` does the combining; the parts' referenc
 (``ref_min_score``, ``ref_max_score``), which it leaves out, are carried over when all parts agree,
 so the combined dataset is normalised as its parts are.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,14 +26,17 @@ def combine(parts: list[str], into: str) -> str:
     local = minari.list_local_datasets()
     missing = [p for p in parts if p not in local]
     if missing:
-        raise UserError(f"{', '.join(missing)} not found in {home} ($MINARI_DATASETS_PATH). Download hosted datasets "
-                        f"first (minari download {' '.join(missing)}), or point $MINARI_DATASETS_PATH at the folder "
-                        f"that holds them.")
+        raise UserError(
+            f"{', '.join(missing)} not found in {home} ($MINARI_DATASETS_PATH). Download hosted datasets "
+            f"first (minari download {' '.join(missing)}), or point $MINARI_DATASETS_PATH at the folder "
+            f"that holds them."
+        )
     if len(parts) < 2:
         raise UserError(f"Give at least two datasets to combine (got {len(parts)}).")
     if into in local or get_dataset_path(into).exists():
-        raise UserError(f"{into} already exists in {home}: choose another --into, or delete it first "
-                        f"(minari delete {into}).")
+        raise UserError(
+            f"{into} already exists in {home}: choose another --into, or delete it first (minari delete {into})."
+        )
     for p in parts:
         check_minari_folder(p)  # before Minari reads anything of it (it may make the environment its metadata names)
     datasets = [minari.load_dataset(p) for p in parts]
@@ -45,7 +49,9 @@ def combine(parts: list[str], into: str) -> str:
     if len(refs) == 1 and None not in next(iter(refs)):
         combined.storage.update_metadata(dict(zip(REF_KEYS, next(iter(refs)))))
     else:
-        print(f"The parts give different reference returns ({sorted(refs, key=str)}): {into} has none, and a run "
-              f"on it uses its task's default reference returns, if any, or --ref-min and --ref-max.")
+        print(
+            f"The parts give different reference returns ({sorted(refs, key=str)}): {into} has none, and a run "
+            f"on it uses its task's default reference returns, if any, or --ref-min and --ref-max."
+        )
     print(f"combined {into}: {combined.total_episodes} episodes, {combined.total_steps} steps from {', '.join(parts)}")
     return into

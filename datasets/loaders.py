@@ -6,6 +6,7 @@
 - a decision-transformer pickle (a list of trajectory dicts with ``observations, actions,
   rewards`` and ``terminals`` or ``dones``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,29 +29,40 @@ MINARI_ID = re.compile(r"[\w.+-]{1,100}(/[\w.+-]{1,100}){0,4}")
 HDF5_SUFFIXES, PICKLE_SUFFIXES = (".hdf5", ".h5"), (".pkl", ".pickle")
 
 
-def load_dataset(spec: str, env: str | None = None, download: bool = False, build: bool = True,
-                 ref_scores: tuple[float, float] | None = None) -> Trajectories:
+def load_dataset(
+    spec: str,
+    env: str | None = None,
+    download: bool = False,
+    build: bool = True,
+    ref_scores: tuple[float, float] | None = None,
+) -> Trajectories:
     """Trajectories from ``spec``, with ``.task`` the evaluation task (``evaluation_task``) and ``.env``
     its Gymnasium id. ``build``: build a missing suite dataset (off in multi-process runs, where every
     process would). ``ref_scores``: the user's reference returns (--ref-min, --ref-max), finite and
     different, as ``Config.validate`` checks them."""
     if not spec.strip():
-        raise UserError("--dataset is empty. Give a suite dataset such as dt-primal/hopper/medium-v0, a Minari "
-                        "dataset id, or the path of a D4RL .hdf5 or decision-transformer .pkl file.")
+        raise UserError(
+            "--dataset is empty. Give a suite dataset such as dt-primal/hopper/medium-v0, a Minari "
+            "dataset id, or the path of a D4RL .hdf5 or decision-transformer .pkl file."
+        )
     path = Path(spec).expanduser()
     if path.is_dir() and _minari_id(path) != spec:
         raise UserError(_directory_message(spec, path))
     if path.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES or path.is_file():
         if not path.is_file():
-            raise UserError(f"Dataset file {spec} does not exist. Give the path of a D4RL .hdf5 file, a "
-                            f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0.")
+            raise UserError(
+                f"Dataset file {spec} does not exist. Give the path of a D4RL .hdf5 file, a "
+                f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0."
+            )
         if path.suffix in HDF5_SUFFIXES:
             data = load_d4rl_hdf5(path)
         elif path.suffix in PICKLE_SUFFIXES:
             data = load_pickle(path)
         else:
-            raise UserError(f"Cannot tell the format of {spec}: use a .hdf5/.h5 (D4RL) or .pkl/.pickle "
-                            f"(decision-transformer) file, or a Minari dataset id.")
+            raise UserError(
+                f"Cannot tell the format of {spec}: use a .hdf5/.h5 (D4RL) or .pkl/.pickle "
+                f"(decision-transformer) file, or a Minari dataset id."
+            )
     else:
         data = load_minari(spec, download, build)
     data.task = evaluation_task(spec, env, data, ref_scores)
@@ -73,12 +85,16 @@ def evaluation_task(spec: str, env: str | None, data: Trajectories, ref_scores: 
     try:
         recorded = task_for(data.env, data.env_spec) if data.env else None
     except gym.error.Error as exc:
-        raise UserError(f"The dataset {spec} was recorded on {data.env}, which Gymnasium does not know here ({exc}). "
-                        f"Install the package that registers it, or pass --env with {ENV_HINT}.") from None
+        raise UserError(
+            f"The dataset {spec} was recorded on {data.env}, which Gymnasium does not know here ({exc}). "
+            f"Install the package that registers it, or pass --env with {ENV_HINT}."
+        ) from None
     if requested is not None and recorded is not None and _family(requested) != _family(recorded):
-        raise UserError(f"The dataset {spec} was recorded on {data.env} (its metadata says so), but --env {env} asks "
-                        f"for {requested.gym_id}: the policy would be trained on one robot and evaluated on another. "
-                        f"Leave --env out (the metadata's task is used), or give the dataset of {requested.name}.")
+        raise UserError(
+            f"The dataset {spec} was recorded on {data.env} (its metadata says so), but --env {env} asks "
+            f"for {requested.gym_id}: the policy would be trained on one robot and evaluated on another. "
+            f"Leave --env out (the metadata's task is used), or give the dataset of {requested.name}."
+        )
     if recorded is not None and (requested is None or requested.gym_id == recorded.gym_id):
         task = recorded
     else:
@@ -91,9 +107,12 @@ def evaluation_task(spec: str, env: str | None, data: Trajectories, ref_scores: 
         except (TypeError, ValueError, OverflowError):
             ref_scores = (float("nan"), float("nan"))
         if not (np.isfinite(ref_scores).all() and ref_scores[0] != ref_scores[1]):
-            raise UserError(f"The dataset {spec}'s metadata gives the reference returns ref_min_score "
-                            f"{str(data.ref_scores[0])[:40]} and ref_max_score {str(data.ref_scores[1])[:40]}, which cannot normalise a score (they must be finite "
-                            f"and differ). Give --ref-min and --ref-max.")
+            raise UserError(
+                f"The dataset {spec}'s metadata gives the reference returns ref_min_score "
+                f"{str(data.ref_scores[0])[:40]} and ref_max_score {str(data.ref_scores[1])[:40]}, which cannot "
+                f"normalise a score (they must be finite "
+                f"and differ). Give --ref-min and --ref-max."
+            )
     if ref_scores is not None:
         task = dataclasses.replace(task, ref_min=float(ref_scores[0]), ref_max=float(ref_scores[1]))
     if not task.targets:
@@ -128,9 +147,11 @@ def _minari_hint(path: Path) -> str:
     root = folder
     for _ in dataset_id.split("/"):
         root = root.parent
-    return (f" It is the Minari dataset {dataset_id}: give its id instead, with $MINARI_DATASETS_PATH pointing at the "
-            f"folder that holds it (MINARI_DATASETS_PATH={shlex.quote(str(root))} python train.py --dataset "
-            f"{dataset_id}).")
+    return (
+        f" It is the Minari dataset {dataset_id}: give its id instead, with $MINARI_DATASETS_PATH pointing at the "
+        f"folder that holds it (MINARI_DATASETS_PATH={shlex.quote(str(root))} python train.py --dataset "
+        f"{dataset_id})."
+    )
 
 
 def _directory_message(spec: str, path: Path) -> str:
@@ -138,21 +159,26 @@ def _directory_message(spec: str, path: Path) -> str:
     if not hint:
         found = sorted(str(f) for f in path.iterdir() if f.suffix in HDF5_SUFFIXES + PICKLE_SUFFIXES)[:5]
         hint = f" It holds {', '.join(found)}: give one of them." if found else ""
-    return (f"--dataset {spec} is a directory, not a dataset file. Give the path of a D4RL .hdf5 file or a "
-            f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0.{hint}")
+    return (
+        f"--dataset {spec} is a directory, not a dataset file. Give the path of a D4RL .hdf5 file or a "
+        f"decision-transformer .pkl file, or a Minari dataset id such as dt-primal/hopper/medium-v0.{hint}"
+    )
 
 
 def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> Trajectories:
     import minari
+
     from datasets.suite import SUITE_NAMESPACE, build_if_missing, is_built, parse_suite_id
 
     if dataset_id.startswith(SUITE_NAMESPACE + "/"):
         task, level, version = parse_suite_id(dataset_id)
         if not build and not is_built(dataset_id):
-            raise UserError(f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
-                            f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
-                            f"--version {version} (on every node, unless $MINARI_DATASETS_PATH is shared), then start "
-                            f"the run again.")
+            raise UserError(
+                f"{dataset_id} is not built yet, and a multi-process (torchrun) run does not build "
+                f"datasets. Build it first with python -m datasets build --env {task.name} --level {level} "
+                f"--version {version} (on every node, unless $MINARI_DATASETS_PATH is shared), then start "
+                f"the run again."
+            )
         build_if_missing(dataset_id)
     elif dataset_id not in minari.list_local_datasets():
         if not download and _combine_hint(dataset_id):
@@ -164,24 +190,34 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
                 f"Use a dataset of the offline suite, built here on first use (dt-primal/<env>/<level>-v0, e.g. "
                 f"dt-primal/hopper/medium-v0, or build it ahead with python -m datasets build --env hopper --level "
                 f"medium); pass --download to fetch a hosted Minari dataset (or copy its folder into {home}); or "
-                f"give the path of a D4RL .hdf5 or decision-transformer .pkl file.")
+                f"give the path of a D4RL .hdf5 or decision-transformer .pkl file."
+            )
     try:
         if download and dataset_id not in minari.list_local_datasets():
             minari.download_dataset(dataset_id)
         meta = untrusted.check_minari_folder(dataset_id)  # before Minari reads anything of it
         ds = minari.load_dataset(dataset_id)
-        episodes = [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards,
-                         terminals=ep.terminations) for ep in ds.iterate_episodes()]
+        episodes = [
+            dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
+            for ep in ds.iterate_episodes()
+        ]
     except UserError:
         raise
     except Exception as exc:  # unknown remote id, damaged or truncated files, no network
-        raise UserError(f"Could not load Minari dataset {dataset_id} ({type(exc).__name__}: {str(exc)[:200]}). Check "
-                        f"the id (python -c 'import minari; print(minari.list_local_datasets())'), or download or "
-                        f"build the dataset again.{_combine_hint(dataset_id)}") from None
+        raise UserError(
+            f"Could not load Minari dataset {dataset_id} ({type(exc).__name__}: {str(exc)[:200]}). Check "
+            f"the id (python -c 'import minari; print(minari.list_local_datasets())'), or download or "
+            f"build the dataset again.{_combine_hint(dataset_id)}"
+        ) from None
     spec = meta.get("env_spec")
     refs = (meta.get("ref_min_score"), meta.get("ref_max_score"))
-    return Trajectories.from_episodes(episodes, env=spec and json.loads(spec)["id"], source=dataset_id, env_spec=spec,
-                                      ref_scores=None if None in refs else refs)
+    return Trajectories.from_episodes(
+        episodes,
+        env=spec and json.loads(spec)["id"],
+        source=dataset_id,
+        env_spec=spec,
+        ref_scores=None if None in refs else refs,
+    )
 
 
 def _combine_hint(dataset_id: str) -> str:
@@ -190,8 +226,10 @@ def _combine_hint(dataset_id: str) -> str:
     if not m:
         return ""
     parts = f"{m.group(1)}/medium-v0 {m.group(1)}/expert-v0"
-    return (f" Minari's hosted MuJoCo datasets have no medium-expert level: make it from its parts with minari "
-            f"download {parts}, then python -m datasets combine {parts} --into {dataset_id}.")
+    return (
+        f" Minari's hosted MuJoCo datasets have no medium-expert level: make it from its parts with minari "
+        f"download {parts}, then python -m datasets combine {parts} --into {dataset_id}."
+    )
 
 
 def load_d4rl_hdf5(path: Path) -> Trajectories:
@@ -200,17 +238,22 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
             missing = [k for k in D4RL_KEYS if k not in f]
             if missing:
                 hint = _minari_hint(path) if any(k.startswith("episode_") for k in f) else ""
-                raise UserError(f"{path} is not a D4RL dataset: it lacks the keys {', '.join(missing)} "
-                                f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).{hint}")
+                raise UserError(
+                    f"{path} is not a D4RL dataset: it lacks the keys {', '.join(missing)} "
+                    f"(needs {', '.join(D4RL_KEYS)} and optionally timeouts).{hint}"
+                )
             arrays = {k: f[k][()] for k in D4RL_KEYS}
             timeouts = f["timeouts"][()] if "timeouts" in f else np.zeros_like(arrays["terminals"])
     except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # truncated or not hdf5; a group
-        raise UserError(f"Cannot read {path} as a D4RL hdf5 file ({exc}); the file may be truncated or not "
-                        f"in the D4RL layout. Download or convert it again.") from exc
+        raise UserError(
+            f"Cannot read {path} as a D4RL hdf5 file ({exc}); the file may be truncated or not "
+            f"in the D4RL layout. Download or convert it again."
+        ) from exc
     for k, v in {**arrays, "timeouts": timeouts}.items():
         if np.ndim(v) == 0:
-            raise UserError(f"{path}: '{k}' is a single value, not an array with one row per step. Convert the "
-                            f"file again.")
+            raise UserError(
+                f"{path}: '{k}' is a single value, not an array with one row per step. Convert the file again."
+            )
     n = len(arrays["rewards"])
     for k, v in {**arrays, "timeouts": timeouts}.items():
         if len(v) != n:
@@ -224,32 +267,50 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
     if n and (len(ends) == 0 or ends[-1] != n):
         ends = np.append(ends, n)  # a trailing unfinished episode
     lengths = np.diff(np.concatenate([[0], ends]))
-    data = Trajectories(observations=numeric(arrays["observations"], "'observations'", where),
-                        actions=numeric(arrays["actions"], "'actions'", where),
-                        rewards=numeric(arrays["rewards"], "'rewards'", where).reshape(-1),
-                        lengths=lengths.astype(np.int64), terminals=terminals[ends - 1], source=str(path))
+    data = Trajectories(
+        observations=numeric(arrays["observations"], "'observations'", where),
+        actions=numeric(arrays["actions"], "'actions'", where),
+        rewards=numeric(arrays["rewards"], "'rewards'", where).reshape(-1),
+        lengths=lengths.astype(np.int64),
+        terminals=terminals[ends - 1],
+        source=str(path),
+    )
     return data.validate()
 
 
 def load_pickle(path: Path) -> Trajectories:
     trajs = untrusted.load_pickle(path)  # plain data only: unpickling nothing else runs no code
     if not isinstance(trajs, (list, tuple)) or not all(isinstance(t, dict) for t in trajs):
-        hint = " It holds one dict of arrays, as a D4RL file does: write those arrays into an .hdf5 file (keys " \
-               f"{', '.join(D4RL_KEYS)}, timeouts) and give that." if isinstance(trajs, dict) and "observations" in trajs else ""
-        raise UserError(f"{path} must hold a list of trajectory dicts (decision-transformer format), "
-                        f"found {type(trajs).__name__}.{hint}")
+        hint = (
+            " It holds one dict of arrays, as a D4RL file does: write those arrays into an .hdf5 file (keys "
+            f"{', '.join(D4RL_KEYS)}, timeouts) and give that."
+            if isinstance(trajs, dict) and "observations" in trajs
+            else ""
+        )
+        raise UserError(
+            f"{path} must hold a list of trajectory dicts (decision-transformer format), "
+            f"found {type(trajs).__name__}.{hint}"
+        )
     episodes = []
     for i, t in enumerate(trajs):
         missing = [k for k in ("observations", "actions", "rewards") if k not in t]
         if missing:
-            raise UserError(f"{path}: trajectory {i} lacks the keys {', '.join(missing)} "
-                            f"(each needs observations, actions, rewards and terminals or dones).")
+            raise UserError(
+                f"{path}: trajectory {i} lacks the keys {', '.join(missing)} "
+                f"(each needs observations, actions, rewards and terminals or dones)."
+            )
         ep = {k: numeric(t[k], f"'{k}' of trajectory {i}", str(path)) for k in ("observations", "actions", "rewards")}
         ep["terminals"] = flags(t.get("terminals", t.get("dones", False)), f"'terminals' of trajectory {i}", str(path))
-        if ep["observations"].ndim != 2 or ep["actions"].ndim != 2 or ep["rewards"].ndim != 1 \
-                or len(ep["observations"]) < len(ep["actions"]) \
-                or len(ep["rewards"]) != len(ep["actions"]):
-            raise UserError(f"{path}: trajectory {i} has shapes observations {ep['observations'].shape}, actions "
-                            f"{ep['actions'].shape}, rewards {ep['rewards'].shape}; expected (T, obs_dim), (T, act_dim), (T,).")
+        if (
+            ep["observations"].ndim != 2
+            or ep["actions"].ndim != 2
+            or ep["rewards"].ndim != 1
+            or len(ep["observations"]) < len(ep["actions"])
+            or len(ep["rewards"]) != len(ep["actions"])
+        ):
+            raise UserError(
+                f"{path}: trajectory {i} has shapes observations {ep['observations'].shape}, actions "
+                f"{ep['actions'].shape}, rewards {ep['rewards'].shape}; expected (T, obs_dim), (T, act_dim), (T,)."
+            )
         episodes.append(ep)
     return Trajectories.from_episodes(episodes, source=str(path))

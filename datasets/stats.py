@@ -1,5 +1,6 @@
 """``python -m datasets stats``: what the built suite holds and how good its behaviour policies are,
 printed and written to ``docs/datasets.md``, with the learners' curves beside it (``datasets-learners.png``)."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,17 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets.behaviour import (EXPERT_EPISODES, EXPERT_TARGETS, EXPERT_VERSION, POLICY_DIR, GaussianActor,
-                                evaluate_actor, expert_file)
-from datasets.suite import LEVELS, SUITE_NAMESPACE, VERSIONS, dataset_dir, is_built, suite_id
+from datasets.behaviour import (
+    EXPERT_EPISODES,
+    EXPERT_TARGETS,
+    EXPERT_VERSION,
+    POLICY_DIR,
+    GaussianActor,
+    evaluate_actor,
+    expert_file,
+)
 from datasets.loaders import load_dataset
+from datasets.suite import LEVELS, SUITE_NAMESPACE, VERSIONS, dataset_dir, is_built, suite_id
 from envs import TASKS, Task
 
 
@@ -30,8 +38,10 @@ def dataset_row(dataset_id: str) -> str:
     normalised = "–" if norm is None else f"{norm.mean():.1f} ({norm.min():.1f} – {norm.max():.1f})"
     if norm is not None and cut.any() and not cut.all():  # episodes a step budget cut short pull the mean down
         normalised += f"; {norm[~cut].mean():.1f} without the {cut.sum()} cut short"
-    return (f"| {dataset_id} | {len(data.lengths)} | {len(data.rewards)} | {returns.mean():.1f} ± {returns.std():.1f} | "
-            f"{returns.min():.1f} | {returns.max():.1f} | {normalised} | {seconds} |")
+    return (
+        f"| {dataset_id} | {len(data.lengths)} | {len(data.rewards)} | {returns.mean():.1f} ± {returns.std():.1f} | "
+        f"{returns.min():.1f} | {returns.max():.1f} | {normalised} | {seconds} |"
+    )
 
 
 def policy_cell(task: Task, path: Path, episodes: int, promoted: dict | None) -> str:
@@ -56,21 +66,28 @@ def policy_row(task: Task, episodes: int) -> str | None:
     if not (folder / "learner.json").exists():
         return None
     learner = json.loads((folder / "learner.json").read_text())
-    cells = [policy_cell(task, folder / "medium.pt", episodes, None) if (folder / "medium.pt").exists()
-             else "not reached yet"]
+    cells = [
+        policy_cell(task, folder / "medium.pt", episodes, None)
+        if (folder / "medium.pt").exists()
+        else "not reached yet"
+    ]
     for version in range(EXPERT_VERSION + 1):
         path, target = folder / expert_file(version), EXPERT_TARGETS[version][task.name]
         if path.exists():
             cells.append(policy_cell(task, path, episodes, learner["experts"].get(str(version))))
         elif version == EXPERT_VERSION and learner["best_step"] is not None:
-            cells.append(f"not yet (best so far: step {learner['best_step']}, {learner['best_score']:.1f} over "
-                         f"{learner.get('best_episodes') or 10} episodes; an export becomes the expert once it measures "
-                         f"≥ {target:g} over {EXPERT_EPISODES} episodes)")
+            cells.append(
+                f"not yet (best so far: step {learner['best_step']}, {learner['best_score']:.1f} over "
+                f"{learner.get('best_episodes') or 10} episodes; an export becomes the expert once it measures "
+                f"≥ {target:g} over {EXPERT_EPISODES} episodes)"
+            )
         else:
             cells.append("not in this checkout" if version < EXPERT_VERSION else "not reached yet")
     last = learner["evals"][-1] if learner["evals"] else {"step": 0, "normalized": float("nan")}
-    return (f"| {task.name} | {learner['algo']} | {last['step']} ({last['normalized']:.1f}) | "
-            f"{learner['cpu_seconds'] / 3600:.2f} | {' | '.join(cells)} |")
+    return (
+        f"| {task.name} | {learner['algo']} | {last['step']} ({last['normalized']:.1f}) | "
+        f"{learner['cpu_seconds'] / 3600:.2f} | {' | '.join(cells)} |"
+    )
 
 
 def learner_curves(path: Path) -> bool:
@@ -79,12 +96,16 @@ def learner_curves(path: Path) -> bool:
     import io
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    learners = {t: json.loads((POLICY_DIR / t / "learner.json").read_text()) for t in TASKS
-                if (POLICY_DIR / t / "learner.json").exists()}
+    learners = {
+        t: json.loads((POLICY_DIR / t / "learner.json").read_text())
+        for t in TASKS
+        if (POLICY_DIR / t / "learner.json").exists()
+    }
     if not learners:
         return False
     fig, axes = plt.subplots(1, len(learners), figsize=(4 * len(learners), 3.2), squeeze=False)
@@ -95,10 +116,18 @@ def learner_curves(path: Path) -> bool:
             ax.axhline(targets[name], ls="--", lw=0.8, color=f"C{version + 1}", label=f"expert-v{version} target")
         for version, promoted in learner["experts"].items():
             if promoted.get("measured"):
-                ax.plot(promoted["step"], promoted["measured"][0], "o", color=f"C{int(version) + 1}",
-                        label=f"expert-v{version}, 100 episodes")
-        ax.set(title=f"{name} ({learner['algo']}, {learner['cpu_seconds'] / 3600:.1f} CPU h)", xlabel="learner step",
-               ylabel="normalised return")
+                ax.plot(
+                    promoted["step"],
+                    promoted["measured"][0],
+                    "o",
+                    color=f"C{int(version) + 1}",
+                    label=f"expert-v{version}, 100 episodes",
+                )
+        ax.set(
+            title=f"{name} ({learner['algo']}, {learner['cpu_seconds'] / 3600:.1f} CPU h)",
+            xlabel="learner step",
+            ylabel="normalised return",
+        )
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -127,27 +156,41 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     experts = list(range(EXPERT_VERSION + 1))
     targets = "; ".join(f"expert-v{v} ≥ " + ", ".join(f"{t} {EXPERT_TARGETS[v][t]:g}" for t in TASKS) for v in experts)
     curves = out.with_name(out.stem + "-learners.png")
-    text = "\n".join([
-        "# The offline dataset suite", "",
-        f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v<N>` built on this machine (`python -m datasets build`; a suite "
-        "dataset not built here keeps the row this page had, measured where it was built) and any "
-        "given with `--datasets`; normalised scores use each dataset's reference returns (the D4RL ones for the "
-        "suite; – for a task without any). The expert and medium-expert levels have one version per expert policy; "
-        "`build` makes the newest unless given `--version`. A build's rollouts stop at its step budget, which cuts "
-        "short the last episode of each of its parallel environments (64 in a 1M-step build; in medium-replay, the "
-        "learner's restarts cut some): the normalised mean is also given without them. Regenerate this page with "
-        "`python -m datasets stats`.", "",
-        "## Built datasets", "",
-        "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s (1-min load average) |",
-        "|---|---|---|---|---|---|---|---|", *(rows or ["| (none built yet) | | | | | | | |"]), "",
-        f"## Behaviour policies (measured: {episodes} episodes of the stochastic policy that makes the data)", "",
-        "| env | algorithm | learner step (last eval, normalised) | learner CPU hours | medium | "
-        + " | ".join(f"expert-v{v}" for v in experts) + " |",
-        "|---|---|---|---|---|" + "---|" * len(experts),
-        *(policies or ["| (no learner has run yet) | | | | |" + " |" * len(experts)]), "",
-        f"Targets (normalised mean over {EXPERT_EPISODES} episodes): {targets}; medium between 30 and 65.", "",
-        *([f"![learning curves]({curves.name})", ""] if learner_curves(curves) else []),
-        *([old[old.index(NOTES):].rstrip(), ""] if NOTES in old else [])])
+    text = "\n".join(
+        [
+            "# The offline dataset suite",
+            "",
+            f"Datasets `{SUITE_NAMESPACE}/<env>/<level>-v<N>` built on this machine (`python -m datasets build`; a "
+            f"suite "
+            "dataset not built here keeps the row this page had, measured where it was built) and any "
+            "given with `--datasets`; normalised scores use each dataset's reference returns (the D4RL ones for the "
+            "suite; – for a task without any). The expert and medium-expert levels have one version per expert policy; "
+            "`build` makes the newest unless given `--version`. A build's rollouts stop at its step budget, which cuts "
+            "short the last episode of each of its parallel environments (64 in a 1M-step build; in medium-replay, the "
+            "learner's restarts cut some): the normalised mean is also given without them. Regenerate this page with "
+            "`python -m datasets stats`.",
+            "",
+            "## Built datasets",
+            "",
+            "| dataset | episodes | steps | return mean ± std | min | max | normalised mean (min – max) | build s "
+            "(1-min load average) |",
+            "|---|---|---|---|---|---|---|---|",
+            *(rows or ["| (none built yet) | | | | | | | |"]),
+            "",
+            f"## Behaviour policies (measured: {episodes} episodes of the stochastic policy that makes the data)",
+            "",
+            "| env | algorithm | learner step (last eval, normalised) | learner CPU hours | medium | "
+            + " | ".join(f"expert-v{v}" for v in experts)
+            + " |",
+            "|---|---|---|---|---|" + "---|" * len(experts),
+            *(policies or ["| (no learner has run yet) | | | | |" + " |" * len(experts)]),
+            "",
+            f"Targets (normalised mean over {EXPERT_EPISODES} episodes): {targets}; medium between 30 and 65.",
+            "",
+            *([f"![learning curves]({curves.name})", ""] if learner_curves(curves) else []),
+            *([old[old.index(NOTES) :].rstrip(), ""] if NOTES in old else []),
+        ]
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text

@@ -8,6 +8,7 @@ of a run that ended below it); medium-expert = medium + expert. The expert and m
 have one version per expert (``VERSIONS``: the newest is built by default, older ones by their id).
 Episodes end on termination or at 1000 steps. ``steps`` scales every level down (tests use tiny builds).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -28,8 +29,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datasets.behaviour import (ALGOS, EXPERT_EPISODES, EXPERT_TARGETS, EXPERT_VERSION, MEDIUM_SCORE, POLICY_DIR,
-                                GaussianActor, expert_file)
+from datasets.behaviour import (
+    ALGOS,
+    EXPERT_EPISODES,
+    EXPERT_TARGETS,
+    EXPERT_VERSION,
+    MEDIUM_SCORE,
+    POLICY_DIR,
+    GaussianActor,
+    expert_file,
+)
 from datasets.rollout import collect
 from datasets.transitions import load_transitions
 from dt_primal.errors import UserError
@@ -43,14 +52,14 @@ ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same rollout seeds on any m
 RECIPES = {
     "random": "{steps} steps of uniformly random actions.",
     "medium": "{steps} steps of the stochastic {algo} policy exported the first time its "
-              "learner reached a normalised score of {medium}, about a third of an expert's return.",
+    "learner reached a normalised score of {medium}, about a third of an expert's return.",
     "medium-replay": "Every transition the {algo} learner collected (its replay buffer, from its first random "
-                     "episodes) until it first reached medium level{subsample}.",
+    "episodes) until it first reached medium level{subsample}.",
     "expert": "{steps} steps of the stochastic {algo} policy exported at an evaluation of its learner, promoted to "
-              "expert when it measured at least {expert} normalised over {expert_episodes} episodes (or the best "
-              "export of a run that ended below that).",
+    "expert when it measured at least {expert} normalised over {expert_episodes} episodes (or the best "
+    "export of a run that ended below that).",
     "medium-expert": "The episodes of medium-v0 followed by those of expert-v{version} (built with the same steps and "
-                     "seed).",
+    "seed).",
 }
 
 
@@ -63,8 +72,10 @@ def parse_suite_id(dataset_id: str) -> tuple[Task, str, int]:
     m = re.fullmatch(rf"{SUITE_NAMESPACE}/([a-z0-9]+)/([a-z-]+)-v([0-9]+)", dataset_id)
     if not m or m.group(1) not in TASKS or m.group(2) not in LEVELS or int(m.group(3)) > VERSIONS.get(m.group(2), 0):
         versions = ", ".join(f"{lvl}-v0" + (f" to -v{VERSIONS[lvl]}" if lvl in VERSIONS else "") for lvl in LEVELS)
-        raise UserError(f"Unknown suite dataset {dataset_id!r}: suite ids are {SUITE_NAMESPACE}/<env>/<level>-v<N> with "
-                        f"env in {', '.join(TASKS)} and the level and version one of {versions}.")
+        raise UserError(
+            f"Unknown suite dataset {dataset_id!r}: suite ids are {SUITE_NAMESPACE}/<env>/<level>-v<N> with "
+            f"env in {', '.join(TASKS)} and the level and version one of {versions}."
+        )
     return TASKS[m.group(1)], m.group(2), int(m.group(3))
 
 
@@ -78,12 +89,16 @@ def policy_file(task: Task, name: str) -> Path:
     if path.exists():
         return path
     if name.startswith("expert-") and name != expert_file(EXPERT_VERSION):  # an older expert, no longer trained
-        raise UserError(f"{path} is missing: this older expert left the tree. `git log -- datasets/policies/"
-                        f"{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
-                        f"datasets/policies/{task.name}/{name} > datasets/policies/{task.name}/{name}`.")
-    raise UserError(f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "
-                    f"`python -m datasets train-policy --env {task.name}` (hours of CPU; it resumes), or use the "
-                    f"random level, which needs no policy.")
+        raise UserError(
+            f"{path} is missing: this older expert left the tree. `git log -- datasets/policies/"
+            f"{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
+            f"datasets/policies/{task.name}/{name} > datasets/policies/{task.name}/{name}`."
+        )
+    raise UserError(
+        f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "
+        f"`python -m datasets train-policy --env {task.name}` (hours of CPU; it resumes), or use the "
+        f"random level, which needs no policy."
+    )
 
 
 def missing_policy(dataset_id: str) -> str | None:
@@ -137,8 +152,9 @@ def _rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: 
     if processes == 1:
         parts = [_rollout_part(*job) for job in jobs]
     else:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_quiet_ctrl_c) as pool:
+        with ProcessPoolExecutor(
+            processes, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_ctrl_c
+        ) as pool:
             parts = list(pool.map(_rollout_part, *zip(*jobs)))
     return [ep for part in parts for ep in part]
 
@@ -150,9 +166,16 @@ def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
     z = load_transitions(policy_file(task, "medium_replay.npz"))
     ends = np.cumsum(z["lengths"])
     starts = ends - z["lengths"]
-    eps = [dict(observations=np.concatenate([z["observations"][s:e], z["final_observations"][i:i + 1]]),
-                actions=z["actions"][s:e], rewards=z["rewards"][s:e], terminations=z["terminations"][s:e],
-                truncations=z["truncations"][s:e]) for i, (s, e) in enumerate(zip(starts, ends))]
+    eps = [
+        dict(
+            observations=np.concatenate([z["observations"][s:e], z["final_observations"][i : i + 1]]),
+            actions=z["actions"][s:e],
+            rewards=z["rewards"][s:e],
+            terminations=z["terminations"][s:e],
+            truncations=z["truncations"][s:e],
+        )
+        for i, (s, e) in enumerate(zip(starts, ends))
+    ]
     total = int(ends[-1])
     if steps < total:
         eps = [eps[i] for i in _spread(z["lengths"], steps)]
@@ -173,24 +196,42 @@ def _write(dataset_id: str, task: Task, episodes: list[dict], algorithm: str, de
     import minari
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
-    buffers = [EpisodeBuffer(id=i, observations=ep["observations"], actions=ep["actions"], rewards=ep["rewards"].tolist(),
-                             terminations=ep["terminations"].tolist(), truncations=ep["truncations"].tolist())
-               for i, ep in enumerate(episodes)]
+    buffers = [
+        EpisodeBuffer(
+            id=i,
+            observations=ep["observations"],
+            actions=ep["actions"],
+            rewards=ep["rewards"].tolist(),
+            terminations=ep["terminations"].tolist(),
+            truncations=ep["truncations"].tolist(),
+        )
+        for i, ep in enumerate(episodes)
+    ]
     shutil.rmtree(dataset_dir(dataset_id), ignore_errors=True)  # an older or half-written build
     with warnings.catch_warnings():  # Minari asks for an author e-mail; a built dataset has none
         warnings.filterwarnings("ignore", message=".*author_email.*")
         minari.create_dataset_from_buffers(
-            dataset_id, buffers, env=task.gym_id, eval_env=task.gym_id, algorithm_name=algorithm, author="dt-primal",
-            code_permalink="datasets/suite.py", ref_min_score=task.ref_min, ref_max_score=task.ref_max,
-            description=description)
+            dataset_id,
+            buffers,
+            env=task.gym_id,
+            eval_env=task.gym_id,
+            algorithm_name=algorithm,
+            author="dt-primal",
+            code_permalink="datasets/suite.py",
+            ref_min_score=task.ref_min,
+            ref_max_score=task.ref_max,
+            description=description,
+        )
 
 
 class BuildInterrupted(KeyboardInterrupt):
     """Ctrl-C while a suite dataset was being built: its message says what became of the build."""
 
     def __init__(self, dataset_id: str):
-        super().__init__(f"while building {dataset_id}; the partly built dataset does not count, so the next run "
-                         f"that needs it builds it again from the start")
+        super().__init__(
+            f"while building {dataset_id}; the partly built dataset does not count, so the next run "
+            f"that needs it builds it again from the start"
+        )
 
 
 def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, version: int | None = None) -> str:
@@ -206,10 +247,12 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, versio
     except KeyboardInterrupt:
         raise BuildInterrupted(dataset_id) from None
     except BrokenProcessPool as exc:  # a worker was killed: Ctrl-C reached it first, or it ran out of memory
-        raise UserError(f"Building {dataset_id} stopped: a worker process ended abruptly ({exc}), as Ctrl-C or "
-                        f"running out of memory does. Nothing of the build is kept; run the same command again "
-                        f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
-                        f"--version {version} builds it alone).") from None
+        raise UserError(
+            f"Building {dataset_id} stopped: a worker process ended abruptly ({exc}), as Ctrl-C or "
+            f"running out of memory does. Nothing of the build is kept; run the same command again "
+            f"to build it from the start (python -m datasets build --env {task.name} --level {level} "
+            f"--version {version} builds it alone)."
+        ) from None
 
 
 def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, seed: int = 0) -> None:
@@ -218,20 +261,42 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
     by one. A medium-expert dataset's parts are built first where missing, then it is combined here."""
     parsed = {d: parse_suite_id(d) for d in dataset_ids}  # (task, level, version)
     combined = [d for d, (_, level, _) in parsed.items() if level == "medium-expert"]
-    parts = [suite_id(parsed[d][0].name, level, v) for d in combined for level, v in (("medium", 0), ("expert", parsed[d][2]))]
+    parts = [
+        suite_id(parsed[d][0].name, level, v)
+        for d in combined
+        for level, v in (("medium", 0), ("expert", parsed[d][2]))
+    ]
     first = list(dict.fromkeys([d for d in dataset_ids if d not in combined] + [d for d in parts if not is_built(d)]))
 
     def child(dataset_id: str) -> tuple[str, subprocess.CompletedProcess]:
         task, level, version = parse_suite_id(dataset_id)
-        argv = ["--env", task.name, "--level", level, "--version", str(version), "--steps", str(steps), "--seed", str(seed)]
-        return dataset_id, subprocess.run([sys.executable, "-m", "datasets", "build", *argv], capture_output=True,
-                                          text=True, cwd=Path(__file__).resolve().parents[1])
+        argv = [
+            "--env",
+            task.name,
+            "--level",
+            level,
+            "--version",
+            str(version),
+            "--steps",
+            str(steps),
+            "--seed",
+            str(seed),
+        ]
+        return dataset_id, subprocess.run(
+            [sys.executable, "-m", "datasets", "build", *argv],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for dataset_id, res in pool.map(child, first):
             lines = (res.stdout + res.stderr).strip().splitlines()
             if res.returncode:
                 raise UserError(f"Building {dataset_id} failed (exit {res.returncode}):\n" + "\n".join(lines[-5:]))
-            print(next((l for l in reversed(lines) if l.startswith("built ")), f"built {dataset_id}"), flush=True)
+            print(
+                next((line for line in reversed(lines) if line.startswith("built ")), f"built {dataset_id}"), flush=True
+            )
     for dataset_id in combined:
         task, level, version = parsed[dataset_id]
         build(task, level, steps=steps, seed=seed, version=version)
@@ -240,9 +305,18 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
 def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int) -> str:
     t0 = time.time()
     algo = f"{ALGOS[task.name]} (stable-baselines3)"
-    fmt = dict(steps=steps, algo=algo, medium=MEDIUM_SCORE, expert=f"{EXPERT_TARGETS[version][task.name]:g}",
-               expert_episodes=EXPERT_EPISODES, subsample="", version=version)
-    rollout_seeds = f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
+    fmt = dict(
+        steps=steps,
+        algo=algo,
+        medium=MEDIUM_SCORE,
+        expert=f"{EXPERT_TARGETS[version][task.name]:g}",
+        expert_episodes=EXPERT_EPISODES,
+        subsample="",
+        version=version,
+    )
+    rollout_seeds = (
+        f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
+    )
     if level == "random":
         episodes = _rollouts(task, None, steps, seed)
         algorithm, seeds = "uniform random actions", rollout_seeds
@@ -266,30 +340,53 @@ def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, se
         algorithm, seeds = f"{algo}: medium-v0 + expert-v{version}", f"{rollout_seeds} for both parts"
     else:
         raise UserError(f"Unknown level {level!r}: choose one of {', '.join(LEVELS)}.")
-    description = f"D4RL-style {task.name} {level} dataset on {task.gym_id}. " + RECIPES[level].format(**fmt) + \
-        f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} " \
+    description = (
+        f"D4RL-style {task.name} {level} dataset on {task.gym_id}. "
+        + RECIPES[level].format(**fmt)
+        + f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} "
         f"--version {version} --steps {steps} --seed {seed}`."
+    )
     collected = time.time()
     _write(dataset_id, task, episodes, algorithm, description)
     seconds = time.time() - t0
-    (dataset_dir(dataset_id) / "build.json").write_text(json.dumps(
-        {"seconds": seconds, "write_seconds": seconds - (collected - t0), "steps": steps, "seed": seed,
-         "load_average": os.getloadavg()[0]}))
-    print(f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps in {seconds:.0f} s "
-          f"({seconds - (collected - t0):.0f} s of it writing the Minari files)")
+    (dataset_dir(dataset_id) / "build.json").write_text(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "write_seconds": seconds - (collected - t0),
+                "steps": steps,
+                "seed": seed,
+                "load_average": os.getloadavg()[0],
+            }
+        )
+    )
+    print(
+        f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps in "
+        f"{seconds:.0f} s "
+        f"({seconds - (collected - t0):.0f} s of it writing the Minari files)"
+    )
     return dataset_id
 
 
 def dataset_dir(dataset_id: str) -> Path:
     from minari.storage.datasets_root_dir import get_dataset_path
+
     return Path(get_dataset_path(dataset_id))
 
 
 def _minari_episodes(dataset_id: str) -> list[dict]:
     import minari
-    return [dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards,
-                 terminations=ep.terminations, truncations=ep.truncations)
-            for ep in minari.load_dataset(dataset_id).iterate_episodes()]
+
+    return [
+        dict(
+            observations=ep.observations,
+            actions=ep.actions,
+            rewards=ep.rewards,
+            terminations=ep.terminations,
+            truncations=ep.truncations,
+        )
+        for ep in minari.load_dataset(dataset_id).iterate_episodes()
+    ]
 
 
 def is_built(dataset_id: str) -> bool:

@@ -2,6 +2,7 @@
 NumPy's ``.npz``, with each float array stored as its byte planes (every value's first byte, then
 every value's second byte, ...), which zlib compresses about 15 % smaller than the values as they
 lie; lossless, and read with ``np.load`` (no pickle). Files written as plain ``.npz`` read as well."""
+
 from __future__ import annotations
 
 from pathlib import Path

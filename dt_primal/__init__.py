@@ -8,6 +8,7 @@ def __getattr__(name: str):
     """``dt_primal.load_policy`` (dt_primal.evaluation.policy), imported on first use: torch loads only when needed."""
     if name == "load_policy":
         from dt_primal.evaluation.policy import load_policy
+
         return load_policy
     raise AttributeError(f"module 'dt_primal' has no attribute {name!r}")
 

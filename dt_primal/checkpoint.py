@@ -8,6 +8,7 @@ The file holds tensors and plain data only (``torch.save``; read with ``dt_prima
 runs no code), and its format version: 2 since 2026-11-25. Format 1 files (no version; NumPy arrays
 and NumPy's generator state as a tuple) are read through the same allow-list and upgraded as they load.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,11 +54,15 @@ def _write(path: Path, payload: dict) -> Path:
     with open(tmp, "wb") as f:
         try:
             torch.save(plain({**payload, "format": FORMAT}), f)
-        except RuntimeError as exc:  # the archive writer's failed write (a full disk, a file-size limit): "unexpected pos"
+        except (
+            RuntimeError
+        ) as exc:  # the archive writer's failed write (a full disk, a file-size limit): "unexpected pos"
             raise OSError(str(exc).splitlines()[0]) from exc
         f.flush()
         os.fsync(f.fileno())
     return tmp
+
+
 def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
     """Write every member's checkpoint so that a crash, a kill or a full disk at any moment loses
     nothing: all new files are written first, then each replaces its old one by a rename; with several
@@ -75,9 +80,11 @@ def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
         for path in paths:
             path.with_name("prev.pt").unlink(missing_ok=True)
     except OSError as exc:
-        raise UserError(f"Could not write the checkpoint {paths[0] if len(paths) == 1 else paths} ({exc}); the "
-                        f"previous one is intact. Free disk space or fix the folder's permissions, then continue with "
-                        f"--resume.") from exc
+        raise UserError(
+            f"Could not write the checkpoint {paths[0] if len(paths) == 1 else paths} ({exc}); the "
+            f"previous one is intact. Free disk space or fix the folder's permissions, then continue with "
+            f"--resume."
+        ) from exc
     finally:
         for path in paths:
             for leftover in (path.with_name(path.name + ".tmp"), path.with_name("prev.pt.tmp")):
@@ -93,28 +100,37 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"Checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]}); it is "
-                        f"truncated or corrupted. Use an earlier copy or retrain.") from exc
+        raise UserError(
+            f"Checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]}); it is "
+            f"truncated or corrupted. Use an earlier copy or retrain."
+        ) from exc
     keys = set(ckpt if isinstance(ckpt, dict) else ())
     if "format" not in keys and FORMAT_1_KEYS <= keys:
         ckpt = _upgrade(ckpt, path)
     missing = sorted(CHECKPOINT_KEYS - set(ckpt if isinstance(ckpt, dict) else ()))
     if missing:
-        raise UserError(f"{path} is not a dt-primal checkpoint (it lacks {', '.join(missing)}); give a DIR/last.pt "
-                        f"written by train.py.")
+        raise UserError(
+            f"{path} is not a dt-primal checkpoint (it lacks {', '.join(missing)}); give a DIR/last.pt "
+            f"written by train.py."
+        )
     if ckpt["format"] != FORMAT:
-        raise UserError(f"{path} has checkpoint format {ckpt['format']}, which this version of dt-primal (format "
-                        f"{FORMAT}) cannot read; use the version that wrote it.")
+        raise UserError(
+            f"{path} has checkpoint format {ckpt['format']}, which this version of dt-primal (format "
+            f"{FORMAT}) cannot read; use the version that wrote it."
+        )
     for part in ("model_config", "config"):
         if isinstance(ckpt[part], dict):
             ckpt[part] = {**UNRECORDED, **ckpt[part]}
     try:
         arch = ModelConfig.from_record(ckpt["model_config"])
-        ckpt["state_mean"], ckpt["state_std"] = (np.asarray(ckpt[k], np.float32).reshape(arch.state_dim)
-                                                 for k in ("state_mean", "state_std"))
+        ckpt["state_mean"], ckpt["state_std"] = (
+            np.asarray(ckpt[k], np.float32).reshape(arch.state_dim) for k in ("state_mean", "state_std")
+        )
     except (TypeError, ValueError) as exc:
-        raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
-                        f"the version that wrote it, or retrain.") from exc
+        raise UserError(
+            f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
+            f"the version that wrote it, or retrain."
+        ) from exc
     _check_values(ckpt, path)
     return ckpt
 
@@ -124,20 +140,25 @@ def _check_values(ckpt: dict, path) -> None:
     spread (a NaN or a zero there turns every action into NaN)."""
     step = ckpt["step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise UserError(f"{path} is damaged: its step is {str(step)[:40]!r}, not a count. Use an earlier copy or "
-                        f"retrain.")
+        raise UserError(
+            f"{path} is damaged: its step is {str(step)[:40]!r}, not a count. Use an earlier copy or retrain."
+        )
     weights = ckpt["model"]
     if not isinstance(weights, dict) or not all(isinstance(w, torch.Tensor) for w in weights.values()):
         raise UserError(f"{path} is damaged: its model is not a set of named tensors. Use an earlier copy or retrain.")
     bad = [k for k, w in weights.items() if w.is_floating_point() and not torch.isfinite(w).all()]
     if bad:
-        raise UserError(f"{path} holds NaN or infinite weights ({', '.join(bad[:3])}), so every action would be NaN: "
-                        f"the run diverged or the file is damaged. Use an earlier checkpoint or retrain.")
+        raise UserError(
+            f"{path} holds NaN or infinite weights ({', '.join(bad[:3])}), so every action would be NaN: "
+            f"the run diverged or the file is damaged. Use an earlier checkpoint or retrain."
+        )
     mean, std = ckpt["state_mean"], ckpt["state_std"]
     if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
-        raise UserError(f"{path} holds observation statistics that are not finite or a spread that is not positive "
-                        f"(state_std min {np.nanmin(std) if std.size else 0:g}), which would make every action NaN; "
-                        f"the file is damaged. Use an earlier copy or retrain.")
+        raise UserError(
+            f"{path} holds observation statistics that are not finite or a spread that is not positive "
+            f"(state_std min {np.nanmin(std) if std.size else 0:g}), which would make every action NaN; "
+            f"the file is damaged. Use an earlier copy or retrain."
+        )
 
 
 def _check_training_state(ckpt: dict, path) -> None:
@@ -145,16 +166,19 @@ def _check_training_state(ckpt: dict, path) -> None:
     try:
         state = ckpt["rng"]
         s = state["numpy"]
-        np.random.RandomState().set_state((s["bit_generator"], s["key"].numpy().astype(np.uint32), s["pos"],
-                                           s["has_gauss"], s["gauss"]))
+        np.random.RandomState().set_state(
+            (s["bit_generator"], s["key"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"])
+        )
         random.Random().setstate(state["python"])
         for key in ("torch", "sampler"):
             torch.Generator().set_state(state[key])
         if not all(isinstance(c, torch.Tensor) for c in state["cuda"]):
             raise TypeError("the CUDA generators' states are not tensors")
     except Exception as exc:  # the file's values, whatever they are
-        raise UserError(f"The training state in {path} is damaged ({type(exc).__name__}: {str(exc)[:160]}); evaluate "
-                        f"it with evaluate.py, or start a new run with another --out.") from None
+        raise UserError(
+            f"The training state in {path} is damaged ({type(exc).__name__}: {str(exc)[:160]}); evaluate "
+            f"it with evaluate.py, or start a new run with another --out."
+        ) from None
 
 
 def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
@@ -163,21 +187,28 @@ def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
     from gymnasium.error import Error as GymError  # Gymnasium and MuJoCo: acting with a model does not need them
 
     from envs import Task
+
     ckpt = read_checkpoint(path)
     if resume and not TRAINING_STATE_KEYS <= set(ckpt):
-        raise UserError(f"{path} is not a dt-primal checkpoint that can be resumed (it lacks "
-                        f"{', '.join(sorted(TRAINING_STATE_KEYS - set(ckpt)))}); give a DIR/last.pt written by train.py.")
+        raise UserError(
+            f"{path} is not a dt-primal checkpoint that can be resumed (it lacks "
+            f"{', '.join(sorted(TRAINING_STATE_KEYS - set(ckpt)))}); give a DIR/last.pt written by train.py."
+        )
     if resume and not (isinstance(ckpt["optimizer"], dict) and "exp_avg" in ckpt["optimizer"]):
-        raise UserError(f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
-                        f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it.")
+        raise UserError(
+            f"{path} was written by an earlier version of dt-primal, whose optimizer state this one "
+            f"cannot continue; evaluate it with evaluate.py, or resume it with the version that wrote it."
+        )
     if resume:
         _check_training_state(ckpt, path)
     try:
         Config(**ckpt["config"]).validate()
         Task.from_record(ckpt["task"])
     except (TypeError, ValueError, KeyError, UserError, GymError) as exc:
-        raise UserError(f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
-                        f"the version that wrote it, or retrain.") from exc
+        raise UserError(
+            f"{path} was written by an incompatible version of dt-primal or is damaged ({exc}). Use "
+            f"the version that wrote it, or retrain."
+        ) from exc
     return ckpt
 
 
@@ -188,8 +219,10 @@ def _upgrade(ckpt: dict, path: str | os.PathLike) -> dict:
         if isinstance(ckpt.get("rng", {}).get("numpy"), tuple):
             ckpt["rng"]["numpy"] = _numpy_state(ckpt["rng"]["numpy"])
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise UserError(f"{path} was written by an earlier version of dt-primal and is damaged ({type(exc).__name__}: "
-                        f"{exc}). Use an earlier copy or retrain.") from exc
+        raise UserError(
+            f"{path} was written by an earlier version of dt-primal and is damaged ({type(exc).__name__}: "
+            f"{exc}). Use an earlier copy or retrain."
+        ) from exc
     return {**{k: v for k, v in ckpt.items() if k not in ("obs_dim", "act_dim")}, "format": FORMAT}
 
 
@@ -220,8 +253,10 @@ def load_members(paths: list[Path]) -> list[dict]:
             ckpts[i] = load_checkpoint(prev, resume=True)
     if len({c["step"] for c in ckpts}) > 1:
         steps = ", ".join(f"{p.parent.name}: {c['step']}" for p, c in zip(paths, ckpts))
-        raise UserError(f"The seeds' checkpoints are at different steps ({steps}), so they cannot continue as one "
-                        f"ensemble; resume each alone with --seed N --out DIR/seed_N --resume.")
+        raise UserError(
+            f"The seeds' checkpoints are at different steps ({steps}), so they cannot continue as one "
+            f"ensemble; resume each alone with --seed N --out DIR/seed_N --resume."
+        )
     return ckpts
 
 
@@ -232,9 +267,11 @@ def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu"
     try:
         return stack_members(lambda n: DecisionTransformer(cfg, members=n), [c["model"] for c in ckpts], device)
     except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
-        raise UserError(f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
-                        f"{cfg.n_layer} layers and {cfg.n_head} heads (its config disagrees with its weights: "
-                        f"{str(exc).splitlines()[0]}). The file is incompatible or damaged.") from exc
+        raise UserError(
+            f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
+            f"{cfg.n_layer} layers and {cfg.n_head} heads (its config disagrees with its weights: "
+            f"{str(exc).splitlines()[0]}). The file is incompatible or damaged."
+        ) from exc
 
 
 def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> DecisionTransformer:
@@ -245,25 +282,38 @@ def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> Dec
 def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:
     """A run continues on the data it was trained on (same sizes and observation mean)."""
     arch = ckpt["model_config"]
-    same = (arch["state_dim"], arch["act_dim"]) == (data.obs_dim, data.act_dim) and \
-        np.allclose(data.observations.mean(0), ckpt["state_mean"], rtol=1e-5, atol=1e-6)
+    same = (arch["state_dim"], arch["act_dim"]) == (data.obs_dim, data.act_dim) and np.allclose(
+        data.observations.mean(0), ckpt["state_mean"], rtol=1e-5, atol=1e-6
+    )
     if not same:
-        raise UserError(f"{path} was trained on {ckpt['dataset']}, but this run loaded {data.source}, which holds "
-                        f"other data. Resume with --dataset {ckpt['dataset']}, or choose another --out to start a "
-                        f"new run.")
+        raise UserError(
+            f"{path} was trained on {ckpt['dataset']}, but this run loaded {data.source}, which holds "
+            f"other data. Resume with --dataset {ckpt['dataset']}, or choose another --out to start a "
+            f"new run."
+        )
 
 
 def rng_state(gen: torch.Generator) -> dict:
     """The process's random generators and a member's batch generator ``gen``, as tensors and plain data."""
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": _numpy_state(np.random.get_state()), "python": random.getstate(), "sampler": gen.get_state()}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": _numpy_state(np.random.get_state()),
+        "python": random.getstate(),
+        "sampler": gen.get_state(),
+    }
 
 
 def _numpy_state(state: tuple) -> dict:
     """NumPy's legacy generator state (``np.random.get_state()``) as plain data and a tensor."""
     name, key, pos, has_gauss, gauss = state
-    return {"bit_generator": str(name), "key": torch.from_numpy(np.asarray(key, np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    return {
+        "bit_generator": str(name),
+        "key": torch.from_numpy(np.asarray(key, np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
 
 
 def set_rng_state(state: dict, gen: torch.Generator) -> None:

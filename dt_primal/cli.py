@@ -1,4 +1,5 @@
 """What ``train.py`` and ``evaluate.py`` share: the error exit and report writing."""
+
 from __future__ import annotations
 
 import errno
@@ -54,16 +55,26 @@ def out_of_memory_message(exc: BaseException, memory: str) -> str:
     detail = ". ".join(text.split(". ")[:2]).splitlines()[0].rstrip(".") if text else type(exc).__name__
     where = getattr(exc, "phase", None)
     if where == "evaluate.py":
-        return (f"Out of {memory} while evaluating ({detail}). All episodes of all checkpoints run at once: lower "
-                f"--episodes, or evaluate fewer checkpoints per command.")
-    evaluation = (f"lower --eval-episodes (the final evaluation) or --eval-episodes-during (those during training); "
-                  f"both may change when the run continues with --resume")
-    training = (f"lower --batch-size, train fewer --seeds at once or a smaller model (in a new --out), or use "
-                f"--precision bf16 (which --resume may change)")
-    what, fix = {"evaluation": ("in the evaluation, which runs all its episodes at once", evaluation),
-                 "training": ("while training", training)}.get(where, ("", f"{training}; for the evaluation, {evaluation}"))
-    return (f"Out of {memory}{' ' + what if what else ''} ({detail}). To need less, {fix}. Checkpoints already "
-            f"written are intact.")
+        return (
+            f"Out of {memory} while evaluating ({detail}). All episodes of all checkpoints run at once: lower "
+            f"--episodes, or evaluate fewer checkpoints per command."
+        )
+    evaluation = (
+        "lower --eval-episodes (the final evaluation) or --eval-episodes-during (those during training); "
+        "both may change when the run continues with --resume"
+    )
+    training = (
+        "lower --batch-size, train fewer --seeds at once or a smaller model (in a new --out), or use "
+        "--precision bf16 (which --resume may change)"
+    )
+    what, fix = {
+        "evaluation": ("in the evaluation, which runs all its episodes at once", evaluation),
+        "training": ("while training", training),
+    }.get(where, ("", f"{training}; for the evaluation, {evaluation}"))
+    return (
+        f"Out of {memory}{' ' + what if what else ''} ({detail}). To need less, {fix}. Checkpoints already "
+        f"written are intact."
+    )
 
 
 def write_error_message(exc: OSError) -> str:
@@ -72,8 +83,10 @@ def write_error_message(exc: OSError) -> str:
         fix = "Free disk space (or choose another --out)"
     else:
         fix = "Make it writable, or choose another --out"
-    return (f"Could not write{where} ({exc.strerror or exc}). {fix}, then run the command again; a train.py run "
-            f"continues from its last checkpoint with --resume (checkpoints already written are intact).")
+    return (
+        f"Could not write{where} ({exc.strerror or exc}). {fix}, then run the command again; a train.py run "
+        f"continues from its last checkpoint with --resume (checkpoints already written are intact)."
+    )
 
 
 def write_report(results: list[dict], path: Path) -> dict:
@@ -84,6 +97,8 @@ def write_report(results: list[dict], path: Path) -> dict:
         path.write_text(json.dumps(summary, indent=1))
         path.with_suffix(".md").write_text(markdown(summary))
     except OSError as exc:
-        raise UserError(f"Could not write the report {path} ({exc.strerror or exc}). Give an --out in a folder you can "
-                        f"write to, with free space, and run the command again.") from None
+        raise UserError(
+            f"Could not write the report {path} ({exc.strerror or exc}). Give an --out in a folder you can "
+            f"write to, with free space, and run the command again."
+        ) from None
     return summary

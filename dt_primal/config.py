@@ -1,5 +1,6 @@
 """The one config object shared by ``train.py`` and ``evaluate.py`` (defaults: the paper's, docs/method.md,
 "Hyper-parameters")."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,25 @@ if TYPE_CHECKING:
 
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")  # dt_primal.precision
 # the fields that take one of a few names
-CHOICES = {"model": MODELS, "embed_init": EMBED_INITS, "timestep_init": TIMESTEP_INITS, "activation": ACTIVATIONS,
-           "precision": PRECISIONS}
+CHOICES = {
+    "model": MODELS,
+    "embed_init": EMBED_INITS,
+    "timestep_init": TIMESTEP_INITS,
+    "activation": ACTIVATIONS,
+    "precision": PRECISIONS,
+}
 
 # KSVD rank s of the paper's run script, per D4RL dataset (docs/method.md, "Hyper-parameters"; hopper-medium: 64).
 PAPER_S = {
-    ("halfcheetah", "medium"): 64, ("halfcheetah", "medium-replay"): 32, ("halfcheetah", "medium-expert"): 96,
-    ("hopper", "medium"): 64, ("hopper", "medium-replay"): 64, ("hopper", "medium-expert"): 64,
-    ("walker2d", "medium"): 96, ("walker2d", "medium-replay"): 96, ("walker2d", "medium-expert"): 96,
+    ("halfcheetah", "medium"): 64,
+    ("halfcheetah", "medium-replay"): 32,
+    ("halfcheetah", "medium-expert"): 96,
+    ("hopper", "medium"): 64,
+    ("hopper", "medium-replay"): 64,
+    ("hopper", "medium-expert"): 64,
+    ("walker2d", "medium"): 96,
+    ("walker2d", "medium-replay"): 96,
+    ("walker2d", "medium-expert"): 96,
 }
 DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
@@ -81,6 +93,7 @@ class Config:
         if self.s is not None:
             return self.s
         from envs import find_task
+
         task = find_task(self.dataset)
         m = re.search(r"medium-replay|medium-expert|medium", self.dataset.lower().replace("_", "-"))
         return PAPER_S.get((task.name if task else None, m.group(0) if m else None), DEFAULT_S)
@@ -89,28 +102,44 @@ class Config:
     def ref_scores(self) -> tuple[float, float] | None:
         return None if self.ref_min is None else (self.ref_min, self.ref_max)
 
-    def resolved(self, task: Task) -> "Config":
+    def resolved(self, task: Task) -> Config:
         """This config with ``s`` and ``max_ep_len`` resolved for ``task``, as checkpoints store them."""
-        return dataclasses.replace(self, s=self.resolved_s(),
-                                   max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN)
+        return dataclasses.replace(
+            self, s=self.resolved_s(), max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN
+        )
 
     def model_config(self, state_dim: int, act_dim: int) -> ModelConfig:
         """The architecture this run trains for observations of size ``state_dim`` and actions of size
         ``act_dim`` (``s`` and ``max_ep_len`` as ``resolved`` gives them, else their defaults)."""
         same = {f.name: getattr(self, f.name) for f in fields(ModelConfig) if f.name not in OWN_FIELDS}
-        return ModelConfig(state_dim=state_dim, act_dim=act_dim, s=self.resolved_s(),
-                           max_ep_len=self.max_ep_len or DEFAULT_MAX_EP_LEN, **same)
+        return ModelConfig(
+            state_dim=state_dim,
+            act_dim=act_dim,
+            s=self.resolved_s(),
+            max_ep_len=self.max_ep_len or DEFAULT_MAX_EP_LEN,
+            **same,
+        )
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         problems = []
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
-                problems.append(f"--{name.replace('_', '-')} must be one of {', '.join(choices)} "
-                                f"(got {getattr(self, name)!r})")
+                problems.append(
+                    f"--{name.replace('_', '-')} must be one of {', '.join(choices)} (got {getattr(self, name)!r})"
+                )
         if self.d_model <= 0 or self.n_head <= 0 or self.d_model % self.n_head:
             problems.append(f"--d-model ({self.d_model}) must be a positive multiple of --n-head ({self.n_head})")
-        for name in ("n_layer", "context", "batch_size", "max_ep_len", "eval_every", "eval_episodes",
-                     "eval_episodes_during", "checkpoint_every", "log_every"):
+        for name in (
+            "n_layer",
+            "context",
+            "batch_size",
+            "max_ep_len",
+            "eval_every",
+            "eval_episodes",
+            "eval_episodes_during",
+            "checkpoint_every",
+            "log_every",
+        ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if self.s is not None and self.s <= 0:
@@ -122,10 +151,18 @@ class Config:
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", str(self.device)):
             problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         # one condition that must hold, so that NaN (which fails every comparison) fails it
-        if not (0 <= self.dropout < 1 and self.eta >= 0 and self.lr > 0 and self.weight_decay >= 0
-                and self.grad_clip > 0 and self.reward_scale > 0):
-            problems.append("need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
-                            "and --reward-scale > 0")
+        if not (
+            0 <= self.dropout < 1
+            and self.eta >= 0
+            and self.lr > 0
+            and self.weight_decay >= 0
+            and self.grad_clip > 0
+            and self.reward_scale > 0
+        ):
+            problems.append(
+                "need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
+                "and --reward-scale > 0"
+            )
         problems += _more_problems(self)
         if problems:
             raise UserError("Invalid configuration: " + "; ".join(problems) + ". Fix these options and run again.")
@@ -141,8 +178,9 @@ def _more_problems(cfg: Config) -> list[str]:
         problems.append(f"{', '.join('--' + n.replace('_', '-') for n in infinite)} must be finite")
     if (cfg.ref_min is None) != (cfg.ref_max is None):
         problems.append("--ref-min and --ref-max go together (give both)")
-    elif cfg.ref_min is not None and not (math.isfinite(cfg.ref_min) and math.isfinite(cfg.ref_max)
-                                          and cfg.ref_min != cfg.ref_max):
+    elif cfg.ref_min is not None and not (
+        math.isfinite(cfg.ref_min) and math.isfinite(cfg.ref_max) and cfg.ref_min != cfg.ref_max
+    ):
         problems.append(f"--ref-min and --ref-max must be finite and differ (got {cfg.ref_min:g}, {cfg.ref_max:g})")
     if cfg.targets is not None and not all(math.isfinite(t) for t in cfg.targets):
         problems.append(f"--targets must be finite returns (got {' '.join(f'{t:g}' for t in cfg.targets)})")
@@ -155,8 +193,11 @@ def _more_problems(cfg: Config) -> list[str]:
             str(getattr(cfg, name)).encode("utf-8")
         except UnicodeEncodeError:
             problems.append(f"--{name} holds bytes that are not UTF-8 text ({getattr(cfg, name)!r}); rename it")
-    huge = [f.name for f in fields(cfg) if f.type.startswith("int") and isinstance(getattr(cfg, f.name), int)
-            and getattr(cfg, f.name) > MAX_COUNT]
+    huge = [
+        f.name
+        for f in fields(cfg)
+        if f.type.startswith("int") and isinstance(getattr(cfg, f.name), int) and getattr(cfg, f.name) > MAX_COUNT
+    ]
     if huge:
         problems.append(f"{', '.join('--' + n.replace('_', '-') for n in huge)} must be at most {MAX_COUNT:.0e}")
     return problems
@@ -174,28 +215,35 @@ MAX_COUNT = 10**15  # sizes and step counts beyond this are typing mistakes (10^
 #   is the matched baseline instead.
 PRESETS = {
     "paper": {},
-    "quick": dict(d_model=128, steps=2000, warmup_steps=200, eval_every=1000, eval_episodes_during=5,
-                  eval_episodes=10, checkpoint_every=500),
+    "quick": dict(
+        d_model=128,
+        steps=2000,
+        warmup_steps=200,
+        eval_every=1000,
+        eval_episodes_during=5,
+        eval_episodes=10,
+        checkpoint_every=500,
+    ),
     "dt-paper": dict(model="dt", d_model=128, n_head=1, lr=1e-4),
 }
 
 
 HELP = {
     "activation": "the MLP activation of every block: relu (default: both papers' code, d3rlpy) or gelu (GPT-2's; "
-                  "dt-primal's before 2026-11-25)",
+    "dt-primal's before 2026-11-25)",
     "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
-                  "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
-                  "docs/results.md, \"Initialisation\")",
+    "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
+    'docs/results.md, "Initialisation")',
     "timestep_init": "initialisation of the timestep embedding table: torch (default: N(0, 1), PyTorch's, as both "
-                     "papers' code) or gpt2 (N(0, 0.02), as d3rlpy and dt-primal before 2026-11-25)",
+    "papers' code) or gpt2 (N(0, 0.02), as d3rlpy and dt-primal before 2026-11-25)",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
-           "hopper, walker2d",
+    "hopper, walker2d",
     "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
-                 "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 "
-                 "(TF32 matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, \"Precision auto\"",
+    "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 "
+    '(TF32 matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, "Precision auto"',
     "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
     "ref_min": "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
-               "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",
+    "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",
     "ref_max": "reference return for a normalised score of 100; give with --ref-min",
 }
 
@@ -209,20 +257,35 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
         # --s has an alias: torchrun's own argument parser refuses --s as an ambiguous abbreviation
         flags = ["--" + f.name.replace("_", "-")] + (["--ksvd-rank"] if f.name == "s" else [])
         if f.type == "bool":
-            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"default {'on' if f.default else 'off'}")
+            parser.add_argument(
+                *flags,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"default {'on' if f.default else 'off'}",
+            )
         elif f.name == "dataset":
-            parser.add_argument(*flags, nargs="+", default=None,
-                                help=f"the dataset (default {f.default}); train.py takes several whose models share "
-                                     f"an architecture, trained as one ensemble, each member on its own dataset "
-                                     f"(docs/ensembles.md)")
+            parser.add_argument(
+                *flags,
+                nargs="+",
+                default=None,
+                help=f"the dataset (default {f.default}); train.py takes several whose models share "
+                f"an architecture, trained as one ensemble, each member on its own dataset "
+                f"(docs/ensembles.md)",
+            )
         elif f.name == "targets":
-            parser.add_argument(*flags, type=float, nargs="+", default=None,
-                                help="returns to condition on (default: the task's two for halfcheetah, hopper and "
-                                     "walker2d; otherwise the dataset's best episode return and the middle of its "
-                                     "episode returns' range, halfway between the worst and the best)")
+            parser.add_argument(
+                *flags,
+                type=float,
+                nargs="+",
+                default=None,
+                help="returns to condition on (default: the task's two for halfcheetah, hopper and "
+                "walker2d; otherwise the dataset's best episode return and the middle of its "
+                "episode returns' range, halfway between the worst and the best)",
+            )
         elif f.name in CHOICES:
-            parser.add_argument(*flags, choices=CHOICES[f.name], default=None, help=HELP.get(f.name, f"default {f.default}"))
+            parser.add_argument(
+                *flags, choices=CHOICES[f.name], default=None, help=HELP.get(f.name, f"default {f.default}")
+            )
         else:
             kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
             parser.add_argument(*flags, type=kind, default=None, help=HELP.get(f.name, f"default {f.default}"))

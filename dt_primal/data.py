@@ -1,4 +1,5 @@
 """One in-memory dataset format whatever the source, and the on-device window sampler."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,22 +31,28 @@ class Trajectories:
     task: Task | None = None  # the evaluation task, set by ``datasets.loaders.load_dataset``
 
     @classmethod
-    def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "", **metadata) -> "Trajectories":
+    def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "", **metadata) -> Trajectories:
         """From per-episode dicts with ``observations`` (T or T+1 rows), ``actions``, ``rewards``
         and optionally ``terminals`` (T,); ``metadata``: ``env_spec``, ``ref_scores``."""
         where = f"The dataset {source}" if source else "The dataset"
         if not episodes:
             raise UserError(f"The dataset {source} holds no episodes. Check the file, or build it again.")
-        episodes = [dict(observations=numeric(ep["observations"], f"'observations' of episode {i}", where),
-                         actions=numeric(ep["actions"], f"'actions' of episode {i}", where),
-                         rewards=numeric(ep["rewards"], f"'rewards' of episode {i}", where).reshape(-1),
-                         terminals=flags(ep.get("terminals", False), f"'terminals' of episode {i}", where))
-                    for i, ep in enumerate(episodes)]
+        episodes = [
+            dict(
+                observations=numeric(ep["observations"], f"'observations' of episode {i}", where),
+                actions=numeric(ep["actions"], f"'actions' of episode {i}", where),
+                rewards=numeric(ep["rewards"], f"'rewards' of episode {i}", where).reshape(-1),
+                terminals=flags(ep.get("terminals", False), f"'terminals' of episode {i}", where),
+            )
+            for i, ep in enumerate(episodes)
+        ]
         sizes = {(ep["observations"].shape[1:], ep["actions"].shape[1:]) for ep in episodes}
         if len(sizes) > 1:
-            raise UserError(f"The episodes of the dataset {source} differ in observation/action shapes "
-                            f"({', '.join(f'{o} and {a}' for o, a in sorted(sizes))}); a dataset must come from one "
-                            f"environment. Remove the odd episodes or rebuild the dataset.")
+            raise UserError(
+                f"The episodes of the dataset {source} differ in observation/action shapes "
+                f"({', '.join(f'{o} and {a}' for o, a in sorted(sizes))}); a dataset must come from one "
+                f"environment. Remove the odd episodes or rebuild the dataset."
+            )
         lengths = np.array([len(ep["actions"]) for ep in episodes], dtype=np.int64)
         return cls(
             observations=np.concatenate([ep["observations"][:n] for ep, n in zip(episodes, lengths)]),
@@ -53,7 +60,10 @@ class Trajectories:
             rewards=np.concatenate([ep["rewards"] for ep in episodes]),
             lengths=lengths,
             terminals=np.array([bool(np.any(ep["terminals"])) for ep in episodes]),
-            env=env, source=source, **metadata).validate()
+            env=env,
+            source=source,
+            **metadata,
+        ).validate()
 
     @property
     def obs_dim(self) -> int:
@@ -70,22 +80,28 @@ class Trajectories:
     def episode_returns(self) -> np.ndarray:
         return np.add.reduceat(self.rewards.astype(np.float64), self.starts)
 
-    def validate(self) -> "Trajectories":
+    def validate(self) -> Trajectories:
         """Raise a UserError naming what is wrong; otherwise return self."""
         where = f"The dataset {self.source}" if self.source else "The dataset"
         n = len(self.rewards)
         if self.observations.ndim != 2 or self.actions.ndim != 2 or self.rewards.ndim != 1:
-            raise UserError(f"{where} has wrong shapes: observations {self.observations.shape}, actions "
-                            f"{self.actions.shape}, rewards {self.rewards.shape}; expected (N, obs_dim), (N, act_dim), (N,).")
+            raise UserError(
+                f"{where} has wrong shapes: observations {self.observations.shape}, actions "
+                f"{self.actions.shape}, rewards {self.rewards.shape}; expected (N, obs_dim), (N, act_dim), (N,)."
+            )
         if len(self.observations) != n or len(self.actions) != n or int(self.lengths.sum()) != n:
-            raise UserError(f"{where} is inconsistent: {len(self.observations)} observations, {len(self.actions)} "
-                            f"actions, {n} rewards and episodes totalling {int(self.lengths.sum())} steps.")
+            raise UserError(
+                f"{where} is inconsistent: {len(self.observations)} observations, {len(self.actions)} "
+                f"actions, {n} rewards and episodes totalling {int(self.lengths.sum())} steps."
+            )
         if n == 0:
             raise UserError(f"{where} holds no steps at all. Check that it is the right file, or rebuild it.")
         if (self.lengths < 1).any():
             empty = np.flatnonzero(self.lengths < 1)
-            raise UserError(f"{where} has {len(empty)} empty episodes (episode {empty[0]} is the first) with no "
-                            f"action to learn from; remove them or rebuild the dataset.")
+            raise UserError(
+                f"{where} has {len(empty)} empty episodes (episode {empty[0]} is the first) with no "
+                f"action to learn from; remove them or rebuild the dataset."
+            )
         for name in ("observations", "actions", "rewards"):
             bad = ~np.isfinite(getattr(self, name))
             if bad.any():
@@ -98,8 +114,15 @@ class Trajectories:
 
 
 # what a numeric array's dtype holds, for the message when it holds no real numbers
-_KINDS = {"U": "text", "S": "text (bytes)", "O": "Python objects", "c": "complex numbers", "M": "dates",
-          "m": "time spans", "V": "records (a compound dtype)"}
+_KINDS = {
+    "U": "text",
+    "S": "text (bytes)",
+    "O": "Python objects",
+    "c": "complex numbers",
+    "M": "dates",
+    "m": "time spans",
+    "V": "records (a compound dtype)",
+}
 
 
 def numeric(value, what: str, where: str) -> np.ndarray:
@@ -107,26 +130,34 @@ def numeric(value, what: str, where: str) -> np.ndarray:
     fine); text, dicts, ragged lists, complex numbers and finite values beyond float32's range are a
     UserError naming ``what`` (e.g. "'rewards'") in ``where`` (e.g. "The dataset X")."""
     if isinstance(value, dict):
-        raise UserError(f"{where}: {what} is a dict (keys {', '.join(map(str, list(value)[:6]))}), not an array: only "
-                        f"flat (Box) observation and action spaces are supported. Use a dataset of one of the "
-                        f"supported MuJoCo tasks, or flatten the observations into one array per step.")
+        raise UserError(
+            f"{where}: {what} is a dict (keys {', '.join(map(str, list(value)[:6]))}), not an array: only "
+            f"flat (Box) observation and action spaces are supported. Use a dataset of one of the "
+            f"supported MuJoCo tasks, or flatten the observations into one array per step."
+        )
     try:
         array = np.asarray(value)
         if array.dtype.kind == "O":  # lists of numbers, None (NaN, refused later), or something else
             array = array.astype(np.float64)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise UserError(f"{where}: {what} is not an array of numbers ({exc}). Every key needs one row of numbers per "
-                        f"step, all rows of the same length; convert the data and try again.") from None
+        raise UserError(
+            f"{where}: {what} is not an array of numbers ({exc}). Every key needs one row of numbers per "
+            f"step, all rows of the same length; convert the data and try again."
+        ) from None
     if array.dtype.kind not in "biuf":
-        raise UserError(f"{where}: {what} holds {_KINDS.get(array.dtype.kind, 'no numbers')} (dtype {array.dtype}), "
-                        f"not real numbers. Store it as a float array (float32 or float64) and try again.")
+        raise UserError(
+            f"{where}: {what} holds {_KINDS.get(array.dtype.kind, 'no numbers')} (dtype {array.dtype}), "
+            f"not real numbers. Store it as a float array (float32 or float64) and try again."
+        )
     with np.errstate(over="ignore"):  # values beyond float32 are reported below, without NumPy's warning
         out = array.astype(np.float32)
     if array.dtype.kind == "f" and array.dtype.itemsize > 4:
         over = np.isfinite(array) & ~np.isfinite(out)
         if over.any():
-            raise UserError(f"{where}: {what} has {int(over.sum())} values beyond float32's range (±3.4e38), up to "
-                            f"{np.abs(array[over]).max():.3g}; dt-primal computes in float32. Rescale or clean the data.")
+            raise UserError(
+                f"{where}: {what} has {int(over.sum())} values beyond float32's range (±3.4e38), up to "
+                f"{np.abs(array[over]).max():.3g}; dt-primal computes in float32. Rescale or clean the data."
+            )
     return out
 
 
@@ -136,8 +167,10 @@ def flags(value, what: str, where: str) -> np.ndarray:
     array = numeric(value, what, where)
     bad = (array != 0) & (array != 1)
     if bad.any():
-        raise UserError(f"{where}: {what} must be true/false (or 0/1) at each step, but has {int(bad.sum())} other "
-                        f"values, such as {array[bad][0]:g}. Check that the right key was written there.")
+        raise UserError(
+            f"{where}: {what} must be true/false (or 0/1) at each step, but has {int(bad.sum())} other "
+            f"values, such as {array[bad][0]:g}. Check that the right key was written there."
+        )
     return array.astype(bool)
 
 
@@ -151,9 +184,15 @@ class WindowSampler:
     use γ = 1 and are divided by ``reward_scale``; states are normalised with their dataset's statistics.
     """
 
-    def __init__(self, data: Trajectories | list[Trajectories], context: int, reward_scale: float,
-                 state_mean: np.ndarray | list[np.ndarray], state_std: np.ndarray | list[np.ndarray],
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        data: Trajectories | list[Trajectories],
+        context: int,
+        reward_scale: float,
+        state_mean: np.ndarray | list[np.ndarray],
+        state_std: np.ndarray | list[np.ndarray],
+        device: torch.device | str = "cpu",
+    ):
         parts = list(zip(*(x if isinstance(data, list) else [x] for x in (data, state_mean, state_std))))
         sizes = [len(d.rewards) for d, _, _ in parts]
         self.sizes, self.first = sizes, np.cumsum([0] + sizes[:-1])
@@ -175,14 +214,21 @@ class WindowSampler:
         tail = np.cumsum(rew[::-1])[::-1]  # return-to-go: reward sum from step i to its episode's end
         rtg = tail - np.append(tail, 0.0)[ends[ep_of_step]]
         step_in_ep = np.arange(len(data.rewards)) - starts[ep_of_step]
-        return (data.observations - state_mean) / state_std, data.actions, rtg / reward_scale, step_in_ep, ends[ep_of_step]
+        return (
+            (data.observations - state_mean) / state_std,
+            data.actions,
+            rtg / reward_scale,
+            step_in_ep,
+            ends[ep_of_step],
+        )
 
     def first_steps(self, datasets: list[int]) -> torch.Tensor:
         """Where each of ``datasets`` (indices) starts in the store: (len(datasets),) long."""
         return torch.as_tensor(self.first[datasets], dtype=torch.long, device=self.device)
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """``batch_size`` windows: (B, K, ...) tensors ``states``, ``actions``, ``returns_to_go``, ``timesteps``, ``valid``."""
+        """``batch_size`` windows: (B, K, ...) tensors ``states``, ``actions``, ``returns_to_go``,
+        ``timesteps``, ``valid``."""
         return self.windows(self.starts(batch_size, generator))
 
     def starts(self, batch_size: int, generator: torch.Generator | None = None, dataset: int = 0) -> torch.Tensor:
@@ -197,6 +243,10 @@ class WindowSampler:
         valid = idx < self.end[start][..., None]
         idx = torch.where(valid, idx, start[..., None])  # padding reads a real step, then is zeroed
         m = valid.unsqueeze(-1)
-        return {"states": self.states[idx] * m, "actions": self.actions[idx] * m,
-                "returns_to_go": (self.rtg[idx] * valid).unsqueeze(-1),
-                "timesteps": self.timesteps[idx] * valid, "valid": valid}
+        return {
+            "states": self.states[idx] * m,
+            "actions": self.actions[idx] * m,
+            "returns_to_go": (self.rtg[idx] * valid).unsqueeze(-1),
+            "timesteps": self.timesteps[idx] * valid,
+            "valid": valid,
+        }

@@ -1,5 +1,6 @@
 """The one exception type users see (a one-paragraph message that says what to do), and the phase of
 the work an error came from."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """The machine a command runs on: the device it names (``--device``) and the memory it has free."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,10 @@ def check_device(device: str) -> None:
     if device.startswith("cuda:") and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if int(device.split(":")[1]) >= count:
-            raise UserError(f"--device {device} names a GPU this machine does not have: PyTorch sees {count} "
-                            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}). Pick one of them, or cuda.")
+            raise UserError(
+                f"--device {device} names a GPU this machine does not have: PyTorch sees {count} "
+                f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}). Pick one of them, or cuda."
+            )
 
 
 def memory_bytes() -> int:
@@ -48,8 +51,10 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
-                        "(or install the CUDA build of torch==2.13.0 on a GPU machine).")
+        raise UserError(
+            "--device cuda was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
+            "(or install the CUDA build of torch==2.13.0 on a GPU machine)."
+        )
     if name == "cuda" and "LOCAL_RANK" in os.environ:
         name = f"cuda:{os.environ['LOCAL_RANK']}"
     return torch.device(name)

@@ -6,6 +6,7 @@ measurement at start-up finds bf16 matrix products of the model's own shapes cle
 fp32 ones (CPUs with native bf16 units, AVX-512 BF16 or AMX), else fp32: where the CPU has no bf16
 units, bf16 products are emulated and about 100x slower (docs/benchmarks.md, "Precision auto").
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,10 @@ def resolve_precision(precision: str, device: torch.device, d_model: int) -> tup
     t0 = time.perf_counter()
     share = bf16_share(d_model)
     chosen = "bf16" if share <= BF16_SHARE else "fp32"
-    return chosen, (f"auto: on this CPU a bf16 matrix product of the model's shapes took {share:.2f}x the fp32 time "
-                    f"(measured in {time.perf_counter() - t0:.2f} s)")
+    return chosen, (
+        f"auto: on this CPU a bf16 matrix product of the model's shapes took {share:.2f}x the fp32 time "
+        f"(measured in {time.perf_counter() - t0:.2f} s)"
+    )
 
 
 def acting_precision(given: str | None, trained: str, device: torch.device, d_model: int) -> tuple[str, str]:

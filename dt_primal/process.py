@@ -16,6 +16,7 @@ first step and never on import: a program that imports dt_primal keeps its proce
 TF32 is no process-wide setting here: ``--precision tf32`` enables it around the training step and
 the evaluation's forward passes only (``dt_primal.precision``).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,9 +31,11 @@ def configure_process(threads: int | None = None, wait_policy: str | None = "PAS
         os.environ.setdefault("OMP_WAIT_POLICY", wait_policy)  # too late for OpenMP once torch is loaded
     _keep_freed_memory()
     from envs import quiet_mujoco_warnings  # Gymnasium and MuJoCo, not torch
+
     quiet_mujoco_warnings()
     if threads is not None:
         import torch
+
         torch.set_num_threads(threads)
 
 

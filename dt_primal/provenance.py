@@ -1,4 +1,5 @@
 """How a record was made: the commit, the device and the library versions, stored in every ``eval.json``."""
+
 from __future__ import annotations
 
 import datetime
@@ -19,8 +20,13 @@ def commit() -> str | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if head.returncode:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("-dirty" if dirty else "")
@@ -50,5 +56,9 @@ def provenance(device: torch.device | str) -> dict:
             versions[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:
             versions[lib] = None
-    return {"commit": commit(), "device": device_name(device), "versions": versions,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "commit": commit(),
+        "device": device_name(device),
+        "versions": versions,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }

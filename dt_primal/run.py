@@ -12,6 +12,7 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
 ``train_command`` is that command as a function of the library: ``train.py`` and the sweep's workers
 call it. ``python -m dt_primal.run ARGS`` is ``python train.py ARGS``.
 """
+
 from __future__ import annotations
 
 from dt_primal.process import configure_process
@@ -22,8 +23,8 @@ if __name__ == "__main__":
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import run_main, write_report
@@ -35,7 +36,8 @@ from dt_primal.training.checks import check_run_inputs
 from dt_primal.training.loop import Interrupted, distributed, train
 from dt_primal.training.run_folder import hold_run_folder, member_folders
 
-# load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from (datasets.loaders.load_dataset)
+# load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from
+# (datasets.loaders.load_dataset)
 Loader = Callable[..., Trajectories]
 
 
@@ -44,24 +46,40 @@ def application_loader() -> Loader:
     and pickle files), imported when a ``python -m dt_primal.*`` command starts: the library itself
     takes the loader as an argument and imports nothing from ``datasets/`` on import."""
     from datasets.loaders import load_dataset
+
     return load_dataset
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
-    p.add_argument("--preset", choices=list(PRESETS), default="paper",
-                   help="paper: the Primal.+DT paper's settings (default); quick: d_model 128, 2000 steps, 10 final "
-                        "episodes per target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, "
-                        "d_model 128, 1 head, lr 1e-4; the rest as paper). Options given on the command line override "
-                        "the preset")
-    p.add_argument("--seeds", type=int, nargs="+",
-                   help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from OUT/last.pt where a run stopped, with its settings (--steps and the evaluation "
-                        "and checkpoint options may be changed)")
-    p.add_argument("--rescale-actions", action="store_true",
-                   help="scale dataset actions that lie outside the task's action space into its bounds (else refused)")
+    p = argparse.ArgumentParser(
+        prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default="paper",
+        help="paper: the Primal.+DT paper's settings (default); quick: d_model 128, 2000 steps, 10 final "
+        "episodes per target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, "
+        "d_model 128, 1 head, lr 1e-4; the rest as paper). Options given on the command line override "
+        "the preset",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/last.pt where a run stopped, with its settings (--steps and the evaluation "
+        "and checkpoint options may be changed)",
+    )
+    p.add_argument(
+        "--rescale-actions",
+        action="store_true",
+        help="scale dataset actions that lie outside the task's action space into its bounds (else refused)",
+    )
     add_config_args(p)
     return p
 
@@ -74,8 +92,10 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
     args = parser().parse_args(argv)
     given = overrides(args)
     if args.seeds and "seed" in given:
-        raise UserError(f"--seed {given['seed']} and --seeds {' '.join(map(str, args.seeds))} were both given: --seeds "
-                        f"trains each of its seeds as --seed N alone would; leave out --seed.")
+        raise UserError(
+            f"--seed {given['seed']} and --seeds {' '.join(map(str, args.seeds))} were both given: --seeds "
+            f"trains each of its seeds as --seed N alone would; leave out --seed."
+        )
     cfg = make_config(args.preset, **given)
     specs = list(dict.fromkeys(args.dataset)) if args.dataset else None  # else the checkpoint's, or the default
     seeds = args.seeds or ([cfg.seed] if specs and len(specs) > 1 else None)
@@ -83,15 +103,22 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
     if args.resume and first.exists():  # the checkpoint's settings, except those given now
         cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
     specs = specs or [cfg.dataset]
-    with distributed(cfg.device) as (rank, world), \
-            hold_run_folder(cfg.out, seeds, rank == 0, specs, cfg.model) as folder:
+    with (
+        distributed(cfg.device) as (rank, world),
+        hold_run_folder(cfg.out, seeds, rank == 0, specs, cfg.model) as folder,
+    ):
         datas = {}
         for spec in specs:
             data = datas[spec] = load_dataset(spec, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
             if rank == 0:
                 print(scoring(data.task, cfg.targets))
-            check_run_inputs(data, dataclasses.replace(cfg, dataset=spec), seeds, rescale_actions=args.rescale_actions,
-                             notes=rank == 0)
+            check_run_inputs(
+                data,
+                dataclasses.replace(cfg, dataset=spec),
+                seeds,
+                rescale_actions=args.rescale_actions,
+                notes=rank == 0,
+            )
         folder.check_dataset(list(datas.values()), resume=args.resume)
         try:
             results = train(cfg, datas, resume=args.resume, seeds=seeds)
@@ -102,14 +129,19 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
             return
         for result in results:
             for r in result["targets"]:
-                print(f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
-                      f"normalised score {normalized_text(r)} ({r['episodes']} episodes)")
+                print(
+                    f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± "
+                    f"{r['return_std']:.1f}, "
+                    f"normalised score {normalized_text(r)} ({r['episodes']} episodes)"
+                )
         if args.seeds:
             for k, (spec, out) in enumerate(zip(specs, folder.datasets)):  # the members come dataset by dataset
-                summary = write_report(results[k * len(seeds):(k + 1) * len(seeds)], out / "report.json")
+                summary = write_report(results[k * len(seeds) : (k + 1) * len(seeds)], out / "report.json")
                 for r in summary["across_checkpoints"]:
-                    print(f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "
-                          f"{normalized_text(r)} across {len(seeds)} seeds")
+                    print(
+                        f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "
+                        f"{normalized_text(r)} across {len(seeds)} seeds"
+                    )
                 print(f"report: {out / 'report.md'}")
 
 

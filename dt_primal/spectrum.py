@@ -6,6 +6,7 @@ cumulative explained variance Σ_{j≤k} σ_j² / Σ_j σ_j² is averaged over w
 
   python -m dt_primal.spectrum runs/dt/last.pt runs/primal/last.pt --out docs/spectrum
 """
+
 from __future__ import annotations
 
 from dt_primal.process import configure_process
@@ -38,7 +39,7 @@ def layer_spectra(model, batch: dict) -> list[np.ndarray]:
     curves = []
     for attn, x in inputs:
         s = torch.linalg.svdvals(attn.attention_matrix(x)[0].double())  # (B, H, L)
-        var = s ** 2
+        var = s**2
         curves.append((var.cumsum(-1) / var.sum(-1, keepdim=True)).mean((0, 1)).numpy())
     return curves
 
@@ -55,19 +56,26 @@ def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.spectrum", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="python -m dt_primal.spectrum",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--windows", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("docs/spectrum"), help="writes OUT.png and OUT.md")
     args = p.parse_args()
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = ["| checkpoint | model | layer | attention | top-1 | top-5 | top-10 | rank for 90% | rank for 99% |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| checkpoint | model | layer | attention | top-1 | top-5 | top-10 | rank for 90% | rank for 99% |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     fig, axes = plt.subplots(1, len(args.checkpoints), figsize=(4.5 * len(args.checkpoints), 3.6), squeeze=False)
     for ax, path in zip(axes[0], args.checkpoints):
         ckpt = load_checkpoint(path)
@@ -78,11 +86,16 @@ def main() -> None:
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):
             kind = "primal K" if hasattr(block.attn, "Lambda") else "softmax"
             ax.plot(np.arange(1, len(curve) + 1), curve, label=f"layer {i + 1} ({kind})")
-            rows.append(f"| {path} | {cfg.model}{ksvd} | {i + 1} | {kind} | {curve[0]:.3f} | {curve[4]:.3f} | {curve[9]:.3f} | "
-                        f"{int(np.searchsorted(curve, 0.9)) + 1} | {int(np.searchsorted(curve, 0.99)) + 1} |")
+            rows.append(
+                f"| {path} | {cfg.model}{ksvd} | {i + 1} | {kind} | {curve[0]:.3f} | {curve[4]:.3f} | {curve[9]:.3f} | "
+                f"{int(np.searchsorted(curve, 0.9)) + 1} | {int(np.searchsorted(curve, 0.99)) + 1} |"
+            )
         ax.set_title(f"{cfg.model}{ksvd}: {path.parent.name}", fontsize=9)
-        ax.set_xlabel("number of singular values"); ax.set_ylabel("cumulative explained variance")
-        ax.set_xscale("log"); ax.legend(fontsize=8); ax.grid(alpha=0.3)
+        ax.set_xlabel("number of singular values")
+        ax.set_ylabel("cumulative explained variance")
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out.with_suffix(".png"), dpi=120)

@@ -7,9 +7,10 @@ record cannot disagree. Each table sits between ``<!-- BEGIN generated: NAME -->
   python -m dt_primal.tables --check    # exit 1 if docs/results.md differs from what the records give
 
 Table 4 comes from ``results/table4`` (the full protocol), from ``results/table4-cpu`` (the reduced one) and,
-as clearly marked legacy sections, from every ``results/legacy/table4-*`` folder: moving a table's records there (``git mv``) and regenerating is
-all it takes to replace it.
+as clearly marked legacy sections, from every ``results/legacy/table4-*`` folder: moving a table's records there
+(``git mv``) and regenerating is all it takes to replace it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,20 +41,39 @@ PRIMAL = LABELS["primal"]
 # (Primal.+DT, its DT row). That DT row follows Flowformer's settings and is, as far as the papers show,
 # Flowformer's reproduction of DT, not the DT paper's own numbers (DT_OWN).
 PAPER = {
-    "halfcheetah/medium-expert": ((77.8, 22.1), (83.8, 3.3)), "hopper/medium-expert": ((111.5, 0.2), (104.0, 2.5)),
-    "walker2d/medium-expert": ((108.9, 0.1), (107.7, 0.6)), "halfcheetah/medium": ((43.0, 0.0), (42.4, 0.1)),
-    "hopper/medium": ((74.5, 0.6), (64.2, 1.1)), "walker2d/medium": ((77.9, 7.8), (70.6, 3.2)),
-    "halfcheetah/medium-replay": ((38.9, 0.4), (34.6, 0.6)), "hopper/medium-replay": ((88.5, 12.5), (79.7, 7.4)),
+    "halfcheetah/medium-expert": ((77.8, 22.1), (83.8, 3.3)),
+    "hopper/medium-expert": ((111.5, 0.2), (104.0, 2.5)),
+    "walker2d/medium-expert": ((108.9, 0.1), (107.7, 0.6)),
+    "halfcheetah/medium": ((43.0, 0.0), (42.4, 0.1)),
+    "hopper/medium": ((74.5, 0.6), (64.2, 1.1)),
+    "walker2d/medium": ((77.9, 7.8), (70.6, 3.2)),
+    "halfcheetah/medium-replay": ((38.9, 0.4), (34.6, 0.6)),
+    "hopper/medium-replay": ((88.5, 12.5), (79.7, 7.4)),
     "walker2d/medium-replay": ((76.8, 10.3), (62.9, 5.0)),
 }
 PAPER_SEEDS = 3
 # The Decision Transformer paper's own D4RL numbers (Chen et al., NeurIPS 2021, Table 2).
-DT_OWN = {"halfcheetah/medium-expert": 86.8, "hopper/medium-expert": 107.6, "walker2d/medium-expert": 108.1,
-          "halfcheetah/medium": 42.6, "hopper/medium": 67.6, "walker2d/medium": 74.0,
-          "halfcheetah/medium-replay": 36.6, "hopper/medium-replay": 82.7, "walker2d/medium-replay": 66.6}
-ORDER = [f"{env}/{level}" for level in ("medium-expert", "medium", "medium-replay")
-         for env in ("halfcheetah", "hopper", "walker2d")]  # the paper's row order
-MODEL_FIELDS = ("activation", "embed_init", "timestep_init")  # model choices whose defaults changed since the first records
+DT_OWN = {
+    "halfcheetah/medium-expert": 86.8,
+    "hopper/medium-expert": 107.6,
+    "walker2d/medium-expert": 108.1,
+    "halfcheetah/medium": 42.6,
+    "hopper/medium": 67.6,
+    "walker2d/medium": 74.0,
+    "halfcheetah/medium-replay": 36.6,
+    "hopper/medium-replay": 82.7,
+    "walker2d/medium-replay": 66.6,
+}
+ORDER = [
+    f"{env}/{level}"
+    for level in ("medium-expert", "medium", "medium-replay")
+    for env in ("halfcheetah", "hopper", "walker2d")
+]  # the paper's row order
+MODEL_FIELDS = (
+    "activation",
+    "embed_init",
+    "timestep_init",
+)  # model choices whose defaults changed since the first records
 
 
 def setting(config: dict, name: str):
@@ -68,26 +88,35 @@ def records(group: Path, seeds) -> list[dict]:
 def made_with(rows: list[dict]) -> str:
     """One paragraph on how ``rows``' records were made, read from their config and provenance."""
     recs = [r for row in rows for r in records(Path(row["dir"]), row["finished_seeds"])]
+
     def values(get):
         return ", ".join(sorted({str(get(r)) for r in recs}))
+
     cfg = lambda k: values(lambda r: setting(r["config"], k))
     prov = [r["provenance"] for r in recs]
     commits = sorted({p["commit"][:7] for p in prov})
     rebuilt = sum(bool(p.get("reconstructed")) for p in prov)
     configs = sum(p.get("reconstructed", {}).get("config", "").startswith("config reconstructed") for p in prov)
-    text = (f"{len(recs)} runs · d_model {cfg('d_model')}, {cfg('n_layer')} layers, {cfg('n_head')} heads · "
-            f"{cfg('steps')} steps (warm-up {cfg('warmup_steps')}), lr {cfg('lr')} · precision {cfg('precision')} · "
-            f"MLP activation {cfg('activation')} · `--embed-init` {cfg('embed_init')} · `--timestep-init` "
-            f"{cfg('timestep_init')} · final evaluation "
-            f"{cfg('eval_episodes')} episodes per target · device: {values(lambda r: r['provenance']['device'])} · "
-            f"torch {values(lambda r: r['provenance']['versions']['torch'])} · commit{'s' * (len(commits) > 1)} "
-            f"{', '.join(commits)} · {values(lambda r: r['provenance']['date'][:10])}")
+    text = (
+        f"{len(recs)} runs · d_model {cfg('d_model')}, {cfg('n_layer')} layers, {cfg('n_head')} heads · "
+        f"{cfg('steps')} steps (warm-up {cfg('warmup_steps')}), lr {cfg('lr')} · precision {cfg('precision')} · "
+        f"MLP activation {cfg('activation')} · `--embed-init` {cfg('embed_init')} · `--timestep-init` "
+        f"{cfg('timestep_init')} · final evaluation "
+        f"{cfg('eval_episodes')} episodes per target · device: {values(lambda r: r['provenance']['device'])} · "
+        f"torch {values(lambda r: r['provenance']['versions']['torch'])} · commit{'s' * (len(commits) > 1)} "
+        f"{', '.join(commits)} · {values(lambda r: r['provenance']['date'][:10])}"
+    )
     if rebuilt:
-        text += (f". The provenance of {rebuilt} of these records (and the config of {configs}) was reconstructed "
-                 f"afterwards from the commands that made them and the git history: each record's "
-                 f"`provenance.reconstructed` says from what, and whether its commit is exact")
-    old = [f"{k} {cfg(k)} (now {getattr(Config(), k)})" for k in MODEL_FIELDS
-           if {setting(r["config"], k) for r in recs} != {getattr(Config(), k)}]
+        text += (
+            f". The provenance of {rebuilt} of these records (and the config of {configs}) was reconstructed "
+            f"afterwards from the commands that made them and the git history: each record's "
+            f"`provenance.reconstructed` says from what, and whether its commit is exact"
+        )
+    old = [
+        f"{k} {cfg(k)} (now {getattr(Config(), k)})"
+        for k in MODEL_FIELDS
+        if {setting(r["config"], k) for r in recs} != {getattr(Config(), k)}
+    ]
     if old:
         text += f". **Not the current model**: {', '.join(old)}"
     return text + "."
@@ -123,9 +152,18 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
     found = {(row_key(r["dataset"]), r["model"]): r for r in rows}
     if not rows:
         return f"No records in `{folder.relative_to(ROOT)}` yet: all 18 rows are missing.\n"
-    head = ["dataset", "model", "seeds", "high target: last checkpoint", "low target: last checkpoint",
-            "high / low: mean of last 3 evaluations", "per seed (high)", "paper (its Table 4)",
-            "ours − paper (high)", "DT paper's own"]
+    head = [
+        "dataset",
+        "model",
+        "seeds",
+        "high target: last checkpoint",
+        "low target: last checkpoint",
+        "high / low: mean of last 3 evaluations",
+        "per seed (high)",
+        "paper (its Table 4)",
+        "ours − paper (high)",
+        "DT paper's own",
+    ]
     names = {row_key(d): short(d) for d in datasets}
     lines, missing = [], []
     for key in ORDER:
@@ -134,24 +172,35 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
             own = f"{DT_OWN[key]:.1f}" if model == "dt" else "–"
             if row is None:
                 missing.append(f"{names.get(key, key)} {label}")
-                lines.append([names.get(key, key), label, 0, "missing", "missing", "missing", "missing", pm(*paper),
-                              "missing", own])
+                lines.append([names.get(key, key), label, 0, *["missing"] * 4, pm(*paper), "missing", own])
                 continue
             hi, lo = row["targets"][0], row["targets"][1]
-            last3 = (f"{cell(hi.get('last3'))} / {cell(lo.get('last3'))}")
-            lines.append([f"{short(row['dataset'])} ({hi['target']:g} / {lo['target']:g})", label,
-                          len(row["finished_seeds"]), cell(hi), cell(lo), last3, ", ".join(f"{v:.1f}" for v in hi["seeds"]),
-                          pm(*paper), vs_paper(hi, paper), own])
+            last3 = f"{cell(hi.get('last3'))} / {cell(lo.get('last3'))}"
+            lines.append(
+                [
+                    f"{short(row['dataset'])} ({hi['target']:g} / {lo['target']:g})",
+                    label,
+                    len(row["finished_seeds"]),
+                    cell(hi),
+                    cell(lo),
+                    last3,
+                    ", ".join(f"{v:.1f}" for v in hi["seeds"]),
+                    pm(*paper),
+                    vs_paper(hi, paper),
+                    own,
+                ]
+            )
     both = [k for k in ORDER if (k, "dt") in found and (k, "primal") in found]
     for model, label, i in (("dt", DT_MATCHED, 1), ("primal", PRIMAL, 0)):
         mine = [found[k, model] for k in both]
         if mine:
             avg = [f"**{np.mean([r['targets'][t]['mean'] for r in mine]):.1f}**" for t in (0, 1)]
-            lines.append([f"**average of {len(both)} dataset{'s' * (len(both) != 1)}**", label, "", *avg, "", "",
-                          f"{np.mean([PAPER[k][i][0] for k in both]):.1f}", "",
-                          f"{np.mean([DT_OWN[k] for k in both]):.1f}" if model == "dt" else "–"])
+            paper = f"{np.mean([PAPER[k][i][0] for k in both]):.1f}"
+            own = f"{np.mean([DT_OWN[k] for k in both]):.1f}" if model == "dt" else "–"
+            name = f"**average of {len(both)} dataset{'s' * (len(both) != 1)}**"
+            lines.append([name, label, "", *avg, "", "", paper, "", own])
     md = table(head, lines) + "\n\n"
-    md += (f"Missing (no record): {', '.join(missing)}.\n\n" if missing else "All 18 rows are present.\n\n")
+    md += f"Missing (no record): {', '.join(missing)}.\n\n" if missing else "All 18 rows are present.\n\n"
     md += f"Records: [`{folder.relative_to(ROOT)}/`](../{folder.relative_to(ROOT)}/). Made with: {made_with(rows)}\n"
     gaps = gap_rows(rows, PRIMAL, DT_MATCHED)
     if gaps:
@@ -163,8 +212,10 @@ def table4_sections() -> str:
     """The current Table 4, then each legacy one (``results/legacy/table4-*``), each under its own heading."""
     md = table4(ROOT / CURRENT)
     for folder in sorted((ROOT / LEGACY).glob("table4-*")):
-        md += (f"\n### Legacy: `{folder.relative_to(ROOT)}`\n\nAn earlier Table 4, kept as it was made; the table "
-               f"above replaces it.\n\n" + table4(folder, held(folder)))
+        md += (
+            f"\n### Legacy: `{folder.relative_to(ROOT)}`\n\nAn earlier Table 4, kept as it was made; the table "
+            f"above replaces it.\n\n" + table4(folder, held(folder))
+        )
     return md
 
 
@@ -173,22 +224,48 @@ def compare(parts: list[tuple[str, list[str], str, str]], datasets: list[str], a
     errors; a short table of the rows' settings under it."""
     rows = []
     for folder, models, label, name in parts:
-        rows += [dict(r, label=label or r["label"], name=name or r["name"]) for r in collect(ROOT / folder, datasets, models, [0, 1, 2])]
+        rows += [
+            dict(r, label=label or r["label"], name=name or r["name"])
+            for r in collect(ROOT / folder, datasets, models, [0, 1, 2])
+        ]
     rows = [r for d in datasets for r in rows if r["dataset"] == d]
-    head = ["dataset", "model", "seeds", "high target: last checkpoint", "low target: last checkpoint",
-            "high / low: mean of last 3 evaluations", "records"]
-    lines = [[short(r["dataset"]), r["label"], len(r["finished_seeds"]), cell(r["targets"][0]), cell(r["targets"][1]),
-              f"{cell(r['targets'][0].get('last3'))} / {cell(r['targets'][1].get('last3'))}",
-              f"`{Path(r['dir']).relative_to(ROOT).parent.parent}`"] for r in rows]
+    head = [
+        "dataset",
+        "model",
+        "seeds",
+        "high target: last checkpoint",
+        "low target: last checkpoint",
+        "high / low: mean of last 3 evaluations",
+        "records",
+    ]
+    lines = [
+        [
+            short(r["dataset"]),
+            r["label"],
+            len(r["finished_seeds"]),
+            cell(r["targets"][0]),
+            cell(r["targets"][1]),
+            f"{cell(r['targets'][0].get('last3'))} / {cell(r['targets'][1].get('last3'))}",
+            f"`{Path(r['dir']).relative_to(ROOT).parent.parent}`",
+        ]
+        for r in rows
+    ]
     md = table(head, lines) + "\n\n" + gap_table(gap_rows(rows, a, b), a, b)
     folders = list(dict.fromkeys(f for f, *_ in parts))
-    return md + "\n" + "\n".join(f"- `{f}`: {made_with([r for r in rows if Path(r['dir']).is_relative_to(ROOT / f)])}"
-                                 for f in folders) + "\n"
+    return (
+        md
+        + "\n"
+        + "\n".join(
+            f"- `{f}`: {made_with([r for r in rows if Path(r['dir']).is_relative_to(ROOT / f)])}" for f in folders
+        )
+        + "\n"
+    )
 
 
 def ablation() -> str:
     """The KSVD ablation on halfcheetah medium-replay: scores, and J² and Λ from the committed TensorBoard logs."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     dataset = "dt-primal/halfcheetah/medium-replay-v0"
     lines = []
     for folder in [reference(), *(ROOT / "results/ablation" / name for name in ("eta0", "s64", "s96"))]:
@@ -198,13 +275,32 @@ def ablation() -> str:
         row, runs = rows[0], [Path(rows[0]["dir"]) / f"seed_{s}" for s in rows[0]["finished_seeds"]]
         cfg = records(Path(row["dir"]), row["finished_seeds"])[0]["config"]
         logs = [EventAccumulator(str(next(r.glob("events.out.tfevents.*")))).Reload() for r in runs]
-        j2, lam = (np.mean([[log.Scalars(tag)[i].value for i in (-1, 0)] for log in logs], 0)
-                   for tag in ("ksvd/J_squared", "ksvd/lambda_mean/0"))
-        lines.append([f"η {cfg['eta']:g}, s {cfg['s']}", len(runs), cell(row["targets"][0]), cell(row["targets"][1]),
-                      ", ".join(f"{v:.1f}" for v in row["targets"][0]["seeds"]), f"{j2[0]:.1e} ({j2[1]:.1e})",
-                      f"{lam[0]:.2f} ({lam[1]:.2f})", f"`{folder.relative_to(ROOT)}`"])
-    head = ["setting", "seeds", "target 12000", "target 6000", "per seed (12000)",
-            "KSVD J² at the end (first logged)", "Λ mean at the end (start)", "records"]
+        j2, lam = (
+            np.mean([[log.Scalars(tag)[i].value for i in (-1, 0)] for log in logs], 0)
+            for tag in ("ksvd/J_squared", "ksvd/lambda_mean/0")
+        )
+        lines.append(
+            [
+                f"η {cfg['eta']:g}, s {cfg['s']}",
+                len(runs),
+                cell(row["targets"][0]),
+                cell(row["targets"][1]),
+                ", ".join(f"{v:.1f}" for v in row["targets"][0]["seeds"]),
+                f"{j2[0]:.1e} ({j2[1]:.1e})",
+                f"{lam[0]:.2f} ({lam[1]:.2f})",
+                f"`{folder.relative_to(ROOT)}`",
+            ]
+        )
+    head = [
+        "setting",
+        "seeds",
+        "target 12000",
+        "target 6000",
+        "per seed (12000)",
+        "KSVD J² at the end (first logged)",
+        "Λ mean at the end (start)",
+        "records",
+    ]
     return table(head, lines) + "\n"
 
 
@@ -225,37 +321,73 @@ SECTIONS = {
     "table4": table4_sections,
     "table4-full": lambda: table4(ROOT / FULL),
     "dt-baselines": lambda: compare(
-        [("results/dt-paper-cpu", ["dt"], "DT (dt-primal)", "dt"),
-         ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT (d3rlpy)", "d3rlpy-dt")],
+        [
+            ("results/dt-paper-cpu", ["dt"], "DT (dt-primal)", "dt"),
+            ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT (d3rlpy)", "d3rlpy-dt"),
+        ],
         ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0", "dt-primal/halfcheetah/medium-expert-v0"],
-        "DT (dt-primal)", "DT (d3rlpy)"),
+        "DT (dt-primal)",
+        "DT (d3rlpy)",
+    ),
     "dt-relu": lambda: compare(
-        [("results/dt-paper-cpu", ["dt"], "DT, GELU (dt-primal)", "dt"),
-         ("results/dt-paper-cpu-relu", ["dt"], "DT, ReLU (dt-primal)", "dt"),
-         ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT, GELU (d3rlpy)", "d3rlpy-dt"),
-         ("results/d3rlpy-crosscheck-cpu-relu", ["d3rlpy-dt"], "DT, ReLU (d3rlpy)", "d3rlpy-dt")],
-        ["dt-primal/halfcheetah/medium-expert-v0"], "DT, ReLU (dt-primal)", "DT, ReLU (d3rlpy)"),
+        [
+            ("results/dt-paper-cpu", ["dt"], "DT, GELU (dt-primal)", "dt"),
+            ("results/dt-paper-cpu-relu", ["dt"], "DT, ReLU (dt-primal)", "dt"),
+            ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT, GELU (d3rlpy)", "d3rlpy-dt"),
+            ("results/d3rlpy-crosscheck-cpu-relu", ["d3rlpy-dt"], "DT, ReLU (d3rlpy)", "d3rlpy-dt"),
+        ],
+        ["dt-primal/halfcheetah/medium-expert-v0"],
+        "DT, ReLU (dt-primal)",
+        "DT, ReLU (d3rlpy)",
+    ),
     "dt-paper-gpt2": lambda: compare(
-        [("results/dt-paper-cpu-gpt2-init", ["dt"], "DT, gpt2 init", "dt"),
-         ("results/dt-paper-cpu", ["dt"], "DT, torch init", "dt")],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0"], "DT, torch init", "DT, gpt2 init"),
+        [
+            ("results/dt-paper-cpu-gpt2-init", ["dt"], "DT, gpt2 init", "dt"),
+            ("results/dt-paper-cpu", ["dt"], "DT, torch init", "dt"),
+        ],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0"],
+        "DT, torch init",
+        "DT, gpt2 init",
+    ),
     "init-dt": lambda: compare(
-        [("results/table4-cpu-init", ["dt"], "DT, torch", "dt"), ("results/table4-cpu-gpt2-init", ["dt"], "DT, gpt2", "dt")],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"], "DT, torch", "DT, gpt2"),
+        [
+            ("results/table4-cpu-init", ["dt"], "DT, torch", "dt"),
+            ("results/table4-cpu-gpt2-init", ["dt"], "DT, gpt2", "dt"),
+        ],
+        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
+        "DT, torch",
+        "DT, gpt2",
+    ),
     "init-primal": lambda: compare(
-        [("results/table4-cpu-init", ["primal"], "Primal.+DT, torch", "primal"),
-         ("results/table4-cpu-gpt2-init", ["primal"], "Primal.+DT, gpt2", "primal")],
+        [
+            ("results/table4-cpu-init", ["primal"], "Primal.+DT, torch", "primal"),
+            ("results/table4-cpu-gpt2-init", ["primal"], "Primal.+DT, gpt2", "primal"),
+        ],
         ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
-        "Primal.+DT, torch", "Primal.+DT, gpt2"),
-    **{f"timestep-{model}": (lambda model=model: compare(
-        [("results/table4-cpu", [model], f"{LABELS[model]}, N(0, 1)", model),
-         ("results/legacy/table4-cpu-gpt2-timestep", [model], f"{LABELS[model]}, N(0, 0.02)", model)],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
-        f"{LABELS[model]}, N(0, 1)", f"{LABELS[model]}, N(0, 0.02)")) for model in ("dt", "primal")},
+        "Primal.+DT, torch",
+        "Primal.+DT, gpt2",
+    ),
+    **{
+        f"timestep-{model}": (
+            lambda model=model: compare(
+                [
+                    ("results/table4-cpu", [model], f"{LABELS[model]}, N(0, 1)", model),
+                    ("results/legacy/table4-cpu-gpt2-timestep", [model], f"{LABELS[model]}, N(0, 0.02)", model),
+                ],
+                ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
+                f"{LABELS[model]}, N(0, 1)",
+                f"{LABELS[model]}, N(0, 0.02)",
+            )
+        )
+        for model in ("dt", "primal")
+    },
     "ablation": ablation,
     "gpu": lambda: compare(
-        [("results/gpu-hopper-medium-replay", ["dt", "primal"], "", "")], ["dt-primal/hopper/medium-replay-v0"],
-        PRIMAL, DT_MATCHED),
+        [("results/gpu-hopper-medium-replay", ["dt", "primal"], "", "")],
+        ["dt-primal/hopper/medium-replay-v0"],
+        PRIMAL,
+        DT_MATCHED,
+    ),
 }
 BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n).*?(<!-- END generated: (?P=name) -->)", re.S)
 
@@ -266,8 +398,9 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dt_primal.tables", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m dt_primal.tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if docs/results.md is out of date")
     args = p.parse_args(argv)
     old = DOC.read_text()

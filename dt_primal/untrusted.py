@@ -4,18 +4,25 @@ Researchers exchange checkpoints and datasets, so every reader of one treats it 
 in it may choose code to run, a module to import, another file to read, or how much memory to
 allocate. Each kind of file, and what is admitted from it:
 
-| file | reader | admitted |
-|---|---|---|
-| checkpoint (``last.pt``) | ``load_torch`` | a zip archive as ``torch.save`` writes it: uncompressed entries whose sizes add up to the file's; in it tensors, lists, dicts, numbers, strings and NumPy arrays, scalars and dtypes (``ADMITTED_GLOBALS``), each array no larger than its bytes in the file |
-| decision-transformer pickle | ``load_pickle`` | the same plain data, NumPy's rebuilders bounded the same way |
-| HDF5 (a D4RL file, a Minari ``main_data.hdf5``) | ``open_hdf5`` | groups and datasets stored inside the file (no external files, external links or virtual datasets), each declaring no more than its stored bytes can hold (``MAX_RATIO``), all of them together fitting in memory |
-| Minari ``metadata.json`` | ``check_minari_metadata`` | a JSON object whose spaces are flat Boxes of checked size, whose counts fit in memory and whose environment spec ``envs.check_spec`` admits; checked before Minari reads anything |
-| environment spec (a dataset's metadata, a checkpoint's task) | ``envs.check_spec`` | a registered id (no ``module:`` prefix), the entry point Gymnasium registers for it, no wrappers, and only numeric constructor options |
-| run records (``eval.json``, ``evals.jsonl``) | ``read_record``, ``read_curve`` | JSON objects of at most ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong |
-| records archive (``.tgz``) | ``dt_primal.sweep.records`` | run records under relative ``seed_N`` paths, regular files of at most ``MAX_RECORD`` bytes |
+- checkpoint (``last.pt``), ``load_torch``: a zip archive as ``torch.save`` writes it, uncompressed entries
+  whose sizes add up to the file's; in it tensors, lists, dicts, numbers, strings and NumPy arrays,
+  scalars and dtypes (``ADMITTED_GLOBALS``), each array no larger than its bytes in the file.
+- decision-transformer pickle, ``load_pickle``: the same plain data, NumPy's rebuilders bounded the same way.
+- HDF5 (a D4RL file, a Minari ``main_data.hdf5``), ``open_hdf5``: groups and datasets stored inside the
+  file (no external files, external links or virtual datasets), each declaring no more than its stored
+  bytes can hold (``MAX_RATIO``), all of them together fitting in memory.
+- Minari dataset folder, ``check_minari_folder``: no links; a ``metadata.json`` whose spaces are flat
+  Boxes of checked size, whose counts fit in memory and whose environment spec ``envs.check_spec``
+  admits (a registered id without ``module:``, the entry point Gymnasium registers for it, no
+  wrappers, numeric constructor options only); checked before Minari reads anything.
+- run records (``eval.json``, ``evals.jsonl``), ``read_record``, ``read_curve``: JSON objects of at most
+  ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong.
+- records archive (``.tgz``), ``dt_primal.sweep.records``: run records under relative ``seed_N`` paths,
+  regular files of at most ``MAX_RECORD`` bytes.
 
 A file that breaks a rule is a ``UserError`` that names the rule; nothing named in it was called.
 """
+
 from __future__ import annotations
 
 import _codecs
@@ -46,9 +53,11 @@ def check_fits_memory(nbytes: int, path, what: str) -> None:
 
     free = available_bytes("cpu")[0]
     if free and nbytes > free // 2:
-        raise UserError(f"{path} declares {what} of {nbytes / 2**30:.1f} GiB, more than this machine can hold while "
-                        f"converting it ({free / 2**30:.1f} GiB free); it was not read. Use a machine with more "
-                        f"memory, or check that the file is the one you meant.")
+        raise UserError(
+            f"{path} declares {what} of {nbytes / 2**30:.1f} GiB, more than this machine can hold while "
+            f"converting it ({free / 2**30:.1f} GiB free); it was not read. Use a machine with more "
+            f"memory, or check that the file is the one you meant."
+        )
 
 
 def regular_file(path, what: str) -> int:
@@ -69,21 +78,26 @@ def regular_file(path, what: str) -> int:
 
 def refused(path, name: str) -> UserError:
     """The error for a file that names ``name``, which is not admitted."""
-    return UserError(f"{path} was refused: reading it would call {name}, and dt-primal reads only {ADMITTED} from a "
-                     f"file, because unpickling anything else can run code on this machine (nothing in the file was "
-                     f"run). Do not use the file unless you know where it came from; ask for one written by train.py, "
-                     f"or for a dataset as an .hdf5 file.")
+    return UserError(
+        f"{path} was refused: reading it would call {name}, and dt-primal reads only {ADMITTED} from a "
+        f"file, because unpickling anything else can run code on this machine (nothing in the file was "
+        f"run). Do not use the file unless you know where it came from; ask for one written by train.py, "
+        f"or for a dataset as an .hdf5 file."
+    )
 
 
 # --- pickles (a checkpoint's data.pkl, a decision-transformer dataset) ---
+
 
 class _ArrayName:
     """What a pickle gets for ``numpy.ndarray``: only a marker for ``_reconstruct``; calling it (an array
     of uninitialised memory of a size the file chooses) is refused."""
 
     def __new__(cls, *args, **kwargs):
-        raise UserError("it calls numpy.ndarray directly (an array of uninitialised memory of a size the file "
-                        "chooses), which NumPy's own pickles never do")
+        raise UserError(
+            "it calls numpy.ndarray directly (an array of uninitialised memory of a size the file "
+            "chooses), which NumPy's own pickles never do"
+        )
 
 
 class _Array:
@@ -92,14 +106,19 @@ class _Array:
 
     def __init__(self, subtype=None, shape=(0,), dtype=b"b"):
         if subtype is not _ArrayName or tuple(shape) != (0,):
-            raise UserError(f"it rebuilds an array with the shape {str(shape)[:80]}, where NumPy's own pickles "
-                            f"start from an empty array")
+            raise UserError(
+                f"it rebuilds an array with the shape {str(shape)[:80]}, where NumPy's own pickles "
+                f"start from an empty array"
+            )
         self.array = None
 
     def __setstate__(self, state):
         version, shape, dtype, fortran, raw = state if len(state) == 5 else (1, *state)
-        if not (isinstance(dtype, np.dtype) and isinstance(shape, tuple)
-                and all(isinstance(n, int) and 0 <= n < 2**40 for n in shape)):
+        if not (
+            isinstance(dtype, np.dtype)
+            and isinstance(shape, tuple)
+            and all(isinstance(n, int) and 0 <= n < 2**40 for n in shape)
+        ):
             raise UserError(f"an array in it declares the shape {str(shape)[:80]} and dtype {str(dtype)[:80]}")
         count = math.prod(shape)
         held = len(raw) if dtype.hasobject else len(raw) // max(dtype.itemsize, 1)
@@ -122,13 +141,20 @@ def _unwrap(value):
     return value
 
 
-_NUMPY = {"numpy.ndarray": _ArrayName, "numpy.dtype": np.dtype, "numpy._core.multiarray._reconstruct": _Array,
-          "numpy._core.multiarray.scalar": np._core.multiarray.scalar,
-          "numpy._core.numeric._frombuffer": np._core.numeric._frombuffer}
+_NUMPY = {
+    "numpy.ndarray": _ArrayName,
+    "numpy.dtype": np.dtype,
+    "numpy._core.multiarray._reconstruct": _Array,
+    "numpy._core.multiarray.scalar": np._core.multiarray.scalar,
+    "numpy._core.numeric._frombuffer": np._core.numeric._frombuffer,
+}
 # what a pickle may name: NumPy's rebuilders (bounded) under their NumPy 2 and NumPy 1 module names, and the bytes
 # decoder of pickle protocol 2 (the protocol torch.save writes)
-ADMITTED_GLOBALS = {**_NUMPY, **{k.replace("numpy._core", "numpy.core"): v for k, v in _NUMPY.items()},
-                    "_codecs.encode": _codecs.encode}
+ADMITTED_GLOBALS = {
+    **_NUMPY,
+    **{k.replace("numpy._core", "numpy.core"): v for k, v in _NUMPY.items()},
+    "_codecs.encode": _codecs.encode,
+}
 # the classes of NumPy's dtypes of numbers, booleans and text, which torch.load checks as it rebuilds a dtype
 NUMPY_DTYPES = sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGSU"}, key=str)
 
@@ -149,9 +175,14 @@ def _refusal(path, exc: Exception) -> UserError | None:
     """The UserError for a pickle that names or rebuilds something not admitted (``exc`` raised by either
     unpickler); None for other failures."""
     if isinstance(exc, UserError):
-        return exc if str(path) in str(exc) else UserError(
-            f"{path} was refused: {exc}. dt-primal reads only {ADMITTED} as NumPy and torch.save write them; use a "
-            f"file written by train.py, or a dataset as an .hdf5 file.")
+        return (
+            exc
+            if str(path) in str(exc)
+            else UserError(
+                f"{path} was refused: {exc}. dt-primal reads only {ADMITTED} as NumPy and torch.save write them; use a "
+                f"file written by train.py, or a dataset as an .hdf5 file."
+            )
+        )
     named = re.search(r"GLOBAL ([\w.]+)", str(exc))
     if named and isinstance(exc, pickle.UnpicklingError):
         return refused(path, named.group(1))
@@ -166,12 +197,17 @@ def load_pickle(path) -> object:
         with open(path, "rb") as f:
             return _unwrap(_PlainUnpickler(f, path).load())
     except Exception as exc:
-        raise (_refusal(path, exc) or UserError(
-            f"Cannot unpickle {path} ({type(exc).__name__}: {str(exc)[:200]}); the file may be truncated or not a "
-            f"pickle.")) from None
+        raise (
+            _refusal(path, exc)
+            or UserError(
+                f"Cannot unpickle {path} ({type(exc).__name__}: {str(exc)[:200]}); the file may be truncated or not a "
+                f"pickle."
+            )
+        ) from None
 
 
 # --- checkpoints ---
+
 
 def _check_archive(path, size: int) -> None:
     """``path`` is a zip archive as ``torch.save`` writes it: its entries stored uncompressed, so that what
@@ -180,15 +216,19 @@ def _check_archive(path, size: int) -> None:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise UserError(f"Checkpoint {path} is not a checkpoint archive ({exc}); it is truncated or corrupted, or was "
-                        f"not written by train.py. Use an earlier copy or retrain.") from None
+        raise UserError(
+            f"Checkpoint {path} is not a checkpoint archive ({exc}); it is truncated or corrupted, or was "
+            f"not written by train.py. Use an earlier copy or retrain."
+        ) from None
     packed = [e.filename for e in entries if e.compress_type != zipfile.ZIP_STORED]
     declared = sum(e.file_size for e in entries)
     if packed or declared > size:
-        raise UserError(f"Checkpoint {path} was refused: its entries declare {declared} bytes in a file of {size}"
-                        f"{' and ' + packed[0] + ' is compressed' if packed else ''}, which torch.save never writes "
-                        f"(a small file must not make the reader allocate much more than its size). Use a checkpoint "
-                        f"written by train.py.")
+        raise UserError(
+            f"Checkpoint {path} was refused: its entries declare {declared} bytes in a file of {size}"
+            f"{' and ' + packed[0] + ' is compressed' if packed else ''}, which torch.save never writes "
+            f"(a small file must not make the reader allocate much more than its size). Use a checkpoint "
+            f"written by train.py."
+        )
 
 
 def load_torch(path) -> object:
@@ -210,6 +250,7 @@ def load_torch(path) -> object:
 
 # --- HDF5 ---
 
+
 def _check_hdf5_object(f, name: str, path) -> int:
     """The bytes the dataset ``name`` of the open file ``f`` declares (0 for a group), after checking that it
     is stored in the file and declares no more than its stored bytes can hold."""
@@ -217,19 +258,25 @@ def _check_hdf5_object(f, name: str, path) -> int:
 
     link = f.get(name, getlink=True)
     if isinstance(link, h5py.ExternalLink):
-        raise UserError(f"{path} was refused: '{name}' links to the file {link.filename}, and dt-primal reads no file "
-                        f"but the one given. Copy the data into the file (h5repack) and try again.")
+        raise UserError(
+            f"{path} was refused: '{name}' links to the file {link.filename}, and dt-primal reads no file "
+            f"but the one given. Copy the data into the file (h5repack) and try again."
+        )
     node = f.get(name)
     if not isinstance(node, h5py.Dataset):
         return 0
     if node.external or node.is_virtual:
-        raise UserError(f"{path} was refused: '{name}' keeps its data in other files, and dt-primal reads no file but "
-                        f"the one given. Copy the data into the file (h5repack) and try again.")
+        raise UserError(
+            f"{path} was refused: '{name}' keeps its data in other files, and dt-primal reads no file but "
+            f"the one given. Copy the data into the file (h5repack) and try again."
+        )
     declared = int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize if node.shape else node.dtype.itemsize
     stored = node.id.get_storage_size()
     if declared > 4096 and declared > MAX_RATIO * max(stored, 1):
-        raise UserError(f"{path} was refused: '{name}' declares {node.shape} values ({declared} bytes) but stores "
-                        f"{stored} bytes, more than any compression can restore; the file is damaged or crafted.")
+        raise UserError(
+            f"{path} was refused: '{name}' declares {node.shape} values ({declared} bytes) but stores "
+            f"{stored} bytes, more than any compression can restore; the file is damaged or crafted."
+        )
     return declared
 
 
@@ -257,13 +304,19 @@ def _check_box(serialized, what: str, where: str) -> None:
     try:
         space = json.loads(serialized)
         shape = tuple(space["shape"])
-        ok = space["type"] == "Box" and space["dtype"] in SPACE_DTYPES and len(shape) == 1 and \
-            all(isinstance(n, int) and 0 < n <= 100_000 for n in shape)
+        ok = (
+            space["type"] == "Box"
+            and space["dtype"] in SPACE_DTYPES
+            and len(shape) == 1
+            and all(isinstance(n, int) and 0 < n <= 100_000 for n in shape)
+        )
     except (TypeError, ValueError, KeyError):
         ok = False
     if not ok:
-        raise UserError(f"{where}'s {what} is not a flat Box space of at most 100000 numbers (found "
-                        f"{str(serialized)[:120]}); only flat observation and action spaces are supported.")
+        raise UserError(
+            f"{where}'s {what} is not a flat Box space of at most 100000 numbers (found "
+            f"{str(serialized)[:120]}); only flat observation and action spaces are supported."
+        )
 
 
 def check_minari_metadata(meta: object, where: str) -> None:
@@ -275,18 +328,26 @@ def check_minari_metadata(meta: object, where: str) -> None:
         raise UserError(f"{where}'s metadata.json is not a JSON object; the dataset is damaged.")
     for key in ("observation_space", "action_space"):
         if key not in meta:
-            raise UserError(f"{where}'s metadata.json lacks its {key}, which Minari then recovers by making the "
-                            f"environment its env_spec names; a file may not make an environment. Every dataset "
-                            f"Minari writes records it: ask for a complete copy.")
+            raise UserError(
+                f"{where}'s metadata.json lacks its {key}, which Minari then recovers by making the "
+                f"environment its env_spec names; a file may not make an environment. Every dataset "
+                f"Minari writes records it: ask for a complete copy."
+            )
         _check_box(meta[key], key, where)
     if meta.get("data_format") not in ("hdf5", "arrow"):
-        raise UserError(f"{where}'s metadata.json gives the data format {str(meta.get('data_format'))[:40]!r}; Minari "
-                        f"writes hdf5 or arrow.")
+        raise UserError(
+            f"{where}'s metadata.json gives the data format {str(meta.get('data_format'))[:40]!r}; Minari "
+            f"writes hdf5 or arrow."
+        )
     episodes, steps = (meta.get(k) for k in ("total_episodes", "total_steps"))
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (episodes, steps)) \
-            or episodes > steps:
-        raise UserError(f"{where}'s metadata.json declares {str(episodes)[:40]} episodes and {str(steps)[:40]} steps; "
-                        f"they must be counts, with no more episodes than steps.")
+    if (
+        not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (episodes, steps))
+        or episodes > steps
+    ):
+        raise UserError(
+            f"{where}'s metadata.json declares {str(episodes)[:40]} episodes and {str(steps)[:40]} steps; "
+            f"they must be counts, with no more episodes than steps."
+        )
     check_fits_memory(episodes * 8, where, "an index of its episodes")  # Minari allocates it from the count
     spec = meta.get("env_spec")
     if spec is not None:
@@ -305,8 +366,10 @@ def check_minari_folder(dataset_id: str) -> dict:
     where = f"The Minari dataset {dataset_id}"
     links = [p for p in (data, *data.rglob("*")) if p.is_symlink()]
     if links:
-        raise UserError(f"{where} was refused: {links[0]} is a link, and dt-primal reads no file outside a dataset's "
-                        f"folder. Copy the dataset without links.")
+        raise UserError(
+            f"{where} was refused: {links[0]} is a link, and dt-primal reads no file outside a dataset's "
+            f"folder. Copy the dataset without links."
+        )
     if regular_file(data / "metadata.json", f"{where}'s metadata") > MAX_RECORD:
         raise UserError(f"{where}'s metadata.json is larger than {MAX_RECORD >> 20} MiB; Minari's are a few kB.")
     try:
@@ -324,6 +387,7 @@ def check_minari_folder(dataset_id: str) -> dict:
 
 # --- run records ---
 
+
 def _is_count(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
@@ -334,10 +398,20 @@ def _is_number(x: object) -> bool:
 
 def _reports_ok(reports: object) -> bool:
     """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read."""
-    return isinstance(reports, list) and bool(reports) and all(
-        isinstance(r, dict) and _is_number(r.get("target")) and _is_count(r.get("episodes", 0))
-        and (_is_number(r.get("normalized_mean")) or (r.get("normalized_mean") is None and _is_number(r.get("return_mean"))))
-        for r in reports)
+    return (
+        isinstance(reports, list)
+        and bool(reports)
+        and all(
+            isinstance(r, dict)
+            and _is_number(r.get("target"))
+            and _is_count(r.get("episodes", 0))
+            and (
+                _is_number(r.get("normalized_mean"))
+                or (r.get("normalized_mean") is None and _is_number(r.get("return_mean")))
+            )
+            for r in reports
+        )
+    )
 
 
 def read_record(path, reports: bool = True) -> dict:
@@ -348,11 +422,18 @@ def read_record(path, reports: bool = True) -> dict:
     try:
         record = json.loads(open(path, "rb").read())
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise UserError(f"The run record {path} is not JSON ({str(exc)[:100]}); it is damaged. Restore it from "
-                        f"the run's folder or from git, or evaluate its checkpoint again.") from None
-    if not (isinstance(record, dict) and (not reports or _is_count(record.get("step")) and _reports_ok(record.get("targets")))):
-        raise UserError(f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
-                        f"writes them in eval.json); it is damaged. Restore it, or evaluate its checkpoint again.")
+        raise UserError(
+            f"The run record {path} is not JSON ({str(exc)[:100]}); it is damaged. Restore it from "
+            f"the run's folder or from git, or evaluate its checkpoint again."
+        ) from None
+    if not (
+        isinstance(record, dict)
+        and (not reports or _is_count(record.get("step")) and _reports_ok(record.get("targets")))
+    ):
+        raise UserError(
+            f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
+            f"writes them in eval.json); it is damaged. Restore it, or evaluate its checkpoint again."
+        )
     return record
 
 
@@ -374,6 +455,9 @@ def read_curve(path) -> list[dict]:
         else:
             damaged += bool(line.strip())
     if damaged:
-        print(f"note: {path}: left out {damaged} damaged line{'s' * (damaged > 1)} (a run killed while writing "
-              f"one, or an edited file)", file=sys.stderr)
+        print(
+            f"note: {path}: left out {damaged} damaged line{'s' * (damaged > 1)} (a run killed while writing "
+            f"one, or an edited file)",
+            file=sys.stderr,
+        )
     return curve

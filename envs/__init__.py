@@ -6,6 +6,7 @@ Reference scores (random and expert policy returns) give the normalised score
 tasks (``TASKS``) have aliases, D4RL's reference scores and default targets; any other task has what
 its dataset says.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +18,9 @@ import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
-from gymnasium.envs.registration import EnvSpec
 import mujoco
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
 
 def _mujoco_warning(message: str) -> None:
@@ -46,13 +47,32 @@ class ForeignEntryPoint(gym.error.Error, ValueError):
 # what a file's EnvSpec may pass to the environment's constructor: the numeric options and flags of Gymnasium's
 # MuJoCo environments (weights, ranges, noise, frame skip, what the observation includes), never a file (xml_file),
 # a camera or a renderer
-ENV_OPTIONS = frozenset({
-    "frame_skip", "forward_reward_weight", "ctrl_cost_weight", "contact_cost_weight", "healthy_reward",
-    "terminate_when_unhealthy", "healthy_state_range", "healthy_z_range", "healthy_angle_range", "contact_force_range",
-    "contact_cost_range", "reset_noise_scale", "exclude_current_positions_from_observation", "use_contact_forces",
-    "include_cfrc_ext_in_observation", "include_cinert_in_observation", "include_cvel_in_observation",
-    "include_qfrc_actuator_in_observation", "reward_dist_weight", "reward_control_weight", "reward_near_weight",
-    "render_mode"})
+ENV_OPTIONS = frozenset(
+    {
+        "frame_skip",
+        "forward_reward_weight",
+        "ctrl_cost_weight",
+        "contact_cost_weight",
+        "healthy_reward",
+        "terminate_when_unhealthy",
+        "healthy_state_range",
+        "healthy_z_range",
+        "healthy_angle_range",
+        "contact_force_range",
+        "contact_cost_range",
+        "reset_noise_scale",
+        "exclude_current_positions_from_observation",
+        "use_contact_forces",
+        "include_cfrc_ext_in_observation",
+        "include_cinert_in_observation",
+        "include_cvel_in_observation",
+        "include_qfrc_actuator_in_observation",
+        "reward_dist_weight",
+        "reward_control_weight",
+        "reward_near_weight",
+        "render_mode",
+    }
+)
 MAX_TIME_LIMIT = 100_000  # a file's time limit beyond this would let one evaluation episode run for hours
 
 
@@ -60,9 +80,11 @@ def check_id(gym_id: object) -> None:
     """An environment id from a file: a registered id, never ``module:id`` (``gym.make`` would import the
     module); ``gymnasium.error.Error`` for an id Gymnasium does not know."""
     if not isinstance(gym_id, str) or ":" in gym_id or not re.fullmatch(r"[\w./-]{1,200}", gym_id):
-        raise ForeignEntryPoint(f"the environment id {str(gym_id)[:80]!r} is not a registered Gymnasium id (an id "
-                                f"with 'module:' would make Gymnasium import that module); a file may not choose "
-                                f"code to run, so it is refused")
+        raise ForeignEntryPoint(
+            f"the environment id {str(gym_id)[:80]!r} is not a registered Gymnasium id (an id "
+            f"with 'module:' would make Gymnasium import that module); a file may not choose "
+            f"code to run, so it is refused"
+        )
     gym.spec(gym_id)
 
 
@@ -80,28 +102,41 @@ def check_spec(spec: str) -> None:
     try:
         parsed = EnvSpec.from_json(spec)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ForeignEntryPoint(f"its environment spec is not a Gymnasium EnvSpec ({type(exc).__name__}: "
-                                f"{str(exc)[:120]})") from None
+        raise ForeignEntryPoint(
+            f"its environment spec is not a Gymnasium EnvSpec ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from None
     check_id(parsed.id)
     registered = gym.spec(parsed.id)
-    foreign = [str(e) for e in (parsed.entry_point, parsed.vector_entry_point)
-               if e not in (registered.entry_point, registered.vector_entry_point)]
+    foreign = [
+        str(e)
+        for e in (parsed.entry_point, parsed.vector_entry_point)
+        if e not in (registered.entry_point, registered.vector_entry_point)
+    ]
     foreign += [str(w.entry_point) for w in parsed.additional_wrappers]
     if foreign:
-        raise ForeignEntryPoint(f"its environment spec names the code {', '.join(foreign)[:200]} to build "
-                                f"{parsed.id}, where Gymnasium registers {registered.entry_point} and no wrappers; a "
-                                f"file may not choose code to run, so it is refused")
+        raise ForeignEntryPoint(
+            f"its environment spec names the code {', '.join(foreign)[:200]} to build "
+            f"{parsed.id}, where Gymnasium registers {registered.entry_point} and no wrappers; a "
+            f"file may not choose code to run, so it is refused"
+        )
     options = parsed.kwargs if isinstance(parsed.kwargs, dict) else {"(not a dict)": parsed.kwargs}
-    odd = [k for k, v in options.items() if k not in ENV_OPTIONS or not _plain_option(v) or
-           (k == "render_mode" and v is not None)]
+    odd = [
+        k
+        for k, v in options.items()
+        if k not in ENV_OPTIONS or not _plain_option(v) or (k == "render_mode" and v is not None)
+    ]
     if odd:
-        raise ForeignEntryPoint(f"its environment spec passes {', '.join(map(str, odd))[:200]} to {parsed.id}'s "
-                                f"constructor, where a file may set only numeric options (a file name, for one, would "
-                                f"make this machine open a file the sender chose), so it is refused")
+        raise ForeignEntryPoint(
+            f"its environment spec passes {', '.join(map(str, odd))[:200]} to {parsed.id}'s "
+            f"constructor, where a file may set only numeric options (a file name, for one, would "
+            f"make this machine open a file the sender chose), so it is refused"
+        )
     limit = parsed.max_episode_steps
     if limit is not None and not (isinstance(limit, int) and 0 < limit <= MAX_TIME_LIMIT):
-        raise ForeignEntryPoint(f"its environment spec sets the time limit {str(limit)[:40]}, where 1 to "
-                                f"{MAX_TIME_LIMIT} steps are admitted")
+        raise ForeignEntryPoint(
+            f"its environment spec sets the time limit {str(limit)[:40]}, where 1 to "
+            f"{MAX_TIME_LIMIT} steps are admitted"
+        )
 
 
 @dataclass(frozen=True)
@@ -139,7 +174,7 @@ class Task:
         return (EnvSpec.from_json(self.spec) if self.spec else gym.spec(self.gym_id)).max_episode_steps
 
     @classmethod
-    def from_record(cls, record: str | dict) -> "Task":
+    def from_record(cls, record: str | dict) -> Task:
         """The task a checkpoint stores: ``dataclasses.asdict(task)``, or a D4RL alias (older checkpoints)."""
         if isinstance(record, str):
             return get_task(record)
@@ -166,8 +201,10 @@ def find_task(text: str) -> Task | None:
 def get_task(text: str) -> Task:
     task = find_task(text)
     if task is None:
-        raise ValueError(f"unknown task {text!r}: supported tasks are {', '.join(TASKS)} "
-                         f"({', '.join(t.gym_id for t in TASKS.values())}).")
+        raise ValueError(
+            f"unknown task {text!r}: supported tasks are {', '.join(TASKS)} "
+            f"({', '.join(t.gym_id for t in TASKS.values())})."
+        )
     return task
 
 
@@ -197,8 +234,9 @@ def derived_targets(returns: np.ndarray) -> tuple[float, ...]:
 def make_vector_env(task: Task, num_envs: int) -> gym.vector.VectorEnv:
     """``num_envs`` copies of the task in one in-process vector env that resets an episode's env in
     the step that ends it (for recording datasets; evaluation uses ``Episodes``)."""
-    return gym.vector.SyncVectorEnv([lambda: task.make() for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.vector.SyncVectorEnv(
+        [lambda: task.make() for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
 
 
 def _step_envs(envs: list[gym.Env], actions: np.ndarray, alive: np.ndarray):
@@ -251,7 +289,8 @@ class Episodes:
             proc = ctx.Process(target=_worker, args=(child, tasks[s]), daemon=True)
             proc.start()
             child.close()
-            self.conns.append(parent); self.procs.append(proc)
+            self.conns.append(parent)
+            self.procs.append(proc)
 
     def reset(self, seeds: list[int]) -> np.ndarray:
         """Start every episode, environment i with seed ``seeds[i]``; their first observations (n, obs)."""

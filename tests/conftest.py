@@ -17,9 +17,16 @@ def make_episodes(lengths=(7, 3, 12), obs_dim=11, act_dim=3, seed=0):
     rng = np.random.default_rng(seed)
     eps = []
     for i, n in enumerate(lengths):
-        term = np.zeros(n, bool); trunc = np.zeros(n, bool)
+        term = np.zeros(n, bool)
+        trunc = np.zeros(n, bool)
         (trunc if i == len(lengths) - 1 else term)[-1] = True
-        eps.append(dict(observations=rng.normal(size=(n + 1, obs_dim)).astype(np.float32),
-                        actions=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
-                        rewards=rng.normal(size=n).astype(np.float32), terminations=term, truncations=trunc))
+        eps.append(
+            dict(
+                observations=rng.normal(size=(n + 1, obs_dim)).astype(np.float32),
+                actions=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
+                rewards=rng.normal(size=n).astype(np.float32),
+                terminations=term,
+                truncations=trunc,
+            )
+        )
     return eps

@@ -1,4 +1,5 @@
 """The sweep runner and the spectrum analysis, on tiny runs."""
+
 import csv
 import fcntl
 import subprocess
@@ -6,24 +7,68 @@ import sys
 
 import numpy as np
 import torch
-
 from conftest import make_episodes
+from test_train import ROOT, hopper_file
+
 from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.spectrum import layer_spectra
 from dt_primal.sweep.grid import group_dir, run_dir
-from test_train import ROOT, hopper_file
 
-TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--steps", "6",
-        "--warmup-steps", "2", "--eval-every", "3", "--eval-episodes-during", "1", "--eval-episodes", "2", "--device", "cpu",
-        "--precision", "fp32"]
+TINY = [
+    "--env",
+    "hopper",
+    "--d-model",
+    "32",
+    "--n-head",
+    "2",
+    "--n-layer",
+    "2",
+    "--s",
+    "8",
+    "--steps",
+    "6",
+    "--warmup-steps",
+    "2",
+    "--eval-every",
+    "3",
+    "--eval-episodes-during",
+    "1",
+    "--eval-episodes",
+    "2",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+]
 
 
 def sweep(tmp_path, *data, seeds=("0", "1")):
-    return subprocess.run([sys.executable, "-m", "dt_primal.sweep", "--datasets", *map(str, data), "--models", "dt",
-                           "primal", "--seeds", *seeds, "--jobs", "2", "--out", str(tmp_path / "sweep"), "--", *TINY],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dt_primal.sweep",
+            "--datasets",
+            *map(str, data),
+            "--models",
+            "dt",
+            "primal",
+            "--seeds",
+            *seeds,
+            "--jobs",
+            "2",
+            "--out",
+            str(tmp_path / "sweep"),
+            "--",
+            *TINY,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
 
 
 def test_sweep_trains_each_group_of_seeds_once_as_one_ensemble_and_aggregates(tmp_path):
@@ -61,7 +106,9 @@ def test_ensembles_of_several_datasets_train_side_by_side_in_one_out(tmp_path):
     res = sweep(tmp_path, *data, seeds=("0",))
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("done (seeds 0)") == 2 and "FAILED" not in res.stdout
-    assert all((run_dir(tmp_path / "sweep", str(d), m, 0) / "eval.json").exists() for d in data for m in ("dt", "primal"))
+    assert all(
+        (run_dir(tmp_path / "sweep", str(d), m, 0) / "eval.json").exists() for d in data for m in ("dt", "primal")
+    )
 
 
 def test_spectrum_curves_are_cumulative_fractions():
@@ -69,8 +116,12 @@ def test_spectrum_curves_are_cumulative_fractions():
     cfg = Config(model="primal", d_model=32, n_head=2, n_layer=2, s=8, dropout=0.0)
     net = DecisionTransformer(cfg.model_config(11, 3)).eval()
     K = 5
-    batch = {"states": torch.randn(4, K, 11), "actions": torch.rand(4, K, 3), "returns_to_go": torch.randn(4, K, 1),
-             "timesteps": torch.arange(K).repeat(4, 1)}  # windows of one model: (B, K, ...)
+    batch = {
+        "states": torch.randn(4, K, 11),
+        "actions": torch.rand(4, K, 3),
+        "returns_to_go": torch.randn(4, K, 1),
+        "timesteps": torch.arange(K).repeat(4, 1),
+    }  # windows of one model: (B, K, ...)
     curves = layer_spectra(net, batch)
     assert len(curves) == 2
     for c in curves:
@@ -82,8 +133,10 @@ def test_spectrum_curves_are_cumulative_fractions():
 def test_learning_curves_average_only_the_finished_runs(tmp_path):
     import json
     import warnings
+
     from dt_primal.sweep.plots import plot_curves
     from dt_primal.sweep.results import collect
+
     point = lambda step, score: {"step": step, "targets": [{"target": 3600, "episodes": 2, "normalized_mean": score}]}
     for seed, finished in ((0, True), (1, True), (2, False)):
         rd = run_dir(tmp_path, "d/x/y-v0", "dt", seed)
@@ -105,6 +158,7 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
 
     from dt_primal.config import make_config
     from dt_primal.sweep.results import run_settings
+
     (tmp_path / "seed_0").mkdir()
     cfg = make_config("dt-paper", dataset="tiny", seed=0, precision="fp32")  # as a run records it, resolved
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
@@ -115,6 +169,7 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
 
 def test_plots_say_whether_they_show_normalised_scores_or_returns():
     from dt_primal.sweep.plots import y_label
+
     scored, unscored = {"unit": "normalised"}, {"unit": "return"}  # a task without reference scores
     assert y_label([scored, scored]) == "normalised score"
     assert y_label([unscored]) == "return"
@@ -125,14 +180,22 @@ def test_runs_with_a_committed_record_are_not_trained_again(tmp_path):
     """--recorded: a run whose eval.json is in the committed folder counts as finished; the rest train into --out,
     datasets with the same seeds left in one ensemble."""
     from dt_primal.sweep.grid import run_group
+
     recorded, out = tmp_path / "results", tmp_path / "runs"
     for d, s in (("a", 0), ("b", 0), ("b", 1)):
         run_dir(recorded, d, "dt", s).mkdir(parents=True)
         (run_dir(recorded, d, "dt", s) / "eval.json").write_text("{}")
     calls = []
+
     def trainer(argv, log):
-        calls.append((argv[argv.index("--dataset") + 1:argv.index("--model")], argv[argv.index("--seeds") + 1:argv.index("--out")]))
+        calls.append(
+            (
+                argv[argv.index("--dataset") + 1 : argv.index("--model")],
+                argv[argv.index("--seeds") + 1 : argv.index("--out")],
+            )
+        )
         return 0
+
     assert run_group(["a", "b", "c"], "dt", [0, 1], out, [], trainer, recorded=recorded)[1:] == ([0, 1], 0)
     assert sorted(calls) == [(["a"], ["1"]), (["c"], ["0", "1"])]
     calls.clear()
@@ -145,7 +208,9 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
     folder once; a differing record is refused; an archive's other members are never written."""
     import io
     import tarfile
+
     from dt_primal.sweep.records import main
+
     runs = tmp_path / "runs"
     for s in (0, 1):
         run = run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", s)
@@ -157,13 +222,20 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
             (run / "dataset.json").write_text("{}")
     main([str(runs), str(tmp_path / "records.tgz")])
     main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])
-    got = sorted(p.relative_to(tmp_path / "results").as_posix() for p in (tmp_path / "results").rglob("*") if p.is_file())
+    got = sorted(
+        p.relative_to(tmp_path / "results").as_posix() for p in (tmp_path / "results").rglob("*") if p.is_file()
+    )
     seed0 = "dt-primal_hopper_medium-replay-v0/dt/seed_0"
     assert got == [f"{seed0}/dataset.json", f"{seed0}/eval.json", f"{seed0}/evals.jsonl"]
     main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])  # again: nothing new, nothing refused
     (run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", 0) / "eval.json").write_text('{"other": 1}')
-    res = subprocess.run([sys.executable, "-m", "dt_primal.sweep.records", str(runs), str(tmp_path / "results")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "dt_primal.sweep.records", str(runs), str(tmp_path / "results")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "already holds different records" in res.stderr
     with tarfile.open(tmp_path / "evil.tgz", "w:gz") as tar:
         for name in ("../outside/seed_0/eval.json", "/abs/seed_0/eval.json", "x/seed_0/run.py"):

@@ -1,5 +1,6 @@
 """Minari datasets recorded on tasks other than D4RL's three: the task, its time limit, reference
 scores and targets come from the dataset; a D4RL task reports as before."""
+
 import json
 import subprocess
 import sys
@@ -8,19 +9,41 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-
 from conftest import make_episodes
+from test_data import write_d4rl
+
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import aggregate, markdown, report
 from dt_primal.training.checks import check_run_inputs
 from envs import TASKS, derived_targets, task_for
-from test_data import write_d4rl
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32",
-        "--steps", "20", "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000", "--eval-episodes", "2"]
+TINY = [
+    "--d-model",
+    "32",
+    "--n-head",
+    "2",
+    "--n-layer",
+    "2",
+    "--s",
+    "8",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--steps",
+    "20",
+    "--warmup-steps",
+    "5",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "1000",
+    "--eval-episodes",
+    "2",
+]
 
 
 def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed: int = 0, **metadata) -> None:
@@ -28,6 +51,7 @@ def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed
     (which its metadata records, as it does the environment's kwargs)."""
     import minari
     from minari.data_collector.episode_buffer import EpisodeBuffer
+
     env = gym.make(env_id, max_episode_steps=max_steps)
     env.action_space.seed(seed)
     buffers = []
@@ -39,9 +63,18 @@ def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed
             obs.append(o)
             steps.append((action, reward, terminated, truncated))
         actions, rewards, terms, truncs = zip(*steps)
-        buffers.append(EpisodeBuffer(observations=np.array(obs), actions=np.array(actions), rewards=list(rewards),
-                                     terminations=list(terms), truncations=list(truncs)))
-    minari.create_dataset_from_buffers(dataset_id, buffers, env=env, algorithm_name="random", author="tests", **metadata)
+        buffers.append(
+            EpisodeBuffer(
+                observations=np.array(obs),
+                actions=np.array(actions),
+                rewards=list(rewards),
+                terminations=list(terms),
+                truncations=list(truncs),
+            )
+        )
+    minari.create_dataset_from_buffers(
+        dataset_id, buffers, env=env, algorithm_name="random", author="tests", **metadata
+    )
     env.close()
 
 
@@ -59,8 +92,13 @@ def ant():
 
 def train(tmp_path, dataset, *args):
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "train.py", "--dataset", dataset, "--out", str(out), *TINY, *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "train.py", "--dataset", dataset, "--out", str(out), *TINY, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     return res, out
 
@@ -86,14 +124,36 @@ def test_a_task_without_reference_scores_reports_returns_and_a_null_score(tmp_pa
     assert "normalised score – (2 episodes)" in res.stdout
 
     ev = tmp_path / "ev.json"
-    res = subprocess.run([sys.executable, "evaluate.py", str(out / "last.pt"), "--episodes", "2", "--out", str(ev)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "evaluate.py", str(out / "last.pt"), "--episodes", "2", "--out", str(ev)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(ev.read_text())["across_checkpoints"][0]["normalized_mean"] is None
     assert ev.with_suffix(".md").read_text().splitlines()[2].endswith("| – |")
     # references given afterwards normalise the same returns
-    res = subprocess.run([sys.executable, "evaluate.py", str(out / "last.pt"), "--episodes", "2", "--out", str(ev),
-                          "--ref-min", "0", "--ref-max", "10"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            str(out / "last.pt"),
+            "--episodes",
+            "2",
+            "--out",
+            str(ev),
+            "--ref-min",
+            "0",
+            "--ref-max",
+            "10",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     r = json.loads(ev.read_text())["across_checkpoints"][0]
     assert r["normalized_mean"] == pytest.approx(10 * r["return_mean"])
@@ -129,8 +189,13 @@ def test_d4rl_tasks_keep_their_aliases_references_and_targets():
     for name, task in TASKS.items():
         assert task_for(name) == task == task_for(task.gym_id)
     hopper = task_for("Hopper-v4")
-    assert (hopper.name, hopper.gym_id, hopper.ref_min, hopper.ref_max, hopper.targets) == \
-        ("hopper", "Hopper-v4", -20.272305, 3234.3, (3600.0, 1800.0))
+    assert (hopper.name, hopper.gym_id, hopper.ref_min, hopper.ref_max, hopper.targets) == (
+        "hopper",
+        "Hopper-v4",
+        -20.272305,
+        3234.3,
+        (3600.0, 1800.0),
+    )
     returns = np.array([13.716, 12.965])
     r = report(TASKS["hopper"], 3600.0, returns, np.array([17, 16]))
     assert r["normalized_mean"] == pytest.approx(100 * (returns.mean() + 20.272305) / (3234.3 + 20.272305))
@@ -147,8 +212,20 @@ def test_a_d4rl_run_reports_as_before(tmp_path):
     result = json.loads((out / "eval.json").read_text())
     assert result["task"] == "Hopper-v5"
     assert (result["config"]["seed"], result["config"]["d_model"], result["config"]["model"]) == (0, 32, "primal")
-    assert [sorted(r) for r in result["targets"]] == [sorted(["target", "return_mean", "return_std", "normalized_mean",
-                                                               "normalized_std", "episodes", "returns", "lengths"])] * 2
+    assert [sorted(r) for r in result["targets"]] == [
+        sorted(
+            [
+                "target",
+                "return_mean",
+                "return_std",
+                "normalized_mean",
+                "normalized_std",
+                "episodes",
+                "returns",
+                "lengths",
+            ]
+        )
+    ] * 2
     assert [(r["target"], r["lengths"]) for r in result["targets"]] == [(3600.0, [21, 21]), (1800.0, [21, 21])]
     assert [r["normalized_mean"] for r in result["targets"]] == pytest.approx([0.9594043592, 0.9600319493], rel=1e-4)
 
@@ -158,6 +235,7 @@ def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
     from dt_primal.sweep.grid import run_dir
     from dt_primal.sweep.results import collect
     from dt_primal.sweep.tables import write_tables
+
     text = stats(tmp_path / "datasets.md", episodes=1, datasets=[pendulum, ant, pendulum])
     assert sum(line.startswith(f"| {pendulum} |") for line in text.splitlines()) == 1  # given twice: one row
     row = next(line for line in text.splitlines() if line.startswith(f"| {pendulum} | 4 |"))
@@ -168,17 +246,35 @@ def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
         for seed in (0, 1):
             rd = run_dir(tmp_path, dataset, "dt", seed)
             rd.mkdir(parents=True)
-            (rd / "eval.json").write_text(json.dumps({"step": 20, "targets": [
-                {"target": 10.0, "episodes": 2, "return_mean": 5.0 + seed,
-                 "normalized_mean": None if normalized is None else normalized + seed}]}))
+            (rd / "eval.json").write_text(
+                json.dumps(
+                    {
+                        "step": 20,
+                        "targets": [
+                            {
+                                "target": 10.0,
+                                "episodes": 2,
+                                "return_mean": 5.0 + seed,
+                                "normalized_mean": None if normalized is None else normalized + seed,
+                            }
+                        ],
+                    }
+                )
+            )
     md = write_tables(collect(tmp_path, [pendulum, ant], ["dt"], [0, 1]), tmp_path)
     assert f"| {pendulum} (returns) | dt |" in md and "| 5.5 ± 0.5 (10) |" in md and "| 40.5 ± 0.5 (10) |" in md
     assert "| **average (1 dataset)** | dt |" in md and "Datasets marked (returns)" in md
 
 
 def test_reference_scores_that_cannot_normalise_are_refused_unless_the_user_gives_others():
-    record("tests/invertedpendulum/flat-v0", "InvertedPendulum-v5", max_steps=20, episodes=2,
-           ref_min_score=100.0, ref_max_score=100.0)
+    record(
+        "tests/invertedpendulum/flat-v0",
+        "InvertedPendulum-v5",
+        max_steps=20,
+        episodes=2,
+        ref_min_score=100.0,
+        ref_max_score=100.0,
+    )
     with pytest.raises(UserError, match="cannot normalise a score"):
         load_dataset("tests/invertedpendulum/flat-v0")
     task = load_dataset("tests/invertedpendulum/flat-v0", ref_scores=(0.0, 1000.0)).task

@@ -17,7 +17,8 @@ def attentions():
 def test_causal_later_tokens_do_not_change_earlier_outputs(attn):
     x = torch.randn(M, 2, 10, D)
     y, _ = attn(x)
-    x2 = x.clone(); x2[:, :, 6:] = torch.randn(M, 2, 4, D) * 10
+    x2 = x.clone()
+    x2[:, :, 6:] = torch.randn(M, 2, 4, D) * 10
     y2, _ = attn(x2)
     torch.testing.assert_close(y[:, :, :6], y2[:, :, :6])
     assert not torch.allclose(y[:, :, 6:], y2[:, :, 6:])
@@ -29,7 +30,8 @@ def test_members_never_mix(attn):
     weights changes nothing of its."""
     x = torch.randn(M, 3, 9, D)
     y, J = attn(x)
-    x2 = x.clone(); x2[1] = torch.randn(3, 9, D)
+    x2 = x.clone()
+    x2[1] = torch.randn(3, 9, D)
     with torch.no_grad():
         for p in attn.parameters():
             p[1] += 0.1
@@ -147,7 +149,8 @@ def test_action_prediction_ignores_own_and_future_actions(model):
     t = torch.arange(6).repeat(1, 2, 1)
     pred, Js = net(s, a, R, t)
     assert len(Js) == sum(primal)
-    a2 = a.clone(); a2[:, :, 3:] = -a2[:, :, 3:]
+    a2 = a.clone()
+    a2[:, :, 3:] = -a2[:, :, 3:]
     pred2, _ = net(s, a2, R, t)
     torch.testing.assert_close(pred[:, :, :4], pred2[:, :, :4])  # a_3 is not seen when predicting a_3
     assert not torch.allclose(pred[:, :, 4:], pred2[:, :, 4:])

@@ -1,5 +1,6 @@
 """Bad input that used to get through: each case now ends in one ``error:`` paragraph (status 2) that
 says what to do, or a ``note:`` when the input may be meant."""
+
 import argparse
 import dataclasses
 import errno
@@ -9,14 +10,16 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_episodes
+from test_data import write_minari
+from test_reliability import ENV, assert_user_error, raises
+from test_train import ROOT, TINY, hopper_file
+
 from datasets import suite
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
@@ -24,20 +27,18 @@ from dt_primal import machine
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
-from dt_primal.errors import UserError, phase
+from dt_primal.errors import phase
 from dt_primal.evaluation import checks as evaluate_checks
 from dt_primal.run import train_command
 from dt_primal.training import checks, run_folder
-from test_data import write_minari, write_pickle
-from test_reliability import ENV, assert_user_error, raises
-from test_train import ROOT, TINY, hopper_file
 
 QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
 
 
 def train_py(*args, timeout=120):
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV
+    )
 
 
 def hopper_data(tmp_path, name="hopper_tiny.hdf5", **change):
@@ -50,17 +51,38 @@ def hopper_data(tmp_path, name="hopper_tiny.hdf5", **change):
 
 
 def cfg(**change):
-    return make_config(**{**dict(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, device="cpu", batch_size=8,
-                                 eval_episodes=1, steps=10, warmup_steps=2), **change})
+    return make_config(
+        **{
+            **dict(
+                dataset="tiny",
+                d_model=32,
+                n_head=2,
+                n_layer=2,
+                s=8,
+                device="cpu",
+                batch_size=8,
+                eval_episodes=1,
+                steps=10,
+                warmup_steps=2,
+            ),
+            **change,
+        }
+    )
 
 
 # --- the rows of the report: actions, long episodes, targets, --out, two runs, a directory ---
 
+
 def test_actions_outside_the_action_space_are_refused_naming_column_range_and_bounds(tmp_path):
     path = hopper_data(tmp_path, actions=lambda a: a * 3)
     res = train_py("--dataset", str(path), *QUICK, "--steps", "2", "--out", str(tmp_path / "run"))
-    assert_user_error(res, "actions outside Hopper-v5's action space", "[-1, 1] in every column",
-                      "column 0 ranges from -2.", "--rescale-actions")
+    assert_user_error(
+        res,
+        "actions outside Hopper-v5's action space",
+        "[-1, 1] in every column",
+        "column 0 ranges from -2.",
+        "--rescale-actions",
+    )
     assert not (tmp_path / "run").exists()  # a refused run leaves no folder behind
 
 
@@ -69,8 +91,10 @@ def test_rescale_actions_scales_them_into_the_bounds_and_says_so(tmp_path, capsy
     raw = data.actions.copy()
     checks.check_run_inputs(data, cfg(), rescale_actions=True)
     note = capsys.readouterr().err
-    assert note.startswith("note: --rescale-actions: scaled the dataset's actions into Hopper-v5's bounds") \
+    assert (
+        note.startswith("note: --rescale-actions: scaled the dataset's actions into Hopper-v5's bounds")
         and "column 2 divided by 2.9" in note
+    )
     assert np.abs(data.actions).max() <= 1 and np.isclose(np.abs(data.actions).max(0), 1).all()
     np.testing.assert_allclose(data.actions * np.abs(raw).max(0), raw, rtol=1e-5)  # only scaled
     checks.check_run_inputs(data, cfg())  # now inside: accepted without the flag
@@ -87,15 +111,29 @@ def test_actions_at_the_bounds_are_fine(tmp_path):
 def test_episode_longer_than_max_ep_len_names_the_longest_and_the_flag(tmp_path):
     write_d4rl(tmp_path / "hopper.hdf5", make_episodes(lengths=(1500, 30)))
     res = train_py("--dataset", str(tmp_path / "hopper.hdf5"), *QUICK, "--steps", "2", "--out", str(tmp_path / "r"))
-    assert_user_error(res, "episodes longer than --max-ep-len 1000", "the longest (episode 0) has 1500 steps",
-                      "Pass --max-ep-len 1500", "'timeouts'")
+    assert_user_error(
+        res,
+        "episodes longer than --max-ep-len 1000",
+        "the longest (episode 0) has 1500 steps",
+        "Pass --max-ep-len 1500",
+        "'timeouts'",
+    )
     data = load_dataset(str(tmp_path / "hopper.hdf5"))
     checks.check_run_inputs(data, cfg(max_ep_len=1500))  # the flag that fixes it
 
 
 def test_huge_and_non_finite_targets_are_refused(tmp_path):
-    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--targets", "1e30",
-                   "--out", str(tmp_path / "r"))
+    res = train_py(
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *QUICK,
+        "--steps",
+        "2",
+        "--targets",
+        "1e30",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert_user_error(res, "--targets 1e+30 divided by --reward-scale 1000", "conditioning return of 1e+27")
     for bad in (float("nan"), float("inf"), -float("inf")):
         with raises("--targets must be finite"):
@@ -115,8 +153,17 @@ def test_a_target_far_above_the_data_trains_with_one_note(tmp_path, capsys):
 
 
 def test_data_returns_that_overflow_after_scaling_name_reward_scale(tmp_path):
-    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--reward-scale", "1e-42",
-                   "--out", str(tmp_path / "r"))
+    res = train_py(
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *QUICK,
+        "--steps",
+        "2",
+        "--reward-scale",
+        "1e-42",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert_user_error(res, "returns-to-go up to", "divided by --reward-scale 1e-42", "Pass a larger --reward-scale")
     data = load_dataset(str(hopper_data(tmp_path, rewards=lambda r: r * 1e14)))
     with raises("Pass a larger --reward-scale (--reward-scale 1e+14"):
@@ -125,7 +172,9 @@ def test_data_returns_that_overflow_after_scaling_name_reward_scale(tmp_path):
 
 def test_out_naming_an_existing_file(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(tmp_path / "notes.txt"))
+    res = train_py(
+        "--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(tmp_path / "notes.txt")
+    )
     assert_user_error(res, f"--out {tmp_path / 'notes.txt'} is an existing file, not a folder")
     assert (tmp_path / "notes.txt").read_text() == "mine"
     with raises("which is a file, not a folder"):
@@ -137,8 +186,9 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
     out = tmp_path / "run"
     with run_folder.hold_run_folder(out):  # the first run, in this process
         res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(out))
-        assert_user_error(res, f"--out {out} is in use by another train.py run (pid {os.getpid()}",
-                          "Wait for it to end")
+        assert_user_error(
+            res, f"--out {out} is in use by another train.py run (pid {os.getpid()}", "Wait for it to end"
+        )
         assert not (out / "last.pt").exists()
         with raises(f"--out {out} is in use by another train.py run"):
             with run_folder.hold_run_folder(out, seeds=[0, 1]):
@@ -152,11 +202,15 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
 
 def test_ensembles_of_other_datasets_share_an_out_and_the_same_members_do_not(tmp_path):
     """A sweep's groups run at once in one --out: each holds its OUT/DATASET/MODEL folders, not OUT."""
-    hopper, walker = ["dt-primal/hopper/medium-v0", "dt-primal/hopper/medium-replay-v0"], \
-        ["dt-primal/walker2d/medium-v0", "dt-primal/walker2d/medium-replay-v0"]
+    hopper, walker = (
+        ["dt-primal/hopper/medium-v0", "dt-primal/hopper/medium-replay-v0"],
+        ["dt-primal/walker2d/medium-v0", "dt-primal/walker2d/medium-replay-v0"],
+    )
     with run_folder.hold_run_folder(tmp_path, [0, 1], datasets=hopper, model="dt"):
-        with run_folder.hold_run_folder(tmp_path, [0, 1], datasets=walker, model="dt"), \
-                run_folder.hold_run_folder(tmp_path, [0, 1], datasets=hopper, model="primal"):
+        with (
+            run_folder.hold_run_folder(tmp_path, [0, 1], datasets=walker, model="dt"),
+            run_folder.hold_run_folder(tmp_path, [0, 1], datasets=hopper, model="primal"),
+        ):
             pass
         group = tmp_path / "dt-primal_hopper_medium-replay-v0" / "dt"
         with raises(f"--out {group} is in use"):  # other seeds of the same dataset and model: their report clashes
@@ -167,8 +221,10 @@ def test_ensembles_of_other_datasets_share_an_out_and_the_same_members_do_not(tm
 def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    code = ("import sys, time; from dt_primal.training.run_folder import hold_run_folder\n"
-            f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from dt_primal.training.run_folder import hold_run_folder\n"
+        f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with raises("in use by another train.py run"):
@@ -183,12 +239,14 @@ def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
 
 def test_the_sweeps_lock_on_the_same_folder_does_not_block_its_train_py(tmp_path):
     import fcntl
+
     out = tmp_path / "group"
     out.mkdir()
     with open(out / ".lock", "w") as lock:  # what dt_primal.sweep holds while its train.py child runs in the folder
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--seeds", "0", "1",
-                       "--out", str(out))
+        res = train_py(
+            "--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--seeds", "0", "1", "--out", str(out)
+        )
     assert res.returncode == 0, res.stderr
     assert (out / "seed_1" / "eval.json").exists()
 
@@ -205,13 +263,16 @@ def test_a_minari_folder_or_its_data_file_says_to_give_the_id(minari_home):
     write_minari("tests/hopper/folder-v0", make_episodes())
     folder = minari_home / "tests" / "hopper" / "folder-v0"
     for path in (folder, folder / "data" / "main_data.hdf5"):
-        with raises(f"It is the Minari dataset tests/hopper/folder-v0: give its id instead, with $MINARI_DATASETS_PATH "
-                    f"pointing at the folder that holds it (MINARI_DATASETS_PATH={minari_home} "):
+        with raises(
+            f"It is the Minari dataset tests/hopper/folder-v0: give its id instead, with $MINARI_DATASETS_PATH "
+            f"pointing at the folder that holds it (MINARI_DATASETS_PATH={minari_home} "
+        ):
             load_dataset(str(path))
     assert load_dataset("tests/hopper/folder-v0").lengths.tolist() == [7, 3, 12]
 
 
 # --- wrong dtypes and values in the files ---
+
 
 def _hdf5(path, **arrays):
     write_d4rl(path, make_episodes())
@@ -225,15 +286,21 @@ def _hdf5(path, **arrays):
 N = 22  # steps of make_episodes()
 
 
-@pytest.mark.parametrize("change, phrase", [
-    (dict(rewards=np.array([b"1.5"] * N)), "'rewards' holds text (bytes) (dtype |S3), not real numbers"),
-    (dict(rewards=np.zeros(N, np.complex64)), "'rewards' holds complex numbers"),
-    (dict(observations=np.full((N, 11), 1e39)), "'observations' has 242 values beyond float32's range"),
-    (dict(terminals=np.full(N, 0.5)), "'terminals' must be true/false (or 0/1) at each step, but has 22 other values"),
-    (dict(timeouts=np.r_[np.zeros(N - 1), np.nan]), "'timeouts' must be true/false"),
-    (dict(rewards=np.float32(3)), "'rewards' is a single value, not an array"),
-    (dict(actions=np.array([[(1, 2.0)] * 3] * N, dtype=[("a", "i4"), ("b", "f4")])), "'actions' holds records"),
-])
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (dict(rewards=np.array([b"1.5"] * N)), "'rewards' holds text (bytes) (dtype |S3), not real numbers"),
+        (dict(rewards=np.zeros(N, np.complex64)), "'rewards' holds complex numbers"),
+        (dict(observations=np.full((N, 11), 1e39)), "'observations' has 242 values beyond float32's range"),
+        (
+            dict(terminals=np.full(N, 0.5)),
+            "'terminals' must be true/false (or 0/1) at each step, but has 22 other values",
+        ),
+        (dict(timeouts=np.r_[np.zeros(N - 1), np.nan]), "'timeouts' must be true/false"),
+        (dict(rewards=np.float32(3)), "'rewards' is a single value, not an array"),
+        (dict(actions=np.array([[(1, 2.0)] * 3] * N, dtype=[("a", "i4"), ("b", "f4")])), "'actions' holds records"),
+    ],
+)
 def test_wrong_dtypes_in_a_d4rl_file(tmp_path, change, phrase):
     with raises(phrase):
         load_dataset(_hdf5(tmp_path / "hopper.hdf5", **change))
@@ -241,9 +308,15 @@ def test_wrong_dtypes_in_a_d4rl_file(tmp_path, change, phrase):
 
 def test_integer_observations_and_actions_are_converted_to_float32(tmp_path):
     eps = make_episodes()
-    ints = [dict(e, observations=np.rint(e["observations"] * 100).astype(np.int64),
-                 actions=np.sign(e["actions"]).astype(np.int8), terminations=e["terminations"].astype(np.uint8))
-            for e in eps]
+    ints = [
+        dict(
+            e,
+            observations=np.rint(e["observations"] * 100).astype(np.int64),
+            actions=np.sign(e["actions"]).astype(np.int8),
+            terminations=e["terminations"].astype(np.uint8),
+        )
+        for e in eps
+    ]
     write_d4rl(tmp_path / "hopper.hdf5", ints)
     data = load_dataset(str(tmp_path / "hopper.hdf5"))
     assert data.observations.dtype == data.actions.dtype == np.float32
@@ -252,14 +325,23 @@ def test_integer_observations_and_actions_are_converted_to_float32(tmp_path):
     checks.check_run_inputs(data, cfg())
 
 
-@pytest.mark.parametrize("trajectory, phrase", [
-    (dict(observations=[[0.0] * 11, [0.0] * 10], actions=np.zeros((2, 3)), rewards=np.zeros(2)),
-     "'observations' of trajectory 0 is not an array of numbers"),
-    (dict(observations=np.zeros((2, 11)), actions=np.zeros((2, 3)), rewards=np.array(["a", "b"])),
-     "'rewards' of trajectory 0 holds text"),
-    (dict(observations=np.zeros((2, 11)), actions=np.zeros((2, 3)), rewards=np.zeros(2), dones=np.array([0, 2])),
-     "'terminals' of trajectory 0 must be true/false"),
-])
+@pytest.mark.parametrize(
+    "trajectory, phrase",
+    [
+        (
+            dict(observations=[[0.0] * 11, [0.0] * 10], actions=np.zeros((2, 3)), rewards=np.zeros(2)),
+            "'observations' of trajectory 0 is not an array of numbers",
+        ),
+        (
+            dict(observations=np.zeros((2, 11)), actions=np.zeros((2, 3)), rewards=np.array(["a", "b"])),
+            "'rewards' of trajectory 0 holds text",
+        ),
+        (
+            dict(observations=np.zeros((2, 11)), actions=np.zeros((2, 3)), rewards=np.zeros(2), dones=np.array([0, 2])),
+            "'terminals' of trajectory 0 must be true/false",
+        ),
+    ],
+)
 def test_wrong_values_in_a_decision_transformer_pickle(tmp_path, trajectory, phrase):
     (tmp_path / "hopper.pkl").write_bytes(pickle.dumps([trajectory]))
     with raises(phrase):
@@ -267,14 +349,21 @@ def test_wrong_values_in_a_decision_transformer_pickle(tmp_path, trajectory, phr
 
 
 def test_a_pickled_d4rl_dict_says_what_it_is(tmp_path):
-    (tmp_path / "hopper.pkl").write_bytes(pickle.dumps({"observations": np.zeros((3, 11)), "actions": np.zeros((3, 3))}))
+    (tmp_path / "hopper.pkl").write_bytes(
+        pickle.dumps({"observations": np.zeros((3, 11)), "actions": np.zeros((3, 3))})
+    )
     with raises("found dict. It holds one dict of arrays, as a D4RL file does"):
         load_dataset(str(tmp_path / "hopper.pkl"))
 
 
 def test_dict_observations_are_refused():
-    eps = [dict(observations={"achieved_goal": np.zeros((3, 2)), "observation": np.zeros((3, 4))},
-                actions=np.zeros((2, 3)), rewards=np.zeros(2))]
+    eps = [
+        dict(
+            observations={"achieved_goal": np.zeros((3, 2)), "observation": np.zeros((3, 4))},
+            actions=np.zeros((2, 3)),
+            rewards=np.zeros(2),
+        )
+    ]
     with raises("'observations' of episode 0 is a dict (keys achieved_goal, observation)"):
         Trajectories.from_episodes(eps, source="x")
 
@@ -301,8 +390,12 @@ def test_a_dataset_that_changed_on_disk_between_two_resumes(tmp_path):
         rewards = f["rewards"][()]
         f["rewards"][0] = rewards[0] + 1  # same size, same observations (so the same normalisation): one reward differs
     res = train_py("--resume", "--out", str(out), "--steps", "4")
-    assert_user_error(res, f"The dataset {path} changed since the run in {out} started", "158 steps in 4 episodes, "
-                      "as many as when the run started, but other values", "Restore the data")
+    assert_user_error(
+        res,
+        f"The dataset {path} changed since the run in {out} started",
+        "158 steps in 4 episodes, as many as when the run started, but other values",
+        "Restore the data",
+    )
     with h5py.File(path, "a") as f:
         f["rewards"][0] = rewards[0]
     data = load_dataset(str(path))
@@ -312,31 +405,57 @@ def test_a_dataset_that_changed_on_disk_between_two_resumes(tmp_path):
 
 # --- options ---
 
-@pytest.mark.parametrize("change, phrase", [
-    (dict(dataset=""), "--dataset is empty"),
-    (dict(out=" "), "--out is empty"),
-    (dict(env=""), "--env is empty"),
-    (dict(seed=-1), "--seed must be between 0 and 4294967295 (got -1)"),
-    (dict(seed=2**32), "--seed must be between 0 and 4294967295"),
-    (dict(reward_scale=float("inf")), "--reward-scale must be finite"),
-    (dict(lr=float("inf"), weight_decay=float("inf")), "--lr, --weight-decay must be finite"),
-    (dict(device="gpu"), "--device must be auto, cpu, cuda or cuda:N (got 'gpu')"),
-    (dict(device="cuda:x"), "--device must be auto, cpu, cuda or cuda:N"),
-])
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (dict(dataset=""), "--dataset is empty"),
+        (dict(out=" "), "--out is empty"),
+        (dict(env=""), "--env is empty"),
+        (dict(seed=-1), "--seed must be between 0 and 4294967295 (got -1)"),
+        (dict(seed=2**32), "--seed must be between 0 and 4294967295"),
+        (dict(reward_scale=float("inf")), "--reward-scale must be finite"),
+        (dict(lr=float("inf"), weight_decay=float("inf")), "--lr, --weight-decay must be finite"),
+        (dict(device="gpu"), "--device must be auto, cpu, cuda or cuda:N (got 'gpu')"),
+        (dict(device="cuda:x"), "--device must be auto, cpu, cuda or cuda:N"),
+    ],
+)
 def test_options_that_used_to_pass_validation(change, phrase):
     with raises(phrase):
         cfg(**change)
 
 
 def test_negative_seeds(tmp_path):
-    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--seeds", "0", "-2",
-                   "--out", str(tmp_path / "r"))
+    res = train_py(
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *QUICK,
+        "--steps",
+        "2",
+        "--seeds",
+        "0",
+        "-2",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert_user_error(res, "--seeds must be between 0 and 4294967295 (got -2)")
 
 
 def test_seed_with_seeds_is_refused(tmp_path):
-    res = train_py("--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--seeds", "0", "1", "--seed", "5",
-                   "--out", str(tmp_path / "r"))
+    res = train_py(
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *QUICK,
+        "--steps",
+        "2",
+        "--seeds",
+        "0",
+        "1",
+        "--seed",
+        "5",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert_user_error(res, "--seed 5 and --seeds 0 1 were both given")
 
 
@@ -375,6 +494,7 @@ def test_an_evaluation_that_cannot_fit_in_memory_is_refused_before_training(tmp_
 
 # --- out of memory, full or read-only disks, Ctrl-C while building a dataset ---
 
+
 def _exit_of(main, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_main(main)
@@ -383,8 +503,10 @@ def _exit_of(main, capsys):
 
 def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
     def main():
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
-                                     "79.1 GiB of which 1.2 GiB is free. Including non-PyTorch memory, ...")
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+            "79.1 GiB of which 1.2 GiB is free. Including non-PyTorch memory, ..."
+        )
 
     code, err = _exit_of(main, capsys)
     assert code == 2 and err.strip().startswith("error: Out of GPU memory") and "Traceback" not in err
@@ -409,8 +531,17 @@ def test_cpu_out_of_memory_while_training(tmp_path, monkeypatch, capsys):
     # 10^14 windows: more than any address space, so the allocation fails at once on every machine; the check
     # of a batch's memory, which refuses it before training, is switched off here to reach the allocator
     monkeypatch.setattr(checks, "available_bytes", lambda device: (0, "memory"))
-    argv = ["--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--batch-size", "100000000000000",
-            "--out", str(tmp_path / "r")]
+    argv = [
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *QUICK,
+        "--steps",
+        "2",
+        "--batch-size",
+        "100000000000000",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     code, err = _exit_of(lambda: train_command(argv, load_dataset), capsys)
     assert code == 2 and "Traceback" not in err, err
     assert "\nerror: Out of memory while training" in err and "lower --batch-size" in err
@@ -438,8 +569,21 @@ def test_a_full_or_read_only_disk_is_a_message(capsys):
 
 
 def test_a_report_that_cannot_be_written(tmp_path, monkeypatch):
-    results = [{"checkpoint": "a", "targets": [{"target": 1.0, "return_mean": 1.0, "return_std": 0.0,
-                                                "normalized_mean": 1.0, "normalized_std": 0.0, "episodes": 1}]}]
+    results = [
+        {
+            "checkpoint": "a",
+            "targets": [
+                {
+                    "target": 1.0,
+                    "return_mean": 1.0,
+                    "return_std": 0.0,
+                    "normalized_mean": 1.0,
+                    "normalized_std": 0.0,
+                    "episodes": 1,
+                }
+            ],
+        }
+    ]
 
     def no_space(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -454,7 +598,9 @@ def test_an_out_folder_that_cannot_be_written(tmp_path, monkeypatch):
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
 
     monkeypatch.setattr(type(tmp_path), "mkdir", denied)
-    with raises(f"Cannot write into --out {tmp_path / 'ro' / 'run'} (Permission denied); choose a folder you can write to"):
+    with raises(
+        f"Cannot write into --out {tmp_path / 'ro' / 'run'} (Permission denied); choose a folder you can write to"
+    ):
         with run_folder.hold_run_folder(tmp_path / "ro" / "run"):
             pass
 
@@ -473,8 +619,10 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
     monkeypatch.setattr(suite, "_rollouts", interrupted_rollouts)
     code, err = _exit_of(lambda: load_dataset("dt-primal/hopper/random-v0"), capsys)
     assert code == 130
-    assert err.strip() == ("interrupted while building dt-primal/hopper/random-v0; the partly built dataset does not "
-                           "count, so the next run that needs it builds it again from the start")
+    assert err.strip() == (
+        "interrupted while building dt-primal/hopper/random-v0; the partly built dataset does not "
+        "count, so the next run that needs it builds it again from the start"
+    )
     assert not suite.is_built("dt-primal/hopper/random-v0")
 
     from concurrent.futures.process import BrokenProcessPool
@@ -491,25 +639,44 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
 
 # --- evaluate.py's options (dt_primal.evaluation.checks.check_evaluate_args / check_evaluate_run) ---
 
+
 def _args(tmp_path, **change):
     ckpt = tmp_path / "last.pt"
     ckpt.write_bytes(b"PK")
-    return argparse.Namespace(**{**dict(checkpoints=[ckpt], episodes=2, out=tmp_path / "ev.json", env_workers=None,
-                                        targets=None, seed=None, device=None, precision=None), **change})
+    return argparse.Namespace(
+        **{
+            **dict(
+                checkpoints=[ckpt],
+                episodes=2,
+                out=tmp_path / "ev.json",
+                env_workers=None,
+                targets=None,
+                seed=None,
+                device=None,
+                precision=None,
+            ),
+            **change,
+        }
+    )
 
 
 def test_evaluate_options(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    cases = [(dict(out=tmp_path), "is a directory; give the JSON file to write"),
-             (dict(out=tmp_path / "last.pt"), "would overwrite the checkpoint"),
-             (dict(out=tmp_path / "last.md"), "would overwrite the checkpoint"),  # its Markdown table would
-             (dict(out=tmp_path / "notes.txt"), "already exists and is not an evaluation report"),
-             (dict(out=tmp_path / "notes.txt" / "ev.json"), "which is a file, not a folder"),
-             (dict(env_workers=-1), "--env-workers must be at least 1"),
-             (dict(episodes=0), "--episodes must be at least 1"),
-             (dict(targets=[float("nan")]), "--targets must be finite"),
-             (dict(device="gpu", precision="fp16", seed=-1), "--device must be auto, cpu, cuda or cuda:N (got 'gpu'); "
-                                                             "--precision must be one of auto, fp32, tf32, bf16 (got 'fp16'); --seed")]
+    cases = [
+        (dict(out=tmp_path), "is a directory; give the JSON file to write"),
+        (dict(out=tmp_path / "last.pt"), "would overwrite the checkpoint"),
+        (dict(out=tmp_path / "last.md"), "would overwrite the checkpoint"),  # its Markdown table would
+        (dict(out=tmp_path / "notes.txt"), "already exists and is not an evaluation report"),
+        (dict(out=tmp_path / "notes.txt" / "ev.json"), "which is a file, not a folder"),
+        (dict(env_workers=-1), "--env-workers must be at least 1"),
+        (dict(episodes=0), "--episodes must be at least 1"),
+        (dict(targets=[float("nan")]), "--targets must be finite"),
+        (
+            dict(device="gpu", precision="fp16", seed=-1),
+            "--device must be auto, cpu, cuda or cuda:N (got 'gpu'); "
+            "--precision must be one of auto, fp32, tf32, bf16 (got 'fp16'); --seed",
+        ),
+    ]
     for change, phrase in cases:
         args = _args(tmp_path, **change)
         if change.get("out") == tmp_path / "last.md":
@@ -524,13 +691,19 @@ def test_evaluate_options(tmp_path):
 
 def test_evaluate_targets_and_episodes_against_the_checkpoints(tmp_path):
     cfg = Config(dataset="tiny", max_ep_len=1000)
-    ckpt = {"config": dataclasses.asdict(cfg), "task": "hopper", "model_config": dataclasses.asdict(cfg.model_config(11, 3))}
+    ckpt = {
+        "config": dataclasses.asdict(cfg),
+        "task": "hopper",
+        "model_config": dataclasses.asdict(cfg.model_config(11, 3)),
+    }
     with raises("--targets 1e+30 divided by --reward-scale 1000"):
         evaluate_checks.check_evaluate_run(_args(tmp_path, targets=[1e30]), [ckpt])
     with raises("--episodes 10000000 per target of 2 checkpoints"):
         evaluate_checks.check_evaluate_run(_args(tmp_path, episodes=10**7), [ckpt, ckpt])
     evaluate_checks.check_evaluate_run(_args(tmp_path, targets=[3600.0]), [ckpt])
-    with raises("holds a model for observations of size 11 and actions of size 3, but its task HalfCheetah-v5 has 17 and 6"):
+    with raises(
+        "holds a model for observations of size 11 and actions of size 3, but its task HalfCheetah-v5 has 17 and 6"
+    ):
         evaluate_checks.check_evaluate_run(_args(tmp_path), [{**ckpt, "task": "halfcheetah"}])
 
 
@@ -539,11 +712,21 @@ def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(t
     assert res.returncode == 0, res.stderr
 
     def evaluate_py(*args):
-        return subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1", *args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+        return subprocess.run(
+            [sys.executable, "evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=ENV,
+        )
 
     assert_user_error(evaluate_py("--out", str(tmp_path)), "is a directory; give the JSON file to write")
-    assert_user_error(evaluate_py("--out", str(tmp_path / "ev.json"), "--env-workers", "0"), "--env-workers must be at least 1")
-    assert_user_error(evaluate_py("--out", str(tmp_path / "ev.json"), "--targets", "1e30"),
-                      "--targets 1e+30 divided by --reward-scale 1000")
+    assert_user_error(
+        evaluate_py("--out", str(tmp_path / "ev.json"), "--env-workers", "0"), "--env-workers must be at least 1"
+    )
+    assert_user_error(
+        evaluate_py("--out", str(tmp_path / "ev.json"), "--targets", "1e30"),
+        "--targets 1e+30 divided by --reward-scale 1000",
+    )
     assert not (tmp_path / "ev.json").exists()

@@ -4,6 +4,7 @@ that lets dt-primal's evaluation run d3rlpy's Decision Transformer (bench/d3rlpy
 The d3rlpy tests need d3rlpy 2.8.1 beside the project's packages (bench/crosscheck-requirements.txt);
 CI installs only requirements.txt, where they are skipped. The adapter's own logic is tested
 without d3rlpy, on a stand-in model."""
+
 import dataclasses
 import json
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_train import ROOT
 
 from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
 from dt_primal.config import PRESETS, Config, make_config
@@ -21,15 +23,18 @@ from dt_primal.sweep.grid import group_dir, run_dir
 from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
 from dt_primal.sweep.tables import gap_rows, write_tables
 from envs import TASKS
-from test_train import ROOT
 
 try:
     import d3rlpy  # noqa: F401
+
     HAVE_D3RLPY = True
 except Exception:  # not installed (CI), or installed against other packages
     HAVE_D3RLPY = False
-needs_d3rlpy = pytest.mark.skipif(not HAVE_D3RLPY, reason="d3rlpy is not importable here: it is a benchmark-only "
-                                  "dependency (bench/crosscheck-requirements.txt), not in requirements.txt")
+needs_d3rlpy = pytest.mark.skipif(
+    not HAVE_D3RLPY,
+    reason="d3rlpy is not importable here: it is a benchmark-only "
+    "dependency (bench/crosscheck-requirements.txt), not in requirements.txt",
+)
 
 
 # ------------------------------------------------------------------------------ the preset
@@ -38,19 +43,38 @@ needs_d3rlpy = pytest.mark.skipif(not HAVE_D3RLPY, reason="d3rlpy is not importa
 def test_dt_paper_preset_is_the_dt_papers_settings_and_flags_override_it():
     cfg, paper = make_config("dt-paper"), Config()
     assert (cfg.model, cfg.d_model, cfg.n_head, cfg.lr) == ("dt", 128, 1, 1e-4)  # docs/method.md, "Hyper-parameters"
-    same = ("n_layer", "context", "batch_size", "steps", "warmup_steps", "weight_decay", "grad_clip", "dropout",
-            "reward_scale", "max_ep_len", "eval_episodes", "precision")  # "same K, batch and step count"
+    same = (
+        "n_layer",
+        "context",
+        "batch_size",
+        "steps",
+        "warmup_steps",
+        "weight_decay",
+        "grad_clip",
+        "dropout",
+        "reward_scale",
+        "max_ep_len",
+        "eval_episodes",
+        "precision",
+    )  # "same K, batch and step count"
     assert {k: getattr(cfg, k) for k in same} == {k: getattr(paper, k) for k in same}
     assert (cfg.n_layer, cfg.context, cfg.batch_size, cfg.steps) == (3, 20, 64, 100_000)
     assert set(PRESETS["dt-paper"]) == {"model", "d_model", "n_head", "lr"}
     reduced = make_config("dt-paper", precision="bf16", steps=2500, warmup_steps=250, lr=3e-4)  # the command line wins
-    assert (reduced.precision, reduced.steps, reduced.warmup_steps, reduced.lr, reduced.n_head) == ("bf16", 2500, 250, 3e-4, 1)
+    assert (reduced.precision, reduced.steps, reduced.warmup_steps, reduced.lr, reduced.n_head) == (
+        "bf16",
+        2500,
+        250,
+        3e-4,
+        1,
+    )
 
 
 def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start():
     """torch (default): PyTorch's uniform init, bound 1/sqrt(fan_in), as the DT paper's code and d3rlpy;
     gpt2: N(0, 0.02) with zero bias, as every other layer. The blocks start alike either way."""
     from dt_primal.model.transformer import DecisionTransformer
+
     nets = {}
     for init in ("torch", "gpt2"):
         torch.manual_seed(0)
@@ -64,6 +88,7 @@ def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start()
         for net in nets.values():
             assert abs(float(net.blocks[0].mlp[0].weight.std()) - 0.02) < 0.002
     from dt_primal.errors import UserError
+
     with pytest.raises(UserError, match="--embed-init"):
         Config(embed_init="xavier").validate()
 
@@ -80,14 +105,36 @@ def fake_run(out, dataset, model, seed, final, curve, log=None):
     """A finished run as the sweep leaves it: evals.jsonl (5-episode points) and eval.json (final)."""
     rd = run_dir(out, dataset, model, seed)
     rd.mkdir(parents=True)
-    (rd / "evals.jsonl").write_text("".join(json.dumps({"step": 100 * (i + 1), "reports": [
-        {"target": 3600.0, "normalized_mean": a, "episodes": 5}, {"target": 1800.0, "normalized_mean": b, "episodes": 5}]})
-        + "\n" for i, (a, b) in enumerate(curve)))
-    (rd / "eval.json").write_text(json.dumps({"step": 100 * (len(curve) + 1), "targets": [
-        {"target": 3600.0, "normalized_mean": final[0], "episodes": 100},
-        {"target": 1800.0, "normalized_mean": final[1], "episodes": 100}]}))
+    (rd / "evals.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": 100 * (i + 1),
+                    "reports": [
+                        {"target": 3600.0, "normalized_mean": a, "episodes": 5},
+                        {"target": 1800.0, "normalized_mean": b, "episodes": 5},
+                    ],
+                }
+            )
+            + "\n"
+            for i, (a, b) in enumerate(curve)
+        )
+    )
+    (rd / "eval.json").write_text(
+        json.dumps(
+            {
+                "step": 100 * (len(curve) + 1),
+                "targets": [
+                    {"target": 3600.0, "normalized_mean": final[0], "episodes": 100},
+                    {"target": 1800.0, "normalized_mean": final[1], "episodes": 100},
+                ],
+            }
+        )
+    )
     if log is not None:
-        (group_dir(out, dataset, model) / "train.log").write_text(f"$ {sys.executable} {ROOT}/train.py {log}\nsome progress\n")
+        (group_dir(out, dataset, model) / "train.log").write_text(
+            f"$ {sys.executable} {ROOT}/train.py {log}\nsome progress\n"
+        )
 
 
 def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluations(tmp_path):
@@ -96,8 +143,15 @@ def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluati
     for s in range(3):
         fake_run(main, d, "dt", s, (50 + s, 40), [(10, 10), (20, 20), (30, 30)])
         fake_run(main, d, "primal", s, (60 + 2 * s, 41), [(10, 10), (20, 20), (60, 30)])
-        fake_run(base, d, "dt", s, (70 + s, 42), [(0, 0), (10, 10), (40, 40)],
-                 log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16 --steps 400")
+        fake_run(
+            base,
+            d,
+            "dt",
+            s,
+            (70 + s, 42),
+            [(0, 0), (10, 10), (40, 40)],
+            log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16 --steps 400",
+        )
     rows = collect(main, [d], ["dt", "primal"], [0, 1, 2])
     # the baseline folder's runs are recognised from the command line in train.log, whatever label they are given
     rows += collect(base, [d], ["dt"], [0, 1, 2], label=DT_MATCHED, name="dt (dt-paper)")
@@ -165,13 +219,15 @@ def test_adapter_pads_scales_and_counts_timesteps_as_d3rlpy_predict_does():
         x, act, r, t, mask = net.calls[-1]
         n = min(L, 4)
         assert x.shape == (B, 4, 11) and t.dtype == torch.long
-        assert torch.equal(mask, torch.tensor([[1.0] * (4 - n) + [0.0] * n] * B))  # 1 = padding, as d3rlpy passes 1 - masks
-        assert torch.allclose(x[:, 4 - n:], (states[:, -n:] - 1.0) * 0.5)
-        assert torch.allclose(x[:, :4 - n], torch.full_like(x[:, :4 - n], -0.5))  # padded raw zeros, then scaled
-        assert torch.equal(act[:, 4 - n:], actions[:, -n:]) and not act[:, :4 - n].any()
-        assert torch.allclose(r[:, 4 - n:], rtg[:, -n:] * 1e-3) and not r[:, :4 - n].any()
+        assert torch.equal(
+            mask, torch.tensor([[1.0] * (4 - n) + [0.0] * n] * B)
+        )  # 1 = padding, as d3rlpy passes 1 - masks
+        assert torch.allclose(x[:, 4 - n :], (states[:, -n:] - 1.0) * 0.5)
+        assert torch.allclose(x[:, : 4 - n], torch.full_like(x[:, : 4 - n], -0.5))  # padded raw zeros, then scaled
+        assert torch.equal(act[:, 4 - n :], actions[:, -n:]) and not act[:, : 4 - n].any()
+        assert torch.allclose(r[:, 4 - n :], rtg[:, -n:] * 1e-3) and not r[:, : 4 - n].any()
         expect_t = (ts[:, -n:] + 1).clamp(max=6)  # counted from 1, at most max_timestep; padding 0
-        assert torch.equal(t[:, 4 - n:], expect_t) and not t[:, :4 - n].any()
+        assert torch.equal(t[:, 4 - n :], expect_t) and not t[:, : 4 - n].any()
         assert torch.allclose(pred[:, 0, 0], torch.tanh(torch.tensor(3.6)))
     with pytest.raises(ValueError):
         member(states, actions, rtg, ts, last_only=False)
@@ -182,8 +238,9 @@ def test_policies_run_in_dt_primals_batched_evaluation():
     policies = D3rlpyPolicies([D3rlpyMember(n, context=3, max_timestep=1000) for n in nets], act_dim=3, max_ep_len=4)
     policies.train(True)
     assert all(n.training for n in nets)
-    reports = rollout(Policy(policies, np.zeros(11), np.ones(11), 1.0, 3), TASKS["hopper"], [3600.0, 1800.0], 2,
-                      seeds=[5, 6])
+    reports = rollout(
+        Policy(policies, np.zeros(11), np.ones(11), 1.0, 3), TASKS["hopper"], [3600.0, 1800.0], 2, seeds=[5, 6]
+    )
     assert len(reports) == 2 and [r["episodes"] for r in reports[0]] == [2, 2]
     assert policies.training and all(n.training for n in nets)  # the evaluation restores the mode
     # every member saw its live episodes at once, the newest step's raw return as the conditioning
@@ -197,17 +254,20 @@ def test_policies_run_in_dt_primals_batched_evaluation():
 @pytest.fixture(scope="module")
 def tiny_algo():
     """d3rlpy's DT trained 3 steps on Hopper-shaped random data, with dt-primal's settings (tiny)."""
-    from bench.d3rlpy_crosscheck import build_algo, prepare, to_replay_buffer
     from conftest import make_episodes
+
+    from bench.d3rlpy_crosscheck import build_algo, prepare, to_replay_buffer
     from dt_primal.data import Trajectories
+
     rng = np.random.default_rng(0)
     eps = make_episodes(lengths=(30, 12, 40, 25), seed=1)
     for ep in eps:
         ep["rewards"] = rng.uniform(0, 3, len(ep["rewards"])).astype(np.float32)
         ep["terminals"] = ep.pop("terminations")
     data = Trajectories.from_episodes(eps, env="Hopper-v5", source="tiny")
-    cfg = dataclasses.replace(make_config("dt-paper"), d_model=16, n_layer=2, context=4, batch_size=8, warmup_steps=2,
-                              max_ep_len=1000)
+    cfg = dataclasses.replace(
+        make_config("dt-paper"), d_model=16, n_layer=2, context=4, batch_size=8, warmup_steps=2, max_ep_len=1000
+    )
     d3rlpy.seed(0)
     dataset = to_replay_buffer(data)
     # the same episodes; d3rlpy never ends a window at the last step of an episode that timed out
@@ -222,6 +282,7 @@ def tiny_algo():
 @needs_d3rlpy
 def test_adapter_gives_d3rlpys_own_predict_for_a_batch_of_histories(tiny_algo):
     from d3rlpy.algos import TransformerInput
+
     algo, cfg = tiny_algo
     member = D3rlpyMember.from_algo(algo)
     member.transformer.eval()
@@ -235,9 +296,20 @@ def test_adapter_gives_d3rlpys_own_predict_for_a_batch_of_histories(tiny_algo):
         ts = np.arange(t0, t0 + L)[None].repeat(B, 0)
         with torch.no_grad():
             ours = member(*map(torch.as_tensor, (obs, act, rtg, ts)))[0][:, 0].numpy()
-        theirs = np.stack([algo.predict(TransformerInput(
-            observations=obs[b], actions=act[b], rewards=np.zeros((L, 1), np.float32), returns_to_go=rtg[b],
-            timesteps=np.minimum(ts[b] + 1, cfg.max_ep_len))) for b in range(B)])
+        theirs = np.stack(
+            [
+                algo.predict(
+                    TransformerInput(
+                        observations=obs[b],
+                        actions=act[b],
+                        rewards=np.zeros((L, 1), np.float32),
+                        returns_to_go=rtg[b],
+                        timesteps=np.minimum(ts[b] + 1, cfg.max_ep_len),
+                    )
+                )
+                for b in range(B)
+            ]
+        )
         np.testing.assert_allclose(ours, theirs, atol=1e-6)
 
 
@@ -245,14 +317,44 @@ def test_adapter_gives_d3rlpys_own_predict_for_a_batch_of_histories(tiny_algo):
 def test_the_crosscheck_record_says_how_it_was_made(tmp_path):
     """A d3rlpy run's eval.json carries the config as dt-primal's records state it (fp32, d3rlpy's N(0, 0.02)
     timestep table) and the provenance block, with d3rlpy's version."""
-    from bench.d3rlpy_crosscheck import main
     from test_train import hopper_file
+
+    from bench.d3rlpy_crosscheck import main
+
     data = str(hopper_file(tmp_path))
-    main(["train", "--dataset", data, "--env", "hopper", "--seeds", "0", "--d-model", "16", "--n-layer", "1",
-          "--context", "4", "--steps", "2", "--warmup-steps", "1", "--eval-every", "100", "--eval-episodes", "1",
-          "--out", str(tmp_path / "cc")])
+    main(
+        [
+            "train",
+            "--dataset",
+            data,
+            "--env",
+            "hopper",
+            "--seeds",
+            "0",
+            "--d-model",
+            "16",
+            "--n-layer",
+            "1",
+            "--context",
+            "4",
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--eval-every",
+            "100",
+            "--eval-episodes",
+            "1",
+            "--out",
+            str(tmp_path / "cc"),
+        ]
+    )
     record = json.loads(next((tmp_path / "cc").rglob("seed_0/eval.json")).read_text())
-    assert (record["config"]["precision"], record["config"]["timestep_init"], record["config"]["d_model"]) == ("fp32", "gpt2", 16)
+    assert (record["config"]["precision"], record["config"]["timestep_init"], record["config"]["d_model"]) == (
+        "fp32",
+        "gpt2",
+        16,
+    )
     assert record["provenance"]["versions"]["d3rlpy"] == record["d3rlpy"] and record["provenance"]["date"]
 
 
@@ -272,7 +374,8 @@ def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
             for _ in range(steps):
                 action = wrapper.predict(obs.astype(np.float32), reward)
                 obs, reward, term, trunc, _ = env.step(action)
-                ret += reward; n += 1
+                ret += reward
+                n += 1
                 if term or trunc:
                     break
             env.close()
@@ -282,11 +385,19 @@ def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
 
 def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
     from bench.d3rlpy_crosscheck import MODEL, main
+
     d = "dt-primal/hopper/medium-replay-v0"
     ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"
     for s in range(3):
-        fake_run(ours, d, "dt", s, (10 + s, 12), [(1, 1), (5, 5), (9, 9)],
-                 log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16")
+        fake_run(
+            ours,
+            d,
+            "dt",
+            s,
+            (10 + s, 12),
+            [(1, 1), (5, 5), (9, 9)],
+            log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16",
+        )
         fake_run(theirs, d, MODEL, s, (30 + 2 * s, 25), [(1, 1), (10, 10), (20, 20)])
     main(["report", "--d3rlpy", str(theirs), "--dt-primal", str(ours), "--datasets", d])
     md = (theirs / "crosscheck.md").read_text()
@@ -300,13 +411,16 @@ def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
 
 def test_crosscheck_report_names_the_mlp_activation_and_timestep_table_where_the_records_differ(tmp_path):
     from bench.d3rlpy_crosscheck import MODEL, main
+
     d = "dt-primal/hopper/medium-replay-v0"
     ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"
     for s in range(3):
         fake_run(ours, d, "dt", s, (10, 12), [(1, 1)])
         fake_run(theirs, d, MODEL, s, (30, 25), [(1, 1)])
-        for out, record in ((ours, {"config": {"activation": "relu", "timestep_init": "torch"}}),
-                            (theirs, {"activation": "gelu"})):
+        for out, record in (
+            (ours, {"config": {"activation": "relu", "timestep_init": "torch"}}),
+            (theirs, {"activation": "gelu"}),
+        ):
             path = run_dir(out, d, "dt" if out == ours else MODEL, s) / "eval.json"
             path.write_text(json.dumps({**json.loads(path.read_text()), **record}))
     main(["report", "--d3rlpy", str(theirs), "--dt-primal", str(ours), "--datasets", d, "--out", str(tmp_path / "cc")])
@@ -323,6 +437,7 @@ def test_timestep_table_starts_at_n01_as_both_papers_code_and_older_checkpoints_
     from dt_primal.checkpoint import load_checkpoint
     from dt_primal.errors import UserError
     from dt_primal.model.transformer import DecisionTransformer
+
     assert Config().timestep_init == make_config("dt-paper").timestep_init == "torch"
     nets = {}
     for init in ("torch", "gpt2"):
@@ -347,14 +462,29 @@ def test_timestep_table_starts_at_n01_as_both_papers_code_and_older_checkpoints_
 def tiny_run(tmp_path, **overrides):
     """A 2-step run on a tiny hopper dataset, written to tmp_path/run; its folder."""
     from conftest import make_episodes
-    from datasets.synthetic import write_d4rl
+
     from datasets.loaders import load_dataset
+    from datasets.synthetic import write_d4rl
     from dt_primal.training.loop import train
+
     write_d4rl(tmp_path / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
     data = load_dataset(str(tmp_path / "hopper_tiny.hdf5"), env="hopper")
-    cfg = Config(dataset=str(tmp_path / "hopper_tiny.hdf5"), env="hopper", d_model=32, n_head=2, n_layer=1, s=8,
-                 steps=2, warmup_steps=1, eval_every=2, eval_episodes=1, eval_episodes_during=1, device="cpu",
-                 out=str(tmp_path / "run"), **overrides)
+    cfg = Config(
+        dataset=str(tmp_path / "hopper_tiny.hdf5"),
+        env="hopper",
+        d_model=32,
+        n_head=2,
+        n_layer=1,
+        s=8,
+        steps=2,
+        warmup_steps=1,
+        eval_every=2,
+        eval_episodes=1,
+        eval_episodes_during=1,
+        device="cpu",
+        out=str(tmp_path / "run"),
+        **overrides,
+    )
     train(cfg, data)
     return tmp_path / "run"
 
@@ -365,6 +495,7 @@ def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_k
     from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
     from dt_primal.errors import UserError
     from dt_primal.model.transformer import DecisionTransformer
+
     assert Config().activation == "relu" and make_config("dt-paper").activation == "relu"
     relu = DecisionTransformer(Config(d_model=32, n_head=2).model_config(11, 3))
     gelu = DecisionTransformer(Config(d_model=32, n_head=2, activation="gelu").model_config(11, 3))

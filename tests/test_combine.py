@@ -1,9 +1,10 @@
 """``python -m datasets combine``: the D4RL-style medium-expert of Minari's hosted datasets, tested
 on tiny local datasets written under the hosted ids (no download)."""
+
 import numpy as np
 import pytest
-
 from conftest import make_episodes
+
 from datasets.__main__ import main
 from datasets.loaders import load_dataset
 from datasets.suite import _write
@@ -17,7 +18,9 @@ HOSTED_REFS = (-20.27, 3234.3)  # any pair: what matters is that the parts' pair
 def hosted(dataset_id: str, seed: int, refs=HOSTED_REFS, env: str = "Hopper-v5") -> None:
     """A tiny dataset under a hosted id, with reference returns in its metadata as Minari's hosted ones have."""
     import dataclasses
+
     import minari
+
     if dataset_id in minari.list_local_datasets():
         minari.delete_dataset(dataset_id)
     task = dataclasses.replace(HOPPER, gym_id=env, ref_min=refs[0], ref_max=refs[1])
@@ -32,6 +35,7 @@ def parts():
     hosted("mujoco/hopper/expert-v0", seed=2)
     yield ["mujoco/hopper/medium-v0", "mujoco/hopper/expert-v0"]
     import minari
+
     for d in ("mujoco/hopper/medium-expert-v0", "mujoco/walker2d/expert-v0"):
         if d in minari.list_local_datasets():
             minari.delete_dataset(d)
@@ -39,6 +43,7 @@ def parts():
 
 def test_one_command_makes_the_medium_expert_of_the_hosted_datasets(parts):
     import minari
+
     main(["combine", *parts, "--into", "mujoco/hopper/medium-expert-v0"])
     medium, expert = (load_dataset(p) for p in parts)
     both = load_dataset("mujoco/hopper/medium-expert-v0")  # found locally: no --download needed
@@ -70,11 +75,14 @@ def test_parts_with_different_reference_returns_give_a_dataset_without_any(parts
 
 
 def test_a_medium_expert_that_is_not_local_says_how_to_make_it():
-    with pytest.raises(UserError, match="mujoco/walker2d/medium-expert-v0 is not a local Minari dataset. Minari's hosted "
-                                        "MuJoCo datasets have no medium-expert level: make it from its parts with minari "
-                                        "download mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0, then python -m "
-                                        "datasets combine mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0 --into "
-                                        "mujoco/walker2d/medium-expert-v0"):
+    with pytest.raises(
+        UserError,
+        match="mujoco/walker2d/medium-expert-v0 is not a local Minari dataset. Minari's hosted "
+        "MuJoCo datasets have no medium-expert level: make it from its parts with minari "
+        "download mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0, then python -m "
+        "datasets combine mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0 --into "
+        "mujoco/walker2d/medium-expert-v0",
+    ):
         load_dataset("mujoco/walker2d/medium-expert-v0")
 
 
@@ -85,8 +93,22 @@ def test_suite_datasets_built_at_once_are_those_built_one_by_one(tmp_path, monke
     built = {}
     for folder, jobs in (("together", "3"), ("apart", "1")):
         monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / folder))
-        main(["build", "--env", "hopper", "--level", "medium-replay", "medium-expert", "--version", "0", "--steps", "300",
-              "--jobs", jobs])
+        main(
+            [
+                "build",
+                "--env",
+                "hopper",
+                "--level",
+                "medium-replay",
+                "medium-expert",
+                "--version",
+                "0",
+                "--steps",
+                "300",
+                "--jobs",
+                jobs,
+            ]
+        )
         built[folder] = {d: load_dataset(d, build=False) for d in [*ids, "dt-primal/hopper/expert-v0"]}
     assert capsys.readouterr().out.count("built dt-primal/hopper/") >= 2 * 4  # each part, then the combination
     for d, data in built["together"].items():

@@ -1,11 +1,14 @@
 """What the commands do to their process and what the library leaves alone; --precision auto; options
 that argparse used to guess; sizes and step counts that cannot work."""
+
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from test_reliability import ENV, SMALL, assert_user_error, raises
+from test_train import ROOT, TINY, hopper_file
 
 import evaluate
 from datasets import __main__ as datasets_main
@@ -13,24 +16,32 @@ from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision, run
 from dt_primal.config import Config, make_config
 from dt_primal.sweep import command as sweep
-from dt_primal.training import checks, loop as training
-from test_reliability import ENV, SMALL, assert_user_error, raises
-from test_train import ROOT, TINY, hopper_file
+from dt_primal.training import checks
+from dt_primal.training import loop as training
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
-LIBRARY = ("dt_primal, dt_primal.run, dt_primal.sweep.command, dt_primal.spectrum, dt_primal.training.loop, "
-           "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
-           "dt_primal.cli, dt_primal.precision, dt_primal.process, "
-           "datasets.loaders, envs")
+LIBRARY = (
+    "dt_primal, dt_primal.run, dt_primal.sweep.command, dt_primal.spectrum, dt_primal.training.loop, "
+    "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
+    "dt_primal.cli, dt_primal.precision, dt_primal.process, "
+    "datasets.loaders, envs"
+)
 
 
 def python(code: str, *, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in (env or ENV).items() if k != "OMP_WAIT_POLICY"})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in (env or ENV).items() if k != "OMP_WAIT_POLICY"},
+    )
 
 
 # --- no import-time side effects; the commands' own settings ---
+
 
 def test_importing_the_library_leaves_the_process_as_it_was():
     res = python(f"""
@@ -45,8 +56,17 @@ print("unchanged")""")
     assert res.returncode == 0 and "unchanged" in res.stdout, res.stderr
 
 
-@pytest.mark.parametrize("command", ["path:train.py", "path:evaluate.py", "module:dt_primal.run",
-                                     "module:dt_primal.sweep", "module:dt_primal.spectrum", "module:datasets"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "path:train.py",
+        "path:evaluate.py",
+        "module:dt_primal.run",
+        "module:dt_primal.sweep",
+        "module:dt_primal.spectrum",
+        "module:datasets",
+    ],
+)
 def test_every_command_sets_the_wait_policy_before_torch_loads(command):
     """An import hook records OMP_WAIT_POLICY at the moment torch is first imported (its OpenMP reads it then)."""
     kind, name = command.split(":")
@@ -89,6 +109,7 @@ def test_tf32_is_switched_on_inside_its_block_only():
 
 # --- --precision auto ---
 
+
 def test_auto_is_the_default_of_the_config_and_of_every_preset():
     assert Config().precision == "auto"
     assert all(make_config(p).precision == "auto" for p in ("paper", "quick", "dt-paper"))
@@ -126,10 +147,22 @@ def test_a_run_records_the_resolved_precision(tmp_path, monkeypatch, capsys, sha
 
     # evaluate.py's auto (its default): the run's own, but fp32 where bf16 is slow; said and recorded
     for share_now, used in ((share, chosen), (2.5, "fp32")):
-        monkeypatch.setattr(precision, "bf16_share", lambda d_model: share_now)
+        monkeypatch.setattr(precision, "bf16_share", lambda d_model, share_now=share_now: share_now)
         report = tmp_path / f"ev{share_now}.json"
-        monkeypatch.setattr(sys, "argv", ["evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1",
-                                          "--device", "cpu", "--out", str(report)])
+        monkeypatch.setattr(
+            sys,
+            "argv",
+            [
+                "evaluate.py",
+                str(tmp_path / "run" / "last.pt"),
+                "--episodes",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(report),
+            ],
+        )
         evaluate.main()
         assert f"precision: {used} (auto: " in capsys.readouterr().out
         assert json.loads(report.read_text())["checkpoints"][0]["precision"] == used
@@ -137,24 +170,51 @@ def test_a_run_records_the_resolved_precision(tmp_path, monkeypatch, capsys, sha
 
 # --- options argparse used to complete, sizes and step counts that cannot work ---
 
+
 def test_abbreviated_options_are_unknown_in_every_command(tmp_path, capsys):
-    res = subprocess.run([sys.executable, "evaluate.py", "x.pt", "--env", "walker2d", "--out", str(tmp_path / "e.json")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    res = subprocess.run(
+        [sys.executable, "evaluate.py", "x.pt", "--env", "walker2d", "--out", str(tmp_path / "e.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert res.returncode == 2 and "unrecognized arguments: --env walker2d" in res.stderr, res.stderr
-    for parse in (lambda: run.parser().parse_args(["--eval-ep", "3"]),
-                  lambda: sweep.main(["--datasets", "x", "--model", "dt", "--out", str(tmp_path)]),
-                  lambda: datasets_main.main(["stats", "--episode", "3"])):
+    for parse in (
+        lambda: run.parser().parse_args(["--eval-ep", "3"]),
+        lambda: sweep.main(["--datasets", "x", "--model", "dt", "--out", str(tmp_path)]),
+        lambda: datasets_main.main(["stats", "--episode", "3"]),
+    ):
         with pytest.raises(SystemExit) as exit_:
             parse()
         assert exit_.value.code == 2 and "unrecognized arguments: --" in capsys.readouterr().err
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, monkeypatch):
-    res = subprocess.run([sys.executable, "train.py", "--dataset", str(hopper_file(tmp_path)), *TINY, "--batch-size",
-                          "100000000", "--steps", "2", "--out", str(tmp_path / "run")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
-    assert_user_error(res, "--batch-size 100000000 needs at least", "for the activations of one training step",
-                      "Lower --batch-size")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--dataset",
+            str(hopper_file(tmp_path)),
+            *TINY,
+            "--batch-size",
+            "100000000",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert_user_error(
+        res, "--batch-size 100000000 needs at least", "for the activations of one training step", "Lower --batch-size"
+    )
     monkeypatch.setattr(checks, "available_bytes", lambda device: (1 << 30, "available memory"))
     cfg = make_config("quick", batch_size=256)
     checks.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit

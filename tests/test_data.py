@@ -1,10 +1,9 @@
 import pickle
 
 import numpy as np
-import pytest
 import torch
-
 from conftest import make_episodes
+
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal.data import Trajectories, WindowSampler
@@ -13,15 +12,31 @@ from dt_primal.data import Trajectories, WindowSampler
 def write_minari(dataset_id, episodes, env="Hopper-v5"):
     import minari
     from minari.data_collector.episode_buffer import EpisodeBuffer
-    buffers = [EpisodeBuffer(observations=e["observations"], actions=e["actions"], rewards=e["rewards"].tolist(),
-                             terminations=e["terminations"].tolist(), truncations=e["truncations"].tolist())
-               for e in episodes]
+
+    buffers = [
+        EpisodeBuffer(
+            observations=e["observations"],
+            actions=e["actions"],
+            rewards=e["rewards"].tolist(),
+            terminations=e["terminations"].tolist(),
+            truncations=e["truncations"].tolist(),
+        )
+        for e in episodes
+    ]
     minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests")
 
 
 def write_pickle(path, episodes):
-    trajs = [dict(observations=e["observations"][:-1], next_observations=e["observations"][1:], actions=e["actions"],
-                  rewards=e["rewards"], terminals=e["terminations"]) for e in episodes]
+    trajs = [
+        dict(
+            observations=e["observations"][:-1],
+            next_observations=e["observations"][1:],
+            actions=e["actions"],
+            rewards=e["rewards"],
+            terminals=e["terminations"],
+        )
+        for e in episodes
+    ]
     path.write_bytes(pickle.dumps(trajs))
 
 
@@ -30,8 +45,11 @@ def test_three_sources_give_the_same_store(tmp_path):
     write_minari("tests/hopper/tiny-v0", eps)
     write_d4rl(tmp_path / "tiny.hdf5", eps)
     write_pickle(tmp_path / "tiny.pkl", eps)
-    stores = [load_dataset("tests/hopper/tiny-v0"), load_dataset(str(tmp_path / "tiny.hdf5"), env="hopper"),
-              load_dataset(str(tmp_path / "tiny.pkl"), env="Hopper-v5")]
+    stores = [
+        load_dataset("tests/hopper/tiny-v0"),
+        load_dataset(str(tmp_path / "tiny.hdf5"), env="hopper"),
+        load_dataset(str(tmp_path / "tiny.pkl"), env="Hopper-v5"),
+    ]
     ref = stores[0]
     assert ref.env == "Hopper-v5"  # from the Minari metadata
     assert ref.lengths.tolist() == [7, 3, 12] and ref.terminals.tolist() == [True, True, False]
@@ -66,7 +84,7 @@ def test_windows_have_right_returns_to_go_timesteps_and_masks():
         assert batch["timesteps"][b, :n].tolist() == list(range(i - starts[ep], i - starts[ep] + n))
         rtg = [data.rewards[j:end].astype(np.float64).sum() / scale for j in range(i, i + n)]
         np.testing.assert_allclose(batch["returns_to_go"][b, :n, 0].numpy(), rtg, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(batch["actions"][b, :n].numpy(), data.actions[i:i + n])
+        np.testing.assert_allclose(batch["actions"][b, :n].numpy(), data.actions[i : i + n])
         assert (batch["states"][b, n:] == 0).all() and (batch["returns_to_go"][b, n:] == 0).all()
 
 

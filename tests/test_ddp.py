@@ -1,4 +1,5 @@
 """Data-parallel training with torchrun on two CPU processes (gloo)."""
+
 import dataclasses
 import json
 import os
@@ -9,17 +10,41 @@ import sys
 import time
 
 import torch
+from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from test_train import ROOT, hopper_file
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
 from dt_primal.training.loop import train
-from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
-from test_train import ROOT, hopper_file
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "train.py"]
 # no dropout: each rank draws masks for its share of the batch, one process for all of it
-ARGS = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--ksvd-rank", "8", "--dropout", "0", "--device", "cpu",
-        "--precision", "fp32", "--batch-size", "8", "--warmup-steps", "5", "--eval-every", "100000", "--eval-episodes", "1", "--seed", "3"]
+ARGS = [
+    "--d-model",
+    "32",
+    "--n-head",
+    "2",
+    "--n-layer",
+    "2",
+    "--ksvd-rank",
+    "8",
+    "--dropout",
+    "0",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--batch-size",
+    "8",
+    "--warmup-steps",
+    "5",
+    "--eval-every",
+    "100000",
+    "--eval-episodes",
+    "1",
+    "--seed",
+    "3",
+]
 
 
 def saved(out):
@@ -34,8 +59,14 @@ def one_process(out, ckpt, data, resume=False, **change):
 
 def test_two_processes_give_the_weights_of_one_with_the_same_batch(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)))
-    two = subprocess.run([*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "20", "--out", str(tmp_path / "two")],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "20", "--out", str(tmp_path / "two")],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr
     a = saved(tmp_path / "two")
     b = one_process(tmp_path / "one", a, data)
@@ -51,8 +82,13 @@ def test_two_processes_give_the_weights_of_one_with_the_same_batch(tmp_path):
 def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)))
     out = tmp_path / "run"
-    proc = subprocess.Popen([*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "100000", "--checkpoint-every",
-                             "5", "--out", str(out)], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "100000", "--checkpoint-every", "5", "--out", str(out)],
+        cwd=ROOT,
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (out / "last.pt").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -69,6 +105,7 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
 
 def test_a_signal_that_lands_during_the_all_reduce_is_kept_for_the_next_step(monkeypatch):
     import dt_primal.training.loop as training
+
     stop = training._StopSignal(torch.device("cpu"))
     monkeypatch.setattr(training.dist, "is_initialized", lambda: True)
     # the signal arrives while this process waits in the all-reduce; the other process had none to report

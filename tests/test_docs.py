@@ -1,6 +1,7 @@
 """The documents and the committed records: docs/results.md is what the records give, every record says how
 it was made, no tracked file names a path of the machine it was written on or cites a file the repository
 does not hold, and no documented command writes into the committed results/."""
+
 import json
 import re
 import shutil
@@ -25,13 +26,18 @@ def tracked() -> list[Path]:
 
 
 def lines_matching(pattern: re.Pattern, files) -> list[str]:
-    return [f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}" for f in files
-            for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+    return [
+        f"{f.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
+        for f in files
+        for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+        if pattern.search(line)
+    ]
 
 
 def test_results_page_is_what_the_records_give():
-    assert tables.render(tables.DOC.read_text()) == tables.DOC.read_text(), \
+    assert tables.render(tables.DOC.read_text()) == tables.DOC.read_text(), (
         "docs/results.md is out of date: run python -m dt_primal.tables"
+    )
 
 
 def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
@@ -53,8 +59,11 @@ def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
 def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
     """Records moved under results/legacy/table4-* show as a marked legacy section below the current table."""
     src = HOPPER_MR
-    shutil.copytree(src, tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-replay-v0",
-                    ignore=shutil.ignore_patterns("events.out.tfevents.*"))
+    shutil.copytree(
+        src,
+        tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-replay-v0",
+        ignore=shutil.ignore_patterns("events.out.tfevents.*"),
+    )
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     md = tables.table4_sections()
     current, legacy = md.split("### Legacy: `results/legacy/table4-old`")

@@ -1,6 +1,7 @@
 """Seeds and datasets trained as one ensemble: each member is the run of its (dataset, seed) alone;
 resumption is exact and an interruption loses nothing; the step's operations do not grow with the
 members; the CUDA code path (the captured step)."""
+
 import copy
 import dataclasses
 import json
@@ -10,10 +11,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
+from test_train import ROOT, TINY, hopper_file, make_episodes, write_d4rl
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
-from dt_primal import checkpoint, data as data_module
+from dt_primal import checkpoint
+from dt_primal import data as data_module
 from dt_primal.config import Config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
@@ -22,11 +26,22 @@ from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training.loop import train
 from dt_primal.training.step import TrainStep
 from envs import TASKS
-from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
-from test_train import ROOT, TINY, hopper_file, make_episodes, write_d4rl
 
-CFG = Config(precision="fp32", dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=12, warmup_steps=5, batch_size=8,
-             eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu")
+CFG = Config(
+    precision="fp32",
+    dataset="tiny",
+    d_model=32,
+    n_head=2,
+    n_layer=2,
+    s=8,
+    steps=12,
+    warmup_steps=5,
+    batch_size=8,
+    eval_every=1000,
+    eval_episodes=1,
+    checkpoint_every=1000,
+    device="cpu",
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +97,12 @@ def test_each_member_ends_with_the_weights_of_its_seed_trained_alone(data, tmp_p
     train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), data, seeds=[4, 0, 7])
     for seed in (4, 0, 7):
         train(dataclasses.replace(cfg, seed=seed, out=str(tmp_path / f"alone{seed}")), data)
-        assert_same(weights(tmp_path / "ens" / f"seed_{seed}" / "last.pt"), weights(tmp_path / f"alone{seed}" / "last.pt"))
-    seeds = [torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=True)["config"]["seed"] for s in (4, 0, 7)]
+        assert_same(
+            weights(tmp_path / "ens" / f"seed_{seed}" / "last.pt"), weights(tmp_path / f"alone{seed}" / "last.pt")
+        )
+    seeds = [
+        torch.load(tmp_path / "ens" / f"seed_{s}" / "last.pt", weights_only=True)["config"]["seed"] for s in (4, 0, 7)
+    ]
     assert seeds == [4, 0, 7]
 
 
@@ -95,6 +114,7 @@ def test_members_draw_the_batches_of_their_seeds_alone(data, tmp_path, monkeypat
         batch = windows(self, start)
         drawn.append(batch["states"])
         return batch
+
     monkeypatch.setattr(data_module.WindowSampler, "windows", recorded)
     cfg = dataclasses.replace(CFG, steps=5)  # dropout 0.1: only the batches must agree
     train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), data, seeds=[1, 2])
@@ -114,8 +134,11 @@ def test_resuming_an_ensemble_gives_the_weights_of_an_uninterrupted_one(data, tm
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=7), data, seeds=[0, 1])
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True, seeds=[0, 1])
     for s in (0, 1):
-        assert_same(weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
-                    weights(tmp_path / "split" / f"seed_{s}" / "last.pt"), atol=0)
+        assert_same(
+            weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
+            weights(tmp_path / "split" / f"seed_{s}" / "last.pt"),
+            atol=0,
+        )
 
 
 def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, tmp_path, monkeypatch):
@@ -124,7 +147,9 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
     renames = 0
     replace = checkpoint.os.replace
 
-    def killed_while_renaming_at_step_10(src, dst):  # kill at step 10: seed_0's last.pt is new, seed_1's still the one of step 5
+    def killed_while_renaming_at_step_10(
+        src, dst
+    ):  # kill at step 10: seed_0's last.pt is new, seed_1's still the one of step 5
         nonlocal renames
         if str(dst).endswith("last.pt"):
             renames += 1
@@ -140,20 +165,40 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
     assert steps == [10, 5]
     train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, resume=True, seeds=[0, 1])
     for s in (0, 1):
-        assert_same(weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
-                    weights(tmp_path / "run" / f"seed_{s}" / "last.pt"), atol=0)
+        assert_same(
+            weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
+            weights(tmp_path / "run" / f"seed_{s}" / "last.pt"),
+            atol=0,
+        )
         assert not (tmp_path / "run" / f"seed_{s}" / "prev.pt").exists()
 
 
 def test_several_datasets_on_the_command_line_train_resume_and_report_per_dataset(data, other, tmp_path):
     out, both = tmp_path / "run", [data.source, other.source]
-    common = [sys.executable, "train.py", "--dataset", *both, *TINY, "--seeds", "0", "1", "--warmup-steps", "2",
-              "--eval-every", "1000", "--eval-episodes", "1", "--out", str(out)]
+    common = [
+        sys.executable,
+        "train.py",
+        "--dataset",
+        *both,
+        *TINY,
+        "--seeds",
+        "0",
+        "1",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "1000",
+        "--eval-episodes",
+        "1",
+        "--out",
+        str(out),
+    ]
     res = subprocess.run([*common, "--steps", "3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert f"primal {data.source}, {other.source} seeds 0 1:" in res.stderr  # the progress bar names the ensemble
-    res = subprocess.run([*common, "--steps", "5", "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [*common, "--steps", "5", "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0 and f"resumed from {out} at step 3" in res.stdout, res.stderr
     for source in both:
         folder = out / source.replace("/", "_").removesuffix(".hdf5") / "primal"
@@ -165,31 +210,96 @@ def test_several_datasets_on_the_command_line_train_resume_and_report_per_datase
 
 def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path):
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "train.py", "--dataset", data.source, *TINY, "--seeds", "3", "5",
-                          "--steps", "6", "--warmup-steps", "2", "--eval-every", "3", "--eval-episodes-during", "1",
-                          "--eval-episodes", "2", "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--dataset",
+            data.source,
+            *TINY,
+            "--seeds",
+            "3",
+            "5",
+            "--steps",
+            "6",
+            "--warmup-steps",
+            "2",
+            "--eval-every",
+            "3",
+            "--eval-episodes-during",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     for s in (3, 5):
         result = json.loads((out / f"seed_{s}" / "eval.json").read_text())
         assert result["seed"] == s and result["step"] == 6 and result["ensemble"] == [3, 5]
         assert result["checkpoint"] == f"seed_{s}/last.pt"  # relative to --out, where report.md lists it
-        assert [json.loads(l)["step"] for l in (out / f"seed_{s}" / "evals.jsonl").read_text().splitlines()] == [3]
+        assert [json.loads(line)["step"] for line in (out / f"seed_{s}" / "evals.jsonl").read_text().splitlines()] == [
+            3
+        ]
         assert f"seed {s} target 3600" in res.stdout
     assert (out / "report.md").exists() and "primal seeds 3 5:" in res.stderr  # the progress bar's name
-    res = subprocess.run([sys.executable, "evaluate.py", *(str(out / f"seed_{s}" / "last.pt") for s in (3, 5)),
-                          "--episodes", "2", "--out", str(tmp_path / "ev.json")], cwd=ROOT, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            *(str(out / f"seed_{s}" / "last.pt") for s in (3, 5)),
+            "--episodes",
+            "2",
+            "--out",
+            str(tmp_path / "ev.json"),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "ev.json").read_text())
     for s, ckpt in zip((3, 5), report["checkpoints"]):  # the same episodes as the run's own final evaluation
         assert ckpt["seed"] == s
         assert ckpt["targets"] == json.loads((out / f"seed_{s}" / "eval.json").read_text())["targets"]
-    res = subprocess.run([sys.executable, "train.py", "--out", str(out), "--seeds", "3", "5", "--resume",
-                          "--lr", "0.01", "--steps", "8"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--out",
+            str(out),
+            "--seeds",
+            "3",
+            "5",
+            "--resume",
+            "--lr",
+            "0.01",
+            "--steps",
+            "8",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2 and "--resume cannot change --lr 0.01 (the run has 0.001)" in res.stderr, res.stderr
-    res = subprocess.run([sys.executable, "train.py", "--out", str(out), "--resume"], cwd=ROOT, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "train.py", "--out", str(out), "--resume"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2 and "resume them with --seeds 3 5" in res.stderr, res.stderr
 
 
@@ -199,8 +309,12 @@ def test_members_of_several_datasets_end_as_their_runs_alone(data, other, tmp_pa
     cfg = dataclasses.replace(CFG, dropout=0.0, steps=6, eval_episodes=2)
     both = {"a.hdf5": data, "b.hdf5": other}
     results = train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), both, seeds=[0, 1])
-    assert [(r["dataset"], r["seed"]) for r in results] == [(data.source, 0), (data.source, 1), (other.source, 0),
-                                                            (other.source, 1)]
+    assert [(r["dataset"], r["seed"]) for r in results] == [
+        (data.source, 0),
+        (data.source, 1),
+        (other.source, 0),
+        (other.source, 1),
+    ]
     for spec, d in both.items():
         for seed in (0, 1):
             alone = train(dataclasses.replace(cfg, dataset=spec, seed=seed, out=str(tmp_path / f"{spec}{seed}")), d)[0]
@@ -217,16 +331,21 @@ def test_members_of_several_datasets_end_as_their_runs_alone(data, other, tmp_pa
 
 def test_datasets_whose_models_differ_are_refused_as_one_ensemble(data, tmp_path):
     from dt_primal.errors import UserError
+
     cfg = dataclasses.replace(CFG, s=None)  # the KSVD rank then comes from each dataset's name
     with pytest.raises(UserError, match="cannot train as one ensemble.*separate runs"):
-        train(dataclasses.replace(cfg, out=str(tmp_path / "x")),
-              {"dt-primal/halfcheetah/medium-v0": data, "dt-primal/halfcheetah/medium-replay-v0": data}, seeds=[0])
+        train(
+            dataclasses.replace(cfg, out=str(tmp_path / "x")),
+            {"dt-primal/halfcheetah/medium-v0": data, "dt-primal/halfcheetah/medium-replay-v0": data},
+            seeds=[0],
+        )
 
 
 def test_operations_per_update_do_not_grow_with_the_members(data):
     """Members are a tensor dimension: an update of 4 members runs as many operations as one of a
     single member (a member's own batch draw aside), where a loop over members ran 4x as many."""
     import collections
+
     sys.path.insert(0, str(ROOT / "bench"))
     from ensemble_speed import OpCounter  # what bench/ensemble_speed.py --count-ops counts
 
@@ -234,12 +353,14 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
         torch.manual_seed(0)
         model = DecisionTransformer(CFG.model_config(data.obs_dim, data.act_dim), members=members)
         sampler = data_module.WindowSampler(data, CFG.context, CFG.reward_scale, *data.state_stats())
-        step = TrainStep(CFG, model, sampler, [torch.Generator().manual_seed(s) for s in range(members)],
-                         torch.device("cpu"))
+        step = TrainStep(
+            CFG, model, sampler, [torch.Generator().manual_seed(s) for s in range(members)], torch.device("cpu")
+        )
         step()
         with OpCounter() as counter:
             step()
         return counter.ops
+
     one, four = ops(1), ops(4)
     assert four["randint"] - one["randint"] == 3  # each member draws its own batch from its own generator
     assert sum(four.values()) <= 1.02 * sum(one.values())  # and every other operation runs once for all members
@@ -249,8 +370,10 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
 def test_environment_workers_give_the_episodes_of_in_process_stepping():
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
-    model = stack_members(lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
-                          [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)])
+    model = stack_members(
+        lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
+        [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)],
+    )
     policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context)
     args = (TASKS["hopper"], [3600.0, 1800.0], 3)
     one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
@@ -261,8 +384,13 @@ def test_environment_workers_give_the_episodes_of_in_process_stepping():
 class HostSyncs(TorchDispatchMode):
     """Records the operators that would make the host wait for a GPU: reading a value back
     (``.item()``, ``bool()``, ``int()``) or an output whose shape depends on the data."""
-    SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-               torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default}
+
+    SYNCING = {
+        torch.ops.aten._local_scalar_dense.default,
+        torch.ops.aten.nonzero.default,
+        torch.ops.aten.masked_select.default,
+        torch.ops.aten._unique2.default,
+    }
 
     def __init__(self):
         super().__init__()
@@ -285,8 +413,10 @@ def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data):
     step()  # the optimizer's state exists from here on, as before a capture
 
     def python_state():
-        return {k: (id(v), v if isinstance(v, (int, float, bool, str, type(None))) else None)
-                for k, v in vars(step).items()}
+        return {
+            k: (id(v), v if isinstance(v, (int, float, bool, str, type(None))) else None) for k, v in vars(step).items()
+        }
+
     before, steps = python_state(), int(step.step)
     step.opt.zero_grad(set_to_none=True)
     with HostSyncs() as syncs:
@@ -305,6 +435,9 @@ def test_the_captured_step_trains_as_the_eager_step_on_cuda(data, tmp_path):
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager"), cuda_graph=False), data, seeds=[0, 1, 2])
     train(dataclasses.replace(cfg, seed=1, out=str(tmp_path / "alone")), data)
     for s in (0, 1, 2):
-        assert_same(weights(tmp_path / "graph" / f"seed_{s}" / "last.pt"), weights(tmp_path / "eager" / f"seed_{s}" / "last.pt"),
-                    atol=1e-5)
+        assert_same(
+            weights(tmp_path / "graph" / f"seed_{s}" / "last.pt"),
+            weights(tmp_path / "eager" / f"seed_{s}" / "last.pt"),
+            atol=1e-5,
+        )
     assert_same(weights(tmp_path / "graph" / "seed_1" / "last.pt"), weights(tmp_path / "alone" / "last.pt"), atol=1e-5)

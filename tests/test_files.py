@@ -1,4 +1,5 @@
 """Checkpoints and datasets as files a user is given: what they hold, and that reading them runs no code."""
+
 import ast
 import dataclasses
 import json
@@ -12,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_episodes
+from test_reliability import one_thread  # noqa: F401 (one thread: runs in this process give the same weights)
+
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint
 from dt_primal.config import Config, make_config
@@ -21,13 +23,22 @@ from dt_primal.errors import UserError
 from dt_primal.sweep.grid import group_dir
 from dt_primal.training.loop import train
 from dt_primal.untrusted import load_torch
-from test_reliability import one_thread  # noqa: F401 (one thread: runs in this process give the same weights)
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT1 = ROOT / "tests" / "fixtures" / "format1"  # last.pt: 3 steps on hopper.pkl, written by commit 3d6ec5d
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-SMALL = dict(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, warmup_steps=5, batch_size=8, eval_every=1000,
-             eval_episodes=1, device="cpu")
+SMALL = dict(
+    dataset="tiny",
+    d_model=32,
+    n_head=2,
+    n_layer=2,
+    s=8,
+    warmup_steps=5,
+    batch_size=8,
+    eval_every=1000,
+    eval_episodes=1,
+    device="cpu",
+)
 
 
 def run(*args):
@@ -38,24 +49,36 @@ def run(*args):
 def run_dir(tmp_path_factory):
     """A 2-step run on a tiny hopper dataset: its folder."""
     from datasets.synthetic import write_d4rl
+
     tmp = tmp_path_factory.mktemp("run")
     write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
     data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
     # fp32 stated: with auto, a run trained in bf16 is acted with the precision a timing on this CPU picks, which
     # two processes on a loaded machine may pick differently
-    train(make_config(**{**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5")}, env="hopper", steps=2, max_ep_len=50,
-                      out=str(tmp / "run"), precision="fp32"), data)
+    train(
+        make_config(
+            **{**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5")},
+            env="hopper",
+            steps=2,
+            max_ep_len=50,
+            out=str(tmp / "run"),
+            precision="fp32",
+        ),
+        data,
+    )
     return tmp / "run"
 
 
 # --- the model owns its config ---
 
+
 def test_the_model_owns_its_config():
     """model/transformer.py builds a DecisionTransformer from its ModelConfig alone: it imports nothing of the
     run's config."""
     tree = ast.parse((ROOT / "dt_primal" / "model" / "transformer.py").read_text())
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
-        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
     assert "dt_primal.config" not in imported
 
 
@@ -72,6 +95,7 @@ def test_a_checkpoint_holds_tensors_plain_data_and_the_resolved_architecture(run
 
 # --- checkpoints written before (format 1) ---
 
+
 def test_a_checkpoint_written_by_an_earlier_version_evaluates(tmp_path):
     res = run("evaluate.py", str(FORMAT1 / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "ev.json"))
     assert res.returncode == 0, res.stderr
@@ -85,8 +109,11 @@ def test_a_checkpoint_written_by_an_earlier_version_resumes_exactly(tmp_path):
     (about 1e-7 here; a step moves these weights by about 1e-3)."""
     shutil.copytree(FORMAT1, tmp_path / "resumed")
     data = load_dataset(str(FORMAT1 / "hopper.pkl"))
-    cfg = dataclasses.replace(Config(**checkpoint.load_checkpoint(FORMAT1 / "last.pt")["config"]), steps=5,
-                              dataset=str(FORMAT1 / "hopper.pkl"))
+    cfg = dataclasses.replace(
+        Config(**checkpoint.load_checkpoint(FORMAT1 / "last.pt")["config"]),
+        steps=5,
+        dataset=str(FORMAT1 / "hopper.pkl"),
+    )
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
     train(dataclasses.replace(cfg, out=str(tmp_path / "resumed")), data, resume=True)
     a, b = (torch.load(tmp_path / d / "last.pt", weights_only=True) for d in ("straight", "resumed"))
@@ -109,6 +136,7 @@ def test_an_old_architecture_comes_from_the_weights_never_from_the_datasets_name
 
 # --- files that would run code ---
 
+
 class Payload:
     """Unpickled, it creates a file."""
 
@@ -128,10 +156,23 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_every_command(run_dir, t
     record = json.loads((run_dir / "eval.json").read_text())  # a finished run whose record lacks its config
     (tmp_path / "sweep/hopper/primal/seed_0/eval.json").write_text(json.dumps({**record, "config": {}}))
     assert group_dir(tmp_path / "sweep", "hopper", "primal") == tmp_path / "sweep/hopper/primal"
-    commands = [("evaluate.py", str(tmp_path / "evil" / "last.pt"), "--out", str(tmp_path / "ev.json")),
-                ("train.py", "--resume", "--out", str(tmp_path / "evil")),
-                ("-m", "dt_primal.sweep", "--datasets", "hopper", "--models", "primal", "--seeds", "0",
-                 "--out", str(tmp_path / "sweep"), "--aggregate-only")]
+    commands = [
+        ("evaluate.py", str(tmp_path / "evil" / "last.pt"), "--out", str(tmp_path / "ev.json")),
+        ("train.py", "--resume", "--out", str(tmp_path / "evil")),
+        (
+            "-m",
+            "dt_primal.sweep",
+            "--datasets",
+            "hopper",
+            "--models",
+            "primal",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path / "sweep"),
+            "--aggregate-only",
+        ),
+    ]
     for command in commands:
         res = run(*command)
         assert res.returncode == 2, (command, res.stderr)
@@ -150,8 +191,16 @@ def test_a_dataset_pickle_that_would_run_code_is_refused(tmp_path):
 
 def test_dataset_pickles_of_plain_data_load_under_numpy_1_and_2_names(tmp_path):
     eps = make_episodes(lengths=(5, 6))
-    trajs = [dict(observations=e["observations"][:-1], actions=e["actions"], rewards=e["rewards"],
-                  terminals=e["terminations"], dones=np.float32(0)) for e in eps]
+    trajs = [
+        dict(
+            observations=e["observations"][:-1],
+            actions=e["actions"],
+            rewards=e["rewards"],
+            terminals=e["terminations"],
+            dones=np.float32(0),
+        )
+        for e in eps
+    ]
     blobs = {f"protocol {p}": pickle.dumps(trajs, protocol=p) for p in (2, 4, 5)}
     blobs["NumPy 1"] = blobs["protocol 2"].replace(b"numpy._core", b"numpy.core")  # protocol 2 names globals as text
     for name, blob in blobs.items():
@@ -160,6 +209,7 @@ def test_dataset_pickles_of_plain_data_load_under_numpy_1_and_2_names(tmp_path):
 
 
 # --- a checkpoint write that fails part-way ---
+
 
 def test_a_write_that_fails_inside_the_archive_writer_keeps_the_previous_checkpoint(tmp_path):
     """A file-size limit (as a full disk) hit while torch.save writes: a clean message, the old file intact."""
@@ -197,7 +247,9 @@ def test_an_environment_spec_that_names_other_code_is_refused(run_dir, tmp_path)
     """A checkpoint's task (or a dataset's metadata) may give its environment's kwargs and time limit, never
     the code gym.make imports and calls to build it."""
     from gymnasium.envs.registration import EnvSpec
+
     from envs import task_for
+
     target = tmp_path / "created"
     spec = EnvSpec(id="Hopper-v5", entry_point="subprocess:run", kwargs={"args": ["touch", str(target)]}).to_json()
     ckpt = torch.load(run_dir / "last.pt", weights_only=True)
@@ -208,4 +260,5 @@ def test_an_environment_spec_that_names_other_code_is_refused(run_dir, tmp_path)
         task_for("Hopper-v5", spec)
     assert not target.exists()
     import gymnasium as gym
+
     assert task_for("Hopper-v5", gym.spec("Hopper-v5").to_json()).gym_id == "Hopper-v5"  # its own entry point

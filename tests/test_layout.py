@@ -1,6 +1,10 @@
-"""The code reads in short pieces: no function of the library or of the command-line scripts is longer
-than 80 lines."""
+"""The code reads in short pieces (no function of the library or of the command-line scripts is longer
+than 80 lines), and installs as a library."""
+
 import ast
+import subprocess
+import sys
+import zipfile
 
 from test_train import ROOT
 
@@ -9,7 +13,32 @@ LIMIT = 80
 
 def test_no_function_is_longer_than_80_lines():
     files = sorted((ROOT / "dt_primal").rglob("*.py")) + [ROOT / "train.py", ROOT / "evaluate.py"]
-    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for path in files for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LIMIT]
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LIMIT
+    ]
     assert len(files) > 20 and not long, f"longer than {LIMIT} lines: " + "; ".join(long)
+
+
+def test_the_wheel_holds_the_library_and_never_a_top_level_datasets(tmp_path):
+    """``pip install .`` installs dt_primal and envs (a top-level ``datasets`` would shadow Hugging Face's),
+    and the library imports from the wheel alone, in a folder outside the checkout."""
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    wheel = next(tmp_path.glob("dt_primal-*.whl"))
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"dt_primal", "envs"}
+    script = (
+        f"import sys; sys.path.insert(0, {str(wheel)!r}); import dt_primal.evaluation.policy; print(dt_primal.__file__)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0 and res.stdout.strip().startswith(str(wheel)), res.stderr

@@ -4,6 +4,7 @@ UserError, which the commands print with status 2); never another exception, a h
 Run as a script (one kind, in a fresh process, so that its peak memory is its own):
   python tests/test_mutations.py KIND COUNT SEED FOLDER   ->  one JSON line of counts
 """
+
 import copy
 import io
 import json
@@ -28,8 +29,24 @@ MAX_GROWTH_MB = 300  # resident memory a corrupted file may add at most over rea
 
 # --- corruptions ---
 
-ODD_VALUES = [None, "x", -1, 0, 2**70, float("nan"), float("inf"), [], {}, [[[[1]]]], True, b"\x00", (1, "a"),
-              "a" * 10_000, [1.5] * 50, {"observations": 1}]
+ODD_VALUES = [
+    None,
+    "x",
+    -1,
+    0,
+    2**70,
+    float("nan"),
+    float("inf"),
+    [],
+    {},
+    [[[[1]]]],
+    True,
+    b"\x00",
+    (1, "a"),
+    "a" * 10_000,
+    [1.5] * 50,
+    {"observations": 1},
+]
 
 
 def byte_level(blob: bytes, rng: np.random.Generator) -> bytes:
@@ -46,7 +63,7 @@ def byte_level(blob: bytes, rng: np.random.Generator) -> bytes:
         b[at:at] = rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8).tobytes()
     else:
         n = int(rng.integers(1, 256))
-        b[at:at + n] = bytes([int(rng.integers(256))]) * min(n, len(b) - at)
+        b[at : at + n] = bytes([int(rng.integers(256))]) * min(n, len(b) - at)
     return bytes(b)
 
 
@@ -64,6 +81,7 @@ def mutate_tree(value, rng: np.random.Generator):
             parents.extend((v, i) for i in range(len(v)))
             for x in v:
                 walk(x)
+
     walk(value)
     if not parents:
         return ODD_VALUES[int(rng.integers(len(ODD_VALUES)))]
@@ -77,6 +95,7 @@ def mutate_tree(value, rng: np.random.Generator):
 
 def _odd(old, rng):
     import torch
+
     if isinstance(old, (torch.Tensor, np.ndarray)) and rng.random() < 0.5:
         arr = old.numpy() if isinstance(old, torch.Tensor) else old
         shape = list(arr.shape) or [1]
@@ -88,9 +107,11 @@ def _odd(old, rng):
 
 # --- each kind: its valid file, its structure-level corruption, its reader ---
 
+
 def structured(kind: str, path: Path, rng: np.random.Generator) -> None:
     """Rewrite the valid file ``path`` of ``kind`` with one structure-level corruption."""
     import torch
+
     if kind == "checkpoint":
         torch.save(mutate_tree(torch.load(path, weights_only=True), rng), path)
     elif kind == "pickle":
@@ -114,6 +135,7 @@ def structured(kind: str, path: Path, rng: np.random.Generator) -> None:
 
 def _mutate_hdf5(path: Path, rng: np.random.Generator) -> None:
     import h5py
+
     with h5py.File(path, "a") as f:
         key = sorted(f)[int(rng.integers(len(f)))]
         n = len(f[key])
@@ -126,8 +148,9 @@ def _mutate_hdf5(path: Path, rng: np.random.Generator) -> None:
         elif choice == 2:
             f.create_group(key)
         elif choice == 3:
-            f.create_dataset(key, (int(rng.integers(10**6, 10**9)), 11), np.float32, chunks=(100, 11),
-                             compression="gzip")
+            f.create_dataset(
+                key, (int(rng.integers(10**6, 10**9)), 11), np.float32, chunks=(100, 11), compression="gzip"
+            )
         else:
             f[key] = np.full(n, rng.choice([np.nan, 1e39, 2.0]), np.float64)
 
@@ -139,8 +162,14 @@ def _mutate_archive(path: Path, rng: np.random.Generator) -> None:
     m, data = entries[index]
     choice = int(rng.integers(4))
     if choice == 0:
-        m.name = rng.choice(["../x/seed_0/eval.json", "/abs/seed_0/eval.json", m.name + "/seed_1/eval.json",
-                             "a/" * 50 + "seed_0/eval.json"])
+        m.name = rng.choice(
+            [
+                "../x/seed_0/eval.json",
+                "/abs/seed_0/eval.json",
+                m.name + "/seed_1/eval.json",
+                "a/" * 50 + "seed_0/eval.json",
+            ]
+        )
     elif choice == 1:
         m.type, m.linkname = tarfile.SYMTYPE, "/etc/passwd"
     elif choice == 2:
@@ -159,6 +188,7 @@ def read(kind: str, path: Path, scratch: Path) -> None:
     from datasets.loaders import load_dataset
     from dt_primal import checkpoint
     from dt_primal.sweep import records
+
     if kind == "checkpoint":
         ckpt = checkpoint.load_checkpoint(path)
         checkpoint.model_from_checkpoint(ckpt)
@@ -176,8 +206,10 @@ def valid_file(kind: str, folder: Path) -> Path:
     """A valid file of ``kind`` in ``folder`` (for minari: the dataset's data folder)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_episodes
-    from datasets.synthetic import write_d4rl
     from test_data import write_minari, write_pickle
+
+    from datasets.synthetic import write_d4rl
+
     eps = make_episodes(lengths=(40, 25), seed=3)
     if kind == "hdf5":
         write_d4rl(folder / "hopper.hdf5", eps)
@@ -189,16 +221,32 @@ def valid_file(kind: str, folder: Path) -> Path:
         write_minari("mutations/hopper/valid-v0", eps)
         return Path(os.environ["MINARI_DATASETS_PATH"]) / "mutations/hopper/valid-v0" / "data"
     if kind == "checkpoint":
+        from datasets.loaders import load_dataset
         from dt_primal.config import make_config
         from dt_primal.training.loop import train
-        from datasets.loaders import load_dataset
+
         write_d4rl(folder / "hopper.hdf5", eps)
-        cfg = make_config(dataset=str(folder / "hopper.hdf5"), env="hopper", d_model=16, n_head=2, n_layer=1, s=4,
-                          steps=1, warmup_steps=1, batch_size=4, eval_every=1000, eval_episodes=1, device="cpu",
-                          max_ep_len=50, out=str(folder / "run"), precision="fp32")
+        cfg = make_config(
+            dataset=str(folder / "hopper.hdf5"),
+            env="hopper",
+            d_model=16,
+            n_head=2,
+            n_layer=1,
+            s=4,
+            steps=1,
+            warmup_steps=1,
+            batch_size=4,
+            eval_every=1000,
+            eval_episodes=1,
+            device="cpu",
+            max_ep_len=50,
+            out=str(folder / "run"),
+            precision="fp32",
+        )
         train(cfg, load_dataset(str(folder / "hopper.hdf5"), env="hopper"))
         return folder / "run" / "last.pt"
     from dt_primal.sweep import records
+
     (folder / "sweep").mkdir()
     for seed in (0, 1):
         run = folder / "sweep" / "hopper" / "dt" / f"seed_{seed}"
@@ -211,6 +259,7 @@ def valid_file(kind: str, folder: Path) -> Path:
 
 def main(kind: str, count: int, seed: int, folder: Path) -> dict:
     from dt_primal.errors import UserError
+
     rng = np.random.default_rng(seed)
     valid = valid_file(kind, folder)
     read(kind, valid, folder / "scratch")  # warm: the modules and caches every case uses
@@ -219,6 +268,7 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
 
     def alarm(*_):
         raise TimeoutError
+
     signal.signal(signal.SIGALRM, alarm)
     for i in range(count):
         case = folder / f"case{'' if valid.suffix else '_dir'}{valid.suffix}"
@@ -256,8 +306,14 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_corrupted_files_load_or_are_refused_with_a_message(kind, tmp_path):
-    res = subprocess.run([sys.executable, __file__, kind, str(COUNT), "0", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run(
+        [sys.executable, __file__, kind, str(COUNT), "0", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     print(json.dumps(result))
@@ -270,5 +326,6 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     kind_, count_, seed_, folder_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     import warnings
+
     warnings.simplefilter("ignore")
     print(json.dumps(main(kind_, count_, seed_, folder_)))

@@ -1,16 +1,17 @@
 """``dt_primal.load_policy``: a trained model that acts with torch and NumPy only, exactly as evaluation does."""
+
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from test_files import ENV, FORMAT1, ROOT, one_thread, run_dir  # noqa: F401 (fixtures)
 
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.evaluation.policy import Policy, load_policy, policy_from_checkpoints
 from dt_primal.evaluation.rollout import rollout
 from envs import TASKS
-from test_files import ENV, FORMAT1, ROOT, one_thread, run_dir  # noqa: F401 (fixtures)
 
 # a process in which gymnasium, mujoco and minari cannot be imported, acting with the policy of argv[1] on the
 # observations and rewards of argv[2]; it writes the actions to argv[3]
@@ -38,27 +39,42 @@ def evaluation_steps(path, target, episodes=1):
     policy = policy_from_checkpoints([load_checkpoint(path)])
     seen = []
     act = policy.act
-    policy.act = lambda obs, reward, live: seen.append((obs.copy(), np.array(reward), act(obs, reward, live))) or seen[-1][2]
+    policy.act = lambda obs, reward, live: (
+        seen.append((obs.copy(), np.array(reward), act(obs, reward, live))) or seen[-1][2]
+    )
     rollout(policy, TASKS["hopper"], [target], episodes, seeds=[100_000])
     return seen
 
 
 @pytest.mark.parametrize("which", ["new", "format 1"])
-def test_load_policy_acts_without_gymnasium_mujoco_or_minari_as_evaluation_does(run_dir, tmp_path, which):
+def test_load_policy_acts_without_gymnasium_mujoco_or_minari_as_evaluation_does(run_dir, tmp_path, which):  # noqa: F811
     path = run_dir / "last.pt" if which == "new" else FORMAT1 / "last.pt"
     seen = evaluation_steps(path, 3600.0)
     obs = np.stack([o.reshape(-1) for o, _, _ in seen])
     rewards = np.array([r.reshape(-1)[0] for _, r, _ in seen[1:]])
     np.savez(tmp_path / "steps.npz", obs=obs, rewards=rewards, target=3600.0)
-    res = subprocess.run([sys.executable, "-c", ACT_WITHOUT_SIMULATORS, str(path), str(tmp_path / "steps.npz"),
-                          str(tmp_path / "actions.npy")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            ACT_WITHOUT_SIMULATORS,
+            str(path),
+            str(tmp_path / "steps.npz"),
+            str(tmp_path / "actions.npy"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert res.returncode == 0, res.stderr
     actions = np.load(tmp_path / "actions.npy")
     assert len(actions) > 10 and actions.dtype == np.float32 and np.abs(actions).max() <= 1
     np.testing.assert_array_equal(actions, np.stack([a.reshape(-1) for _, _, a in seen]))
 
 
-def test_one_policy_acts_for_one_environment_or_a_batch(run_dir):
+def test_one_policy_acts_for_one_environment_or_a_batch(run_dir):  # noqa: F811
     policy = load_policy(run_dir / "last.pt")
     assert policy.context == 20 and policy.config.max_ep_len == 50 and policy.state_mean.shape == (11,)
     assert policy.run_config["reward_scale"] == 1000.0
@@ -82,6 +98,7 @@ def test_a_policy_acts_beyond_its_context_and_its_episode_length():
     torch.manual_seed(0)
     from dt_primal.config import Config
     from dt_primal.model.transformer import DecisionTransformer
+
     model = DecisionTransformer(Config(d_model=16, n_head=2, n_layer=1, context=3, max_ep_len=4).model_config(2, 1))
     policy = Policy(model.train(False), np.zeros(2), np.ones(2), 1.0, 3)
     policy.reset(1.0)

@@ -1,4 +1,5 @@
 """Bad input gets a one-paragraph error that says what to do; interruptions lose nothing."""
+
 import os
 import pickle
 import re
@@ -11,8 +12,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_episodes
+from test_data import write_pickle
+from test_train import ROOT, TINY, hopper_file
+
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint
@@ -21,13 +24,23 @@ from dt_primal.config import make_config
 from dt_primal.data import WindowSampler
 from dt_primal.errors import UserError
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
-from dt_primal.training import loop as training, step
-from test_data import write_pickle
-from test_train import ROOT, TINY, hopper_file
+from dt_primal.training import loop as training
+from dt_primal.training import step
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers as below
-SMALL = dict(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, warmup_steps=5, batch_size=8, eval_every=1000,
-             eval_episodes=1, device="cpu", precision="fp32")
+SMALL = dict(
+    dataset="tiny",
+    d_model=32,
+    n_head=2,
+    n_layer=2,
+    s=8,
+    warmup_steps=5,
+    batch_size=8,
+    eval_every=1000,
+    eval_episodes=1,
+    device="cpu",
+    precision="fp32",
+)
 
 
 def run(*args):
@@ -66,16 +79,35 @@ def tiny(tmp_path_factory):
 
 # --- bad input, through the command line ---
 
+
 def test_unknown_dataset_id_says_how_to_get_one(tmp_path):
     res = run("train.py", "--dataset", "nobody/hopper/nothing-v0", "--out", str(tmp_path))
     assert_user_error(res, "nobody/hopper/nothing-v0", "python -m datasets build", "--download", ".hdf5")
 
 
 def test_impossible_configs_are_all_named_at_once(tmp_path):
-    res = run("train.py", "--d-model", "30", "--n-head", "4", "--s", "0", "--context", "0", "--steps", "-1",
-              "--out", str(tmp_path))
-    assert_user_error(res, "--d-model (30) must be a positive multiple of --n-head (4)", "--s (KSVD rank)",
-                      "--context must be at least 1", "--steps and --warmup-steps cannot be negative")
+    res = run(
+        "train.py",
+        "--d-model",
+        "30",
+        "--n-head",
+        "4",
+        "--s",
+        "0",
+        "--context",
+        "0",
+        "--steps",
+        "-1",
+        "--out",
+        str(tmp_path),
+    )
+    assert_user_error(
+        res,
+        "--d-model (30) must be a positive multiple of --n-head (4)",
+        "--s (KSVD rank)",
+        "--context must be at least 1",
+        "--steps and --warmup-steps cannot be negative",
+    )
 
 
 def test_dataset_from_another_environment(tmp_path):
@@ -85,7 +117,7 @@ def test_dataset_from_another_environment(tmp_path):
 
 def test_truncated_checkpoint_in_evaluate_and_resume(tiny, tmp_path):
     blob = (tiny[1] / "last.pt").read_bytes()
-    (tmp_path / "last.pt").write_bytes(blob[:len(blob) // 2])
+    (tmp_path / "last.pt").write_bytes(blob[: len(blob) // 2])
     res = run("evaluate.py", str(tmp_path / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "ev.json"))
     assert_user_error(res, "truncated or corrupted")
     res = run("train.py", "--resume", "--out", str(tmp_path))
@@ -94,17 +126,21 @@ def test_truncated_checkpoint_in_evaluate_and_resume(tiny, tmp_path):
 
 # --- bad input, through the functions ---
 
-@pytest.mark.parametrize("change, phrase", [
-    (dict(model="gpt"), "--model must be one of"),
-    (dict(d_model=30, n_head=4), "positive multiple of --n-head"),
-    (dict(s=-3), "--s (KSVD rank) must be positive"),
-    (dict(context=0), "--context must be at least 1"),
-    (dict(steps=-5), "cannot be negative"),
-    (dict(targets=[]), "--targets needs at least one return"),
-    (dict(eval_episodes=0), "--eval-episodes must be at least 1"),
-    (dict(lr=float("nan")), "--lr > 0"),
-    (dict(grad_clip=0.0), "--grad-clip > 0"),
-])
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (dict(model="gpt"), "--model must be one of"),
+        (dict(d_model=30, n_head=4), "positive multiple of --n-head"),
+        (dict(s=-3), "--s (KSVD rank) must be positive"),
+        (dict(context=0), "--context must be at least 1"),
+        (dict(steps=-5), "cannot be negative"),
+        (dict(targets=[]), "--targets needs at least one return"),
+        (dict(eval_episodes=0), "--eval-episodes must be at least 1"),
+        (dict(lr=float("nan")), "--lr > 0"),
+        (dict(grad_clip=0.0), "--grad-clip > 0"),
+    ],
+)
 def test_impossible_config(change, phrase):
     with raises(phrase):
         make_config(**change)
@@ -116,7 +152,9 @@ def test_unknown_suite_dataset_and_unknown_env(tmp_path):
     with raises("python -m datasets build --env hopper --level medium"):
         load_dataset("dt-primal/hopper/medium-v0", build=False)  # as in a multi-process run
     write_d4rl(tmp_path / "d.hdf5", make_episodes())
-    with raises("--env ant is not an environment Gymnasium knows (Environment `ant` doesn't exist. Did you mean: `Ant`?)"):
+    with raises(
+        "--env ant is not an environment Gymnasium knows (Environment `ant` doesn't exist. Did you mean: `Ant`?)"
+    ):
         load_dataset(str(tmp_path / "d.hdf5"), env="ant")
     with raises("does not name the task it was recorded on; pass --env"):
         load_dataset(str(tmp_path / "d.hdf5"))
@@ -135,19 +173,27 @@ def _hdf5(path, **change):
     return str(path)
 
 
-NO_STEPS = dict(observations=np.zeros((0, 11)), actions=np.zeros((0, 3)), rewards=np.zeros(0), terminals=np.zeros(0),
-                timeouts=np.zeros(0))
+NO_STEPS = dict(
+    observations=np.zeros((0, 11)),
+    actions=np.zeros((0, 3)),
+    rewards=np.zeros(0),
+    terminals=np.zeros(0),
+    timeouts=np.zeros(0),
+)
 
 
-@pytest.mark.parametrize("change, phrase", [
-    (dict(rewards=None), "lacks the keys rewards"),
-    (dict(rewards="group"), "not in the D4RL layout"),
-    (dict(actions=np.zeros((21, 3))), "'actions' has 21 rows but 'rewards' has 22"),
-    (dict(observations=np.zeros(22)), "wrong shapes"),
-    (dict(rewards=np.r_[np.nan, np.zeros(21)]), "1 NaN/inf values in 'rewards'"),
-    (dict(observations=np.full((22, 11), np.inf)), "242 NaN/inf values in 'observations'"),
-    (NO_STEPS, "holds no steps"),
-])
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (dict(rewards=None), "lacks the keys rewards"),
+        (dict(rewards="group"), "not in the D4RL layout"),
+        (dict(actions=np.zeros((21, 3))), "'actions' has 21 rows but 'rewards' has 22"),
+        (dict(observations=np.zeros(22)), "wrong shapes"),
+        (dict(rewards=np.r_[np.nan, np.zeros(21)]), "1 NaN/inf values in 'rewards'"),
+        (dict(observations=np.full((22, 11), np.inf)), "242 NaN/inf values in 'observations'"),
+        (NO_STEPS, "holds no steps"),
+    ],
+)
 def test_bad_d4rl_file(tmp_path, change, phrase):
     with raises(phrase):
         load_dataset(_hdf5(tmp_path / "hopper.hdf5", **change))
@@ -173,18 +219,26 @@ def _changed(episode, key, value):
     return eps
 
 
-EMPTY = dict(observations=np.zeros((1, 11), np.float32), actions=np.zeros((0, 3), np.float32),
-             rewards=np.zeros(0, np.float32), terminations=np.zeros(0, bool), truncations=np.zeros(0, bool))
+EMPTY = dict(
+    observations=np.zeros((1, 11), np.float32),
+    actions=np.zeros((0, 3), np.float32),
+    rewards=np.zeros(0, np.float32),
+    terminations=np.zeros(0, bool),
+    truncations=np.zeros(0, bool),
+)
 
 
-@pytest.mark.parametrize("episodes, phrase", [
-    ([], "holds no episodes"),
-    (make_episodes()[:1] + [EMPTY] + make_episodes()[1:], "1 empty episodes"),
-    ([EMPTY, EMPTY], "holds no steps"),
-    (_changed(1, "actions", np.zeros((3, 6))), "differ in observation/action shapes"),
-    (_changed(1, "rewards", np.zeros(2)), "trajectory 1 has shapes"),
-    (_changed(2, "actions", np.full((12, 3), np.nan)), "36 NaN/inf values in 'actions'"),
-])
+@pytest.mark.parametrize(
+    "episodes, phrase",
+    [
+        ([], "holds no episodes"),
+        (make_episodes()[:1] + [EMPTY] + make_episodes()[1:], "1 empty episodes"),
+        ([EMPTY, EMPTY], "holds no steps"),
+        (_changed(1, "actions", np.zeros((3, 6))), "differ in observation/action shapes"),
+        (_changed(1, "rewards", np.zeros(2)), "trajectory 1 has shapes"),
+        (_changed(2, "actions", np.full((12, 3), np.nan)), "36 NaN/inf values in 'actions'"),
+    ],
+)
 def test_bad_decision_transformer_pickle(tmp_path, episodes, phrase):
     with raises(phrase):
         load_dataset(_pickle(tmp_path / "hopper.pkl", episodes))
@@ -217,12 +271,14 @@ def test_damaged_or_incompatible_checkpoints(tiny, tmp_path):
 
     (tmp_path / "noise.pt").write_bytes(os.urandom(4000))
     torch.save({"state_dict": ckpt["model"]}, tmp_path / "other.pt")  # some other program's checkpoint
-    cases = [(tmp_path / "noise.pt", "truncated or corrupted"),
-             (tmp_path / "missing.pt", "does not exist"),
-             (tmp_path / "other.pt", "not a dt-primal checkpoint"),
-             (save("newer.pt", config={**ckpt["config"], "flash": True}), "incompatible version"),
-             (save("arch.pt", model_config={**ckpt["model_config"], "flash": True}), "incompatible version"),
-             (save("sizes.pt", model_config={**ckpt["model_config"], "state_dim": 17}), "or is damaged (cannot reshape")]
+    cases = [
+        (tmp_path / "noise.pt", "truncated or corrupted"),
+        (tmp_path / "missing.pt", "does not exist"),
+        (tmp_path / "other.pt", "not a dt-primal checkpoint"),
+        (save("newer.pt", config={**ckpt["config"], "flash": True}), "incompatible version"),
+        (save("arch.pt", model_config={**ckpt["model_config"], "flash": True}), "incompatible version"),
+        (save("sizes.pt", model_config={**ckpt["model_config"], "state_dim": 17}), "or is damaged (cannot reshape"),
+    ]
     for path, phrase in cases:
         with raises(phrase):
             checkpoint.load_checkpoint(path)
@@ -256,6 +312,7 @@ def test_batch_must_split_evenly_over_processes(tiny, monkeypatch, tmp_path):
 
 # --- interruptions ---
 
+
 def test_ctrl_c_outside_the_training_loop_is_one_line(capsys):
     def interrupted():
         raise KeyboardInterrupt
@@ -285,10 +342,36 @@ def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, mon
 def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tiny, tmp_path):
     data, _ = tiny
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "train.py", "--dataset", data.source, *TINY, "--batch-size", "8",
-                             "--warmup-steps", "5", "--eval-every", "100000", "--eval-episodes", "1", "--seed", "5",
-                             "--checkpoint-every", "5", "--steps", "100000", "--out", str(out)],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            "--dataset",
+            data.source,
+            *TINY,
+            "--batch-size",
+            "8",
+            "--warmup-steps",
+            "5",
+            "--eval-every",
+            "100000",
+            "--eval-episodes",
+            "1",
+            "--seed",
+            "5",
+            "--checkpoint-every",
+            "5",
+            "--steps",
+            "100000",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (out / "last.pt").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -302,8 +385,19 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tiny, tmp_p
     res = run("train.py", "--resume", "--out", str(out), "--steps", str(stopped + 10))  # settings from the checkpoint
     assert res.returncode == 0, res.stderr
     assert f"resumed from {out / 'last.pt'} at step {stopped}" in res.stdout
-    training.train(make_config(**{**SMALL, "seed": 5, "checkpoint_every": 5, "eval_every": 100000,
-                                  "steps": stopped + 10, "out": str(tmp_path / "straight")}), data)
+    training.train(
+        make_config(
+            **{
+                **SMALL,
+                "seed": 5,
+                "checkpoint_every": 5,
+                "eval_every": 100000,
+                "steps": stopped + 10,
+                "out": str(tmp_path / "straight"),
+            }
+        ),
+        data,
+    )
     a, b = (torch.load(p / "last.pt", weights_only=True) for p in (out, tmp_path / "straight"))
     assert a["step"] == b["step"] == stopped + 10
     for k in a["model"]:
@@ -318,6 +412,7 @@ def _nan_loss_at(at):
         calls += 1
         total, action, j2 = dt_loss(*args)
         return (total * float("nan") if calls == at else total), action, j2
+
     return loss
 
 
@@ -330,17 +425,26 @@ def _inf_gradient_at(at, clip=step.clip_per_member):
         if calls == at:
             grads[0].fill_(float("inf"))
         return clip(grads, max_norm)
+
     return clip_with_inf
 
 
-@pytest.mark.parametrize("target, poison, at, kept", [("dt_primal.training.step.dt_loss", _nan_loss_at, 13, 10),
-                                                      ("dt_primal.training.step.clip_per_member", _inf_gradient_at, 10, 5)])
-def test_non_finite_loss_or_weights_stop_the_run_and_keep_the_last_good_checkpoint(tiny, tmp_path, monkeypatch,
-                                                                                  target, poison, at, kept):
+@pytest.mark.parametrize(
+    "target, poison, at, kept",
+    [
+        ("dt_primal.training.step.dt_loss", _nan_loss_at, 13, 10),
+        ("dt_primal.training.step.clip_per_member", _inf_gradient_at, 10, 5),
+    ],
+)
+def test_non_finite_loss_or_weights_stop_the_run_and_keep_the_last_good_checkpoint(
+    tiny, tmp_path, monkeypatch, target, poison, at, kept
+):
     monkeypatch.setattr(target, poison(at))
     cfg = make_config(**SMALL, steps=20, checkpoint_every=5, log_every=5, out=str(tmp_path))
-    with raises(f"(or the weights non-finite) by step {(at + 4) // 5 * 5}; training stopped and "
-                f"{tmp_path / 'last.pt'} keeps the weights of step {kept}"):
+    with raises(
+        f"(or the weights non-finite) by step {(at + 4) // 5 * 5}; training stopped and "
+        f"{tmp_path / 'last.pt'} keeps the weights of step {kept}"
+    ):
         training.train(cfg, tiny[0])
     ckpt = checkpoint.load_checkpoint(tmp_path / "last.pt")
     assert ckpt["step"] == kept and all(torch.isfinite(v).all() for v in ckpt["model"].values())

@@ -1,4 +1,5 @@
 """The offline suite at a tiny scale, with throwaway behaviour policies in a temporary folder."""
+
 import json
 import subprocess
 import sys
@@ -29,17 +30,30 @@ def policies(tmp_path_factory):
     folder.mkdir()
     for i, name in enumerate(("medium.pt", "expert-v0.pt", "expert-v1.pt")):
         torch.manual_seed(i)
-        meta = {"task": "hopper", "algo": "SAC", "train_seed": 0, "step": 1000 * (i + 1), "learner_cpu_seconds": 1.0,
-                "eval_return_mean": 0.0, "eval_normalized": 0.0}
+        meta = {
+            "task": "hopper",
+            "algo": "SAC",
+            "train_seed": 0,
+            "step": 1000 * (i + 1),
+            "learner_cpu_seconds": 1.0,
+            "eval_return_mean": 0.0,
+            "eval_normalized": 0.0,
+        }
         torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / name)
     rng = np.random.default_rng(0)
     eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
-    save_transitions(folder / "medium_replay.npz", dict(
-        observations=np.concatenate([e["observations"][:-1] for e in eps]),
-        final_observations=np.stack([e["observations"][-1] for e in eps]),
-        actions=np.concatenate([e["actions"] for e in eps]), rewards=np.concatenate([e["rewards"] for e in eps]),
-        terminations=np.concatenate([e["terminations"] for e in eps]),
-        truncations=np.concatenate([e["truncations"] for e in eps]), lengths=np.array([len(e["actions"]) for e in eps])))
+    save_transitions(
+        folder / "medium_replay.npz",
+        dict(
+            observations=np.concatenate([e["observations"][:-1] for e in eps]),
+            final_observations=np.stack([e["observations"][-1] for e in eps]),
+            actions=np.concatenate([e["actions"] for e in eps]),
+            rewards=np.concatenate([e["rewards"] for e in eps]),
+            terminations=np.concatenate([e["terminations"] for e in eps]),
+            truncations=np.concatenate([e["truncations"] for e in eps]),
+            lengths=np.array([len(e["actions"]) for e in eps]),
+        ),
+    )
     mp = pytest.MonkeyPatch()
     mp.setattr(suite, "POLICY_DIR", root)
     yield folder
@@ -49,6 +63,7 @@ def policies(tmp_path_factory):
 @pytest.mark.parametrize("level", suite.LEVELS)
 def test_every_level_builds_and_loads_through_the_pipeline(policies, level):
     import minari
+
     dataset_id = suite.build(HOPPER, level, steps=STEPS, seed=0)
     assert dataset_id == f"dt-primal/hopper/{level}-v{suite.VERSIONS.get(level, 0)}"  # the newest by default
     data = load_dataset(dataset_id)
@@ -79,8 +94,10 @@ def test_same_seed_same_dataset_other_seed_other_dataset(policies):
 
 @pytest.mark.parametrize("version", [0, 1])
 def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies, version):
-    parts = [load_dataset(suite.build(HOPPER, lvl, steps=STEPS, seed=1, version=v))
-             for lvl, v in (("medium", 0), ("expert", version))]
+    parts = [
+        load_dataset(suite.build(HOPPER, lvl, steps=STEPS, seed=1, version=v))
+        for lvl, v in (("medium", 0), ("expert", version))
+    ]
     both = load_dataset(suite.build(HOPPER, "medium-expert", steps=STEPS, seed=1, version=version))
     np.testing.assert_array_equal(both.lengths, np.concatenate([p.lengths for p in parts]))
     for k in ("observations", "actions", "rewards"):
@@ -89,9 +106,12 @@ def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies, version
 
 def test_each_expert_version_is_its_own_dataset_rolled_out_with_its_own_policy(policies):
     import minari
+
     old, new = (load_dataset(suite.build(HOPPER, "expert", steps=STEPS, version=v)) for v in (0, 1))
     assert not np.array_equal(old.actions, new.actions)
-    descriptions = [minari.load_dataset(f"dt-primal/hopper/expert-v{v}").storage.metadata["description"] for v in (0, 1)]
+    descriptions = [
+        minari.load_dataset(f"dt-primal/hopper/expert-v{v}").storage.metadata["description"] for v in (0, 1)
+    ]
     assert "learner step 2000" in minari.load_dataset("dt-primal/hopper/expert-v0").storage.metadata["algorithm_name"]
     assert "at least 75 normalised" in descriptions[0] and "at least 100 normalised" in descriptions[1]
     assert "--version 1" in descriptions[1]
@@ -100,17 +120,23 @@ def test_each_expert_version_is_its_own_dataset_rolled_out_with_its_own_policy(p
 @pytest.mark.parametrize("bad", ["dt-primal/hopper/expert-v2", "dt-primal/hopper/medium-v1", "dt-primal/hopper/expert"])
 def test_a_suite_id_with_a_version_that_does_not_exist_is_refused(bad):
     from dt_primal.errors import UserError
+
     with pytest.raises(UserError, match="expert-v0 to -v1"):
         suite.parse_suite_id(bad)
 
 
 def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, monkeypatch, tmp_path):
     from dt_primal.errors import UserError
+
     monkeypatch.setattr(suite, "POLICY_DIR", tmp_path)
-    with pytest.raises(UserError, match=r"expert-v0.pt is missing: this older expert left the tree. `git log -- "
-                                        r"datasets/policies/hopper/expert-v0.pt`"):
+    with pytest.raises(
+        UserError,
+        match=r"expert-v0.pt is missing: this older expert left the tree. `git log -- "
+        r"datasets/policies/hopper/expert-v0.pt`",
+    ):
         suite.build(HOPPER, "expert", steps=STEPS, version=0)
     import shutil
+
     shutil.rmtree(suite.dataset_dir("dt-primal/hopper/medium-v0"), ignore_errors=True)
     with pytest.raises(UserError, match=r"expert-v1.pt is missing: the hopper behaviour learner has not exported it"):
         suite.build(HOPPER, "medium-expert", steps=STEPS, version=1)
@@ -120,19 +146,27 @@ def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, mon
 def test_what_the_tree_cannot_build_yet_is_left_out_by_name(policies, tmp_path, monkeypatch, capsys):
     """`datasets build --env all` and the sweep's `table4` skip a dataset whose expert is not trained yet."""
     import shutil
+
     shutil.copytree(policies, tmp_path / "walker2d", ignore=shutil.ignore_patterns("expert-v1.pt"))  # none built
     monkeypatch.setattr(suite, "POLICY_DIR", tmp_path)
-    ids = [f"dt-primal/walker2d/{level}" for level in ("random-v0", "medium-replay-v0", "medium-expert-v0", "medium-expert-v1")]
+    ids = [
+        f"dt-primal/walker2d/{level}"
+        for level in ("random-v0", "medium-replay-v0", "medium-expert-v0", "medium-expert-v1")
+    ]
     assert suite.buildable(ids) == ids[:3]
-    assert capsys.readouterr().out == ("left out: dt-primal/walker2d/medium-expert-v1 (datasets/policies/walker2d/"
-                                       "expert-v1.pt is not in this checkout; docs/datasets.md)\n")
+    assert capsys.readouterr().out == (
+        "left out: dt-primal/walker2d/medium-expert-v1 (datasets/policies/walker2d/"
+        "expert-v1.pt is not in this checkout; docs/datasets.md)\n"
+    )
 
 
 def test_the_sweeps_table4_is_each_levels_newest_version_that_the_tree_can_build(policies, tmp_path, monkeypatch):
     from dt_primal.sweep import command
     from dt_primal.sweep.grid import TABLE4
-    assert [d for d in TABLE4 if "hopper" in d] == [f"dt-primal/hopper/{level}" for level in
-                                                     ("medium-v0", "medium-replay-v0", "medium-expert-v1")]
+
+    assert [d for d in TABLE4 if "hopper" in d] == [
+        f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v0", "medium-expert-v1")
+    ]
     trained = []
     monkeypatch.setattr(command, "run_groups_locally", lambda groups, args, extra: trained.extend(groups) or [])
     with pytest.raises(SystemExit, match="no finished run"):
@@ -147,12 +181,13 @@ def test_medium_replay_keeps_the_learners_history(policies):
     small = load_dataset(suite.build(HOPPER, "medium-replay", steps=120))
     assert 120 <= len(small.rewards) < len(full.rewards)
     # scaled down, it still spans the history: its first and last episodes are the learner's first and last
-    np.testing.assert_array_equal(small.actions[:small.lengths[0]], full.actions[:full.lengths[0]])
-    np.testing.assert_array_equal(small.actions[-small.lengths[-1]:], full.actions[-full.lengths[-1]:])
+    np.testing.assert_array_equal(small.actions[: small.lengths[0]], full.actions[: full.lengths[0]])
+    np.testing.assert_array_equal(small.actions[-small.lengths[-1] :], full.actions[-full.lengths[-1] :])
 
 
 def test_build_if_missing_builds_once_and_redoes_an_interrupted_build(policies, capsys):
     import shutil
+
     dataset_id = suite.suite_id("hopper", "random")
     shutil.rmtree(suite.dataset_dir(dataset_id), ignore_errors=True)
     suite.build_if_missing(dataset_id, steps=STEPS)
@@ -171,7 +206,9 @@ def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
     """Only datasets/policies/<env>/ survives into a new checkout: the learner must go on from it,
     with its replay history intact (the medium-replay data)."""
     import shutil
+
     from datasets.behaviour import train_behaviour
+
     policy_dir, work = tmp_path / "policies", tmp_path / "work"
     train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=2, policy_dir=policy_dir)
     first = load_transitions(policy_dir / "hopper" / "history.npz")
@@ -193,7 +230,9 @@ def test_a_learner_resumed_from_an_older_snapshot_drops_the_history_after_it(tmp
     snapshot are done again, once each in the history, and the best export (never committed) is
     found again."""
     import shutil
+
     from datasets.behaviour import train_behaviour
+
     policy_dir, work, folder = tmp_path / "policies", tmp_path / "work", tmp_path / "policies" / "hopper"
     train_behaviour(HOPPER, work, total_steps=600, eval_every=300, eval_episodes=1, policy_dir=policy_dir)
     shutil.copyfile(folder / "learner.zip", tmp_path / "snapshot-600.zip")
@@ -214,7 +253,9 @@ def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
     done flag in between: the export must not merge the two."""
     import gymnasium as gym
     from stable_baselines3.common.buffers import ReplayBuffer
+
     from datasets.behaviour import replay_episodes, restore_replay
+
     env = gym.make("Hopper-v5", terminate_when_unhealthy=False)
     buf = ReplayBuffer(50, env.observation_space, env.action_space, device="cpu")
     true_next = []
@@ -225,7 +266,8 @@ def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
             nxt, r, _, _, _ = env.step(a)
             last = flag_last and i == n - 1
             buf.add(obs[None], nxt[None], a[None], np.array([r]), np.array([last]), [{"TimeLimit.truncated": last}])
-            true_next.append(nxt); obs = nxt
+            true_next.append(nxt)
+            obs = nxt
     z = replay_episodes(buf)
     assert z["lengths"].tolist() == [7, 5]
     assert z["truncations"].tolist() == [False] * 6 + [True] + [False] * 4 + [True] and not z["terminations"].any()
@@ -252,6 +294,7 @@ def test_halfcheetah_is_made_without_the_settotalmass_warning_line_in_a_command(
     printed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
     assert "settotalmass" in printed.stderr + printed.stdout
     from dt_primal.process import configure_process
+
     configure_process(wait_policy=None)
     TASKS["halfcheetah"].make().close()
     captured = capfd.readouterr()
@@ -265,39 +308,47 @@ def test_a_learner_below_expert_level_exports_its_expert_only_when_it_finishes(t
     """Below the expert target the best policy is only ``best.pt`` until the learner's run ends: an
     expert dataset is never built from a half-trained learner."""
     import datasets.behaviour as behaviour
+
     monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)  # medium at the first evaluation
     folder = tmp_path / "policies" / "hopper"
-    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=300, eval_every=300, eval_episodes=1,
-                              policy_dir=tmp_path / "policies")
+    behaviour.train_behaviour(
+        HOPPER, tmp_path / "work", total_steps=300, eval_every=300, eval_episodes=1, policy_dir=tmp_path / "policies"
+    )
     assert (folder / "medium.pt").exists() and not (folder / "best.pt").exists() and not (folder / EXPERT).exists()
-    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=600, eval_every=300, eval_episodes=1,
-                              policy_dir=tmp_path / "policies")
+    behaviour.train_behaviour(
+        HOPPER, tmp_path / "work", total_steps=600, eval_every=300, eval_episodes=1, policy_dir=tmp_path / "policies"
+    )
     assert (folder / EXPERT).read_bytes() == (folder / "best.pt").read_bytes()
     progress = json.loads((folder / "learner.json").read_text())
-    assert progress["best_step"] == 600 and progress["experts"] == {"1": {"step": 600, "below_target": True,
-                                                                         "measured": None}}
+    assert progress["best_step"] == 600 and progress["experts"] == {
+        "1": {"step": 600, "below_target": True, "measured": None}
+    }
 
 
 def test_an_evaluation_measured_at_expert_level_becomes_the_expert_and_stops_the_learner(tmp_path, monkeypatch):
     import datasets.behaviour as behaviour
+
     monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)
     monkeypatch.setitem(behaviour.EXPERT_TARGETS[behaviour.EXPERT_VERSION], "hopper", -1e9)
     folder = tmp_path / "policies" / "hopper"
-    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
-                              policy_dir=tmp_path / "policies")
+    behaviour.train_behaviour(
+        HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1, policy_dir=tmp_path / "policies"
+    )
     progress = json.loads((folder / "learner.json").read_text())
     assert [e["step"] for e in progress["evals"]] == [300, 600]  # stopped at the first promotion
     assert list(progress["measured"]) == ["600"] and progress["measured"]["600"][2] == behaviour.EXPERT_EPISODES
     assert progress["experts"]["1"] == {"step": 600, "measured": progress["measured"]["600"]}
     assert GaussianActor.load(folder / EXPERT)[1]["step"] == 600
-    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
-                              policy_dir=tmp_path / "policies")  # an expert exists: nothing more to do
+    behaviour.train_behaviour(
+        HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1, policy_dir=tmp_path / "policies"
+    )  # an expert exists: nothing more to do
     assert len(json.loads((folder / "learner.json").read_text())["evals"]) == 2
 
 
 def test_a_lucky_evaluation_neither_becomes_the_expert_nor_replaces_a_better_measured_export(tmp_path, monkeypatch):
     """10 episodes are not enough: the 100-episode measurement decides the expert and ``best.pt``."""
     import datasets.behaviour as behaviour
+
     monkeypatch.setattr(behaviour, "MEDIUM_SCORE", -1e9)  # medium at the first evaluation (step 300)
     ten, hundred = {600: 96.0, 900: 100.0, 1200: 80.0}, {600: 97.0, 900: 91.0}  # normalised, by learner step
 
@@ -308,8 +359,9 @@ def test_a_lucky_evaluation_neither_becomes_the_expert_nor_replaces_a_better_mea
 
     monkeypatch.setattr(behaviour, "evaluate_actor", evaluate)
     folder = tmp_path / "policies" / "hopper"
-    behaviour.train_behaviour(HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1,
-                              policy_dir=tmp_path / "policies")
+    behaviour.train_behaviour(
+        HOPPER, tmp_path / "work", total_steps=1200, eval_every=300, eval_episodes=1, policy_dir=tmp_path / "policies"
+    )
     progress = json.loads((folder / "learner.json").read_text())
     assert [e["step"] for e in progress["evals"]] == [300, 600, 900, 1200]  # 900's 100 over 10 never stopped it
     assert sorted(progress["measured"]) == ["600", "900"]  # 1200 is more than MEASURE_MARGIN below the target
@@ -321,11 +373,20 @@ def test_a_lucky_evaluation_neither_becomes_the_expert_nor_replaces_a_better_mea
 
 def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies, tmp_path, monkeypatch):
     import minari
+
     import datasets.stats as stats
-    learner = {"algo": "SAC", "cpu_seconds": 7200.0, "evals": [{"step": 3000, "normalized": 80.0}],
-               "best_step": 3000, "best_score": 80.0, "experts": {"0": {"step": 2000, "measured": [77.7, 1.5, 100]},
-                                                                 "1": {"step": 3000, "below_target": True,
-                                                                       "measured": [96.0, 2.0, 100]}}}
+
+    learner = {
+        "algo": "SAC",
+        "cpu_seconds": 7200.0,
+        "evals": [{"step": 3000, "normalized": 80.0}],
+        "best_step": 3000,
+        "best_score": 80.0,
+        "experts": {
+            "0": {"step": 2000, "measured": [77.7, 1.5, 100]},
+            "1": {"step": 3000, "below_target": True, "measured": [96.0, 2.0, 100]},
+        },
+    }
     (policies / "learner.json").write_text(json.dumps(learner))
     monkeypatch.setattr(stats, "POLICY_DIR", policies.parent)
     monkeypatch.setattr(stats, "TASKS", {"hopper": HOPPER})
@@ -333,8 +394,9 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     suite.build(HOPPER, "expert", steps=STEPS, seed=0, version=0)
     notes = f"{stats.NOTES}\n\n## Why these learners\n\nWritten by hand.\n"
     elsewhere = "| dt-primal/hopper/medium-v0 | 9 | 9000 | built on another machine |"
-    (tmp_path / "datasets.md").write_text(f"an older page\n\n{elsewhere}\n| dt-primal/hopper/random-v0 | stale |\n\n"
-                                          + notes)
+    (tmp_path / "datasets.md").write_text(
+        f"an older page\n\n{elsewhere}\n| dt-primal/hopper/random-v0 | stale |\n\n" + notes
+    )
     page = stats.stats(tmp_path / "datasets.md", episodes=2)
     assert (tmp_path / "datasets.md").read_text() == page
     assert page.endswith(notes) and "an older page" not in page  # the notes survive, the rest is regenerated
@@ -350,10 +412,14 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     row = next(line for line in page.splitlines() if line.startswith("| hopper | SAC |"))
     assert "| 3000 (80.0) | 2.00 |" in row
     medium, old, new = row.split(" | ")[4:7]
-    assert medium.startswith("step 1000: return") and old.startswith("step 2000: return") and new.startswith("step 3000")
+    assert (
+        medium.startswith("step 1000: return") and old.startswith("step 2000: return") and new.startswith("step 3000")
+    )
     assert "promoted on 77.7 ± 1.5 over 100 other episodes" in old
     assert "ended below the target; chosen on 96.0 ± 2.0 over 100 other episodes)" in new
-    assert "![learning curves](datasets-learners.png)" in page and (tmp_path / "datasets-learners.png").stat().st_size > 0
+    assert (
+        "![learning curves](datasets-learners.png)" in page and (tmp_path / "datasets-learners.png").stat().st_size > 0
+    )
 
 
 def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays(tmp_path):

@@ -1,5 +1,6 @@
 """The sweep's Ray backend on a real local Ray instance: the local pool's table, and a group whose worker
 is killed mid-run is run again by Ray and resumes from its checkpoint."""
+
 import json
 import os
 import signal
@@ -9,16 +10,37 @@ import threading
 import time
 
 import pytest
-
 from conftest import make_episodes
+from test_train import ROOT
+
 from datasets.synthetic import write_d4rl
 from dt_primal.sweep.command import main
 from dt_primal.sweep.grid import group_dir, run_dir
-from test_train import ROOT
 
-TINY = ["--env", "hopper", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--batch-size", "16",
-        "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "2", "--device", "cpu",
-        "--precision", "fp32"]
+TINY = [
+    "--env",
+    "hopper",
+    "--d-model",
+    "32",
+    "--n-head",
+    "2",
+    "--n-layer",
+    "2",
+    "--s",
+    "8",
+    "--batch-size",
+    "16",
+    "--warmup-steps",
+    "2",
+    "--eval-every",
+    "1000",
+    "--eval-episodes",
+    "2",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +64,34 @@ def sweep(*args: str) -> None:
 
 def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
     data = datasets(tmp_path)
-    sweep("--datasets", *data, "--jobs", "2", "--threads", "1", "--out", str(tmp_path / "local"), "--", *TINY, "--steps", "6")
-    sweep("--datasets", *data, "--backend", "ray", "--cpus-per-task", "1", "--out", str(tmp_path / "ray"),
-          "--", *TINY, "--steps", "6")
+    sweep(
+        "--datasets",
+        *data,
+        "--jobs",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path / "local"),
+        "--",
+        *TINY,
+        "--steps",
+        "6",
+    )
+    sweep(
+        "--datasets",
+        *data,
+        "--backend",
+        "ray",
+        "--cpus-per-task",
+        "1",
+        "--out",
+        str(tmp_path / "ray"),
+        "--",
+        *TINY,
+        "--steps",
+        "6",
+    )
     printed = capsys.readouterr().out
     assert printed.count("done (seeds 0 1)") == 2  # the two datasets (one task) as one ensemble on each backend
     local, on_ray = ((tmp_path / out / "results.md").read_text() for out in ("local", "ray"))
@@ -52,7 +99,10 @@ def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
     assert (tmp_path / "ray" / "results.csv").read_text() == (tmp_path / "local" / "results.csv").read_text()
     log = (group_dir(tmp_path / "ray", data[0], "primal") / "train.log").read_text()
     assert log.count("$ python -m dt_primal.run ") == 1 and f"--dataset {data[0]} {data[1]} " in log
-    assert "--seeds 0 1 " in log and "its output is in" in (group_dir(tmp_path / "ray", data[1], "primal") / "train.log").read_text()
+    assert (
+        "--seeds 0 1 " in log
+        and "its output is in" in (group_dir(tmp_path / "ray", data[1], "primal") / "train.log").read_text()
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
@@ -69,8 +119,20 @@ def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
-    sweep("--datasets", data, "--backend", "ray", "--out", str(out), "--", *TINY, "--steps", str(steps),
-          "--checkpoint-every", "20")
+    sweep(
+        "--datasets",
+        data,
+        "--backend",
+        "ray",
+        "--out",
+        str(out),
+        "--",
+        *TINY,
+        "--steps",
+        str(steps),
+        "--checkpoint-every",
+        "20",
+    )
     killer.join(timeout=1)
     assert "pid" in killed and "done (seeds 0 1)" in capsys.readouterr().out
     log = (gd / "train.log").read_text()
@@ -88,8 +150,13 @@ def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path
 
 
 def test_without_ray_the_sweep_says_how_to_install_it(tmp_path):
-    code = ("import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from dt_primal.sweep.command import main; "
-            f"run_main(lambda: main(['--datasets', 'x', '--backend', 'ray', '--out', {str(tmp_path)!r}]))")
+    code = (
+        "import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from dt_primal.sweep.command "
+        "import main; "
+        f"run_main(lambda: main(['--datasets', 'x', '--backend', 'ray', '--out', {str(tmp_path)!r}]))"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr.startswith("error: --backend ray needs Ray") and "pip install -r requirements-ray.txt" in res.stderr
+    assert (
+        res.stderr.startswith("error: --backend ray needs Ray") and "pip install -r requirements-ray.txt" in res.stderr
+    )

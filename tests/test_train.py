@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from conftest import make_episodes
+
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
@@ -30,22 +30,45 @@ def run(*args, **kw):
 
 def test_end_to_end_train_then_evaluate(tmp_path):
     out = tmp_path / "run"
-    res = run("train.py", "--dataset", str(hopper_file(tmp_path)), "--model", "primal", "--steps", "30",
-              "--warmup-steps", "5", "--eval-every", "15", "--eval-episodes-during", "1", "--eval-episodes", "3",
-              "--out", str(out), *TINY)
+    res = run(
+        "train.py",
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        "--model",
+        "primal",
+        "--steps",
+        "30",
+        "--warmup-steps",
+        "5",
+        "--eval-every",
+        "15",
+        "--eval-episodes-during",
+        "1",
+        "--eval-episodes",
+        "3",
+        "--out",
+        str(out),
+        *TINY,
+    )
     assert res.returncode == 0, res.stderr
     result = json.loads((out / "eval.json").read_text())
     assert result["step"] == 30 and result["task"] == "Hopper-v5"
     made = result["provenance"]  # the record says how it was made
-    assert len(made["commit"].removesuffix("-dirty")) == 40 and made["device"] and made["versions"]["torch"] == torch.__version__
+    assert (
+        len(made["commit"].removesuffix("-dirty")) == 40
+        and made["device"]
+        and made["versions"]["torch"] == torch.__version__
+    )
     assert [r["target"] for r in result["targets"]] == [3600.0, 1800.0]
     for r in result["targets"]:
         assert r["episodes"] == 3 and math.isfinite(r["normalized_mean"]) and r["return_mean"] > 0
     assert (out / "last.pt").exists() and list(out.glob("events.out.tfevents*"))
-    assert [json.loads(l)["step"] for l in (out / "evals.jsonl").read_text().splitlines()] == [15]
+    assert [json.loads(line)["step"] for line in (out / "evals.jsonl").read_text().splitlines()] == [15]
     assert "normalised score" in res.stdout
 
-    res = run("evaluate.py", str(out / "last.pt"), str(out / "last.pt"), "--episodes", "2", "--out", str(tmp_path / "ev.json"))
+    res = run(
+        "evaluate.py", str(out / "last.pt"), str(out / "last.pt"), "--episodes", "2", "--out", str(tmp_path / "ev.json")
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "ev.json").read_text())
     for r in report["across_checkpoints"]:
@@ -61,9 +84,22 @@ def test_bad_input_exits_with_a_message(tmp_path):
 
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
-    cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=24, warmup_steps=5, batch_size=8,
-                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=7,
-                 precision="fp32")
+    cfg = Config(
+        dataset="tiny",
+        d_model=32,
+        n_head=2,
+        n_layer=2,
+        s=8,
+        steps=24,
+        warmup_steps=5,
+        batch_size=8,
+        eval_every=1000,
+        eval_episodes=1,
+        checkpoint_every=1000,
+        device="cpu",
+        seed=7,
+        precision="fp32",
+    )
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=10), data)  # "interrupted" at step 10
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True)
@@ -78,9 +114,25 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
 def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys):
     """--compile changes how the step runs, not what it computes (dropout 0: no random masks)."""
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
-    cfg = Config(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8, steps=6, warmup_steps=2, batch_size=8, dropout=0.0,
-                 eval_every=1000, eval_episodes=1, checkpoint_every=1000, device="cpu", seed=3, precision="fp32")
+    cfg = Config(
+        dataset="tiny",
+        d_model=32,
+        n_head=2,
+        n_layer=2,
+        s=8,
+        steps=6,
+        warmup_steps=2,
+        batch_size=8,
+        dropout=0.0,
+        eval_every=1000,
+        eval_episodes=1,
+        checkpoint_every=1000,
+        device="cpu",
+        seed=3,
+        precision="fp32",
+    )
     from torch._dynamo.utils import counters
+
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager")), data)
     assert "--compile" not in capsys.readouterr().out
     counters.clear()

@@ -1,5 +1,6 @@
 """Files a user is given, made by a hostile sender: they choose no code, read no other file, allocate no
 more than they hold, and end in one message with status 2."""
+
 import io
 import json
 import os
@@ -16,26 +17,54 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from gymnasium.envs.registration import EnvSpec
-
 from conftest import make_episodes
+from gymnasium.envs.registration import EnvSpec
+from test_data import write_minari
+from test_files import run_dir  # noqa: F401 (a 2-step run on a tiny hopper dataset)
+from test_reliability import assert_user_error
+
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint, untrusted
 from dt_primal.errors import UserError
 from dt_primal.sweep import records
-from test_data import write_minari
-from test_files import run_dir  # noqa: F401 (a 2-step run on a tiny hopper dataset)
-from test_reliability import assert_user_error
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32",
-        "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1", "--steps", "2"]
+TINY = [
+    "--d-model",
+    "32",
+    "--n-head",
+    "2",
+    "--n-layer",
+    "2",
+    "--s",
+    "8",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--batch-size",
+    "8",
+    "--warmup-steps",
+    "2",
+    "--eval-every",
+    "1000",
+    "--eval-episodes",
+    "1",
+    "--steps",
+    "2",
+]
 
 
 def run(*args, env=None):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -59,22 +88,44 @@ def minari_dataset(dataset_id, minari_home, **change) -> Path:
 
 
 def spec(**fields):
-    return EnvSpec(**{"id": "Hopper-v5", "entry_point": "gymnasium.envs.mujoco.hopper_v5:HopperEnv",
-                      "max_episode_steps": 1000, **fields}).to_json()
+    return EnvSpec(
+        **{
+            "id": "Hopper-v5",
+            "entry_point": "gymnasium.envs.mujoco.hopper_v5:HopperEnv",
+            "max_episode_steps": 1000,
+            **fields,
+        }
+    ).to_json()
 
 
 # --- code or imports chosen by a file ---
+
 
 def test_minari_metadata_without_spaces_cannot_make_its_environment(tmp_path, minari_home):
     target = tmp_path / "created"
     evil = spec(entry_point="io:open", kwargs={"file": str(target), "mode": "w"})
     minari_dataset("evil/hopper/nospace-v0", minari_home, observation_space=None, action_space=None, env_spec=evil)
-    res = run("train.py", "--dataset", "evil/hopper/nospace-v0", *TINY, "--out", str(tmp_path / "run"),
-              env={"MINARI_DATASETS_PATH": str(minari_home)})
+    res = run(
+        "train.py",
+        "--dataset",
+        "evil/hopper/nospace-v0",
+        *TINY,
+        "--out",
+        str(tmp_path / "run"),
+        env={"MINARI_DATASETS_PATH": str(minari_home)},
+    )
     assert_user_error(res, "lacks its observation_space", "a file may not make an environment")
     minari_dataset("evil/hopper/fine-v0", minari_home)
-    res = run("-m", "datasets", "combine", "evil/hopper/nospace-v0", "evil/hopper/fine-v0", "--into", "evil/hopper/c-v0",
-              env={"MINARI_DATASETS_PATH": str(minari_home)})
+    res = run(
+        "-m",
+        "datasets",
+        "combine",
+        "evil/hopper/nospace-v0",
+        "evil/hopper/fine-v0",
+        "--into",
+        "evil/hopper/c-v0",
+        env={"MINARI_DATASETS_PATH": str(minari_home)},
+    )
     assert_user_error(res, "lacks its observation_space")
     assert not target.exists()
 
@@ -82,8 +133,9 @@ def test_minari_metadata_without_spaces_cannot_make_its_environment(tmp_path, mi
 def test_a_wrapper_or_an_id_cannot_make_gymnasium_import_a_module(tmp_path, minari_home, marker_module):
     mods, target = marker_module
     wrapped = json.loads(spec())
-    wrapped["additional_wrappers"] = [{"name": "make", "entry_point": "gymnasium.envs.registration:make",
-                                      "kwargs": {"id": "dtp_marker:Env"}}]
+    wrapped["additional_wrappers"] = [
+        {"name": "make", "entry_point": "gymnasium.envs.registration:make", "kwargs": {"id": "dtp_marker:Env"}}
+    ]
     minari_dataset("evil/hopper/wrapper-v0", minari_home, env_spec=json.dumps(wrapped))
     minari_dataset("evil/hopper/module-v0", minari_home, env_spec=spec(id="dtp_marker:Hopper-v5"))
     sys.path.insert(0, str(mods))
@@ -100,12 +152,22 @@ def test_a_wrapper_or_an_id_cannot_make_gymnasium_import_a_module(tmp_path, mina
 def test_a_checkpoints_environment_id_is_a_registered_mujoco_one(run_dir, tmp_path, marker_module):  # noqa: F811
     mods, target = marker_module
     ckpt = torch.load(run_dir / "last.pt", weights_only=True)
-    cases = {"dtp_marker:Hopper-v5": "not a registered Gymnasium id", "Nope-v5": "Environment `Nope` doesn't exist",
-             "CartPole-v1": "needs vectors of real numbers"}
+    cases = {
+        "dtp_marker:Hopper-v5": "not a registered Gymnasium id",
+        "Nope-v5": "Environment `Nope` doesn't exist",
+        "CartPole-v1": "needs vectors of real numbers",
+    }
     for gym_id, phrase in cases.items():
         torch.save({**ckpt, "task": {**ckpt["task"], "gym_id": gym_id}}, tmp_path / "last.pt")
-        res = run("evaluate.py", str(tmp_path / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "ev.json"),
-                  env={"PYTHONPATH": str(mods)})
+        res = run(
+            "evaluate.py",
+            str(tmp_path / "last.pt"),
+            "--episodes",
+            "1",
+            "--out",
+            str(tmp_path / "ev.json"),
+            env={"PYTHONPATH": str(mods)},
+        )
         assert_user_error(res, phrase)
     assert not target.exists()
 
@@ -115,13 +177,19 @@ def test_a_datasets_environment_options_are_numbers_only(minari_home, tmp_path):
     minari_dataset("evil/hopper/xml-v0", minari_home, env_spec=spec(kwargs={"xml_file": str(xml)}))
     with pytest.raises(UserError, match="passes xml_file to Hopper-v5's constructor"):
         load_dataset("evil/hopper/xml-v0")
-    minari_dataset("evil/hopper/options-v0", minari_home, env_spec=spec(kwargs={"healthy_reward": 2.0}),
-                   ref_min_score=0.0, ref_max_score=100.0)
+    minari_dataset(
+        "evil/hopper/options-v0",
+        minari_home,
+        env_spec=spec(kwargs={"healthy_reward": 2.0}),
+        ref_min_score=0.0,
+        ref_max_score=100.0,
+    )
     task = load_dataset("evil/hopper/options-v0").task
     assert json.loads(task.spec)["kwargs"] == {"healthy_reward": 2.0}  # a numeric option is the dataset's own
 
 
 # --- other files read ---
+
 
 def test_an_hdf5_file_reads_no_other_file(tmp_path):
     secret = tmp_path / "secret.bin"
@@ -131,11 +199,15 @@ def test_an_hdf5_file_reads_no_other_file(tmp_path):
     n = 25
     with h5py.File(tmp_path / "source.hdf5", "w") as f:
         f["rewards"] = np.ones(n, np.float32)
-    variants = {"external raw file": lambda f: f.create_dataset("rewards", (n,), np.float32,
-                                                                external=[(str(secret), 0, 4 * n)]),
-                "external link": lambda f: f.__setitem__("rewards", h5py.ExternalLink(str(tmp_path / "source.hdf5"),
-                                                                                      "/rewards")),
-                "virtual dataset": lambda f: f.create_virtual_dataset("rewards", _layout(tmp_path / "source.hdf5", n))}
+    variants = {
+        "external raw file": lambda f: f.create_dataset(
+            "rewards", (n,), np.float32, external=[(str(secret), 0, 4 * n)]
+        ),
+        "external link": lambda f: f.__setitem__(
+            "rewards", h5py.ExternalLink(str(tmp_path / "source.hdf5"), "/rewards")
+        ),
+        "virtual dataset": lambda f: f.create_virtual_dataset("rewards", _layout(tmp_path / "source.hdf5", n)),
+    }
     for name, make in variants.items():
         path = tmp_path / f"hopper-{name.replace(' ', '_')}.hdf5"
         shutil.copy(tmp_path / "hopper.hdf5", path)
@@ -154,9 +226,12 @@ def _layout(source: Path, n: int) -> h5py.VirtualLayout:
 
 # --- memory: sizes declared in the file are checked before anything is allocated ---
 
+
 def test_a_compressed_checkpoint_entry_is_refused_before_it_is_inflated(run_dir, tmp_path):  # noqa: F811
-    with zipfile.ZipFile(run_dir / "last.pt") as src, \
-            zipfile.ZipFile(tmp_path / "packed.pt", "w", zipfile.ZIP_DEFLATED) as dst:
+    with (
+        zipfile.ZipFile(run_dir / "last.pt") as src,
+        zipfile.ZipFile(tmp_path / "packed.pt", "w", zipfile.ZIP_DEFLATED) as dst,
+    ):
         for entry in src.infolist():
             dst.writestr(entry.filename, src.read(entry))
     with pytest.raises(UserError, match="is compressed, which torch.save never writes"):
@@ -176,6 +251,7 @@ def test_an_hdf5_declaring_more_rows_than_it_stores_is_refused(tmp_path):
 
 def test_data_that_cannot_fit_in_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
     from dt_primal import machine
+
     write_d4rl(tmp_path / "hopper.hdf5", make_episodes(lengths=(40, 25)))
     monkeypatch.setattr(machine, "available_bytes", lambda device: (4000, "available memory"))
     with pytest.raises(UserError, match="more than this machine can hold while converting it"):
@@ -192,7 +268,10 @@ def test_a_pickle_declaring_a_huge_array_allocates_nothing(tmp_path):
     shape = b"J\x00\x2d\x31\x01K\x0b\x86"  # (20_000_000, 11), as BININT and BININT1
     direct = _pickle_of(ndarray, b"(", shape, b"tR")
     rebuilt = _pickle_of(reconstruct, ndarray, shape, b"C\x01b\x87R")
-    for blob, phrase in ((direct, "calls numpy.ndarray directly"), (rebuilt, "NumPy's own pickles start from an empty")):
+    for blob, phrase in (
+        (direct, "calls numpy.ndarray directly"),
+        (rebuilt, "NumPy's own pickles start from an empty"),
+    ):
         (tmp_path / "big.pkl").write_bytes(blob)
         assert len(blob) < 200
         with pytest.raises(UserError, match=phrase):
@@ -214,6 +293,7 @@ def test_a_records_archive_entry_larger_than_a_record_is_not_read(tmp_path):
 
 
 # --- the run folder ---
+
 
 def test_a_run_never_writes_through_a_link_nor_over_a_users_file(tmp_path):
     data = tmp_path / "hopper_tiny.hdf5"
@@ -245,12 +325,17 @@ def test_evaluate_never_overwrites_an_unrelated_table_beside_its_report(run_dir,
 
 # --- a message where there was a traceback or a wrong answer ---
 
+
 def test_empty_and_special_files_are_a_message(run_dir, tmp_path):  # noqa: F811
     import dt_primal
+
     (tmp_path / "empty.pt").write_bytes(b"")
     os.mkfifo(tmp_path / "fifo.pt")
-    for path, phrase in ((tmp_path / "empty.pt", "is empty (0 bytes)"), ("/dev/null", "is not a regular file"),
-                         (tmp_path / "fifo.pt", "is not a regular file")):
+    for path, phrase in (
+        (tmp_path / "empty.pt", "is empty (0 bytes)"),
+        ("/dev/null", "is not a regular file"),
+        (tmp_path / "fifo.pt", "is not a regular file"),
+    ):
         with pytest.raises(UserError, match=re.escape(phrase)):
             dt_primal.load_policy(path)
     res = run("evaluate.py", str(tmp_path / "fifo.pt"), "--out", str(tmp_path / "ev.json"))
@@ -265,16 +350,20 @@ def test_torchs_refusal_of_a_blocked_module_is_named(run_dir, tmp_path):  # noqa
     class System:
         def __reduce__(self):
             return os.system, ("true",)
+
     ckpt = torch.load(run_dir / "last.pt", weights_only=True)
     torch.save({**ckpt, "step": System()}, tmp_path / "evil.pt")
     with pytest.raises(UserError, match=r"reading it would call posix.system"):
         checkpoint.read_checkpoint(tmp_path / "evil.pt")
 
 
-@pytest.mark.parametrize("change, phrase", [
-    (lambda c: c["rng"]["numpy"].update(key=[1, 2, 3]), "The training state in "),
-    (lambda c: c.update(step="876"), "is damaged: its step is '876', not a count"),
-])
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (lambda c: c["rng"]["numpy"].update(key=[1, 2, 3]), "The training state in "),
+        (lambda c: c.update(step="876"), "is damaged: its step is '876', not a count"),
+    ],
+)
 def test_a_damaged_training_state_is_a_message_on_resume(run_dir, tmp_path, change, phrase):  # noqa: F811
     out = tmp_path / "run"
     shutil.copytree(run_dir, out)
@@ -282,8 +371,9 @@ def test_a_damaged_training_state_is_a_message_on_resume(run_dir, tmp_path, chan
     change(ckpt)
     torch.save(ckpt, out / "last.pt")
     res = run("train.py", "--resume", "--out", str(out), "--steps", "4")
-    assert res.returncode == 2 and "Traceback" not in res.stderr and "error: " in res.stderr and phrase in res.stderr, \
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "error: " in res.stderr and phrase in res.stderr, (
         res.stderr
+    )
 
 
 def test_resume_after_a_crash_that_cut_the_last_line_of_the_curve(run_dir, tmp_path):  # noqa: F811
@@ -308,21 +398,32 @@ def test_damaged_minari_data_and_metadata_are_a_message(minari_home):
 
 def test_a_pickle_holding_a_huge_integer(tmp_path):
     eps = make_episodes(lengths=(5, 6))
-    trajs = [dict(observations=e["observations"][:-1], actions=e["actions"], rewards=e["rewards"].tolist(),
-                  terminals=e["terminations"]) for e in eps]
+    trajs = [
+        dict(
+            observations=e["observations"][:-1],
+            actions=e["actions"],
+            rewards=e["rewards"].tolist(),
+            terminals=e["terminations"],
+        )
+        for e in eps
+    ]
     trajs[0]["rewards"][0] = 10**400
     (tmp_path / "int.pkl").write_bytes(pickle.dumps(trajs))
     with pytest.raises(UserError, match="'rewards' of trajectory 0 is not an array of numbers"):
         load_dataset(str(tmp_path / "int.pkl"), env="hopper")
 
 
-@pytest.mark.parametrize("change, phrase, acting", [
-    (lambda c: c["model"][next(iter(c["model"]))].fill_(float("nan")), "holds NaN or infinite weights", True),
-    (lambda c: c.update(state_std=torch.zeros(11)), "a spread that is not positive", True),
-    (lambda c: c["task"].update(ref_min=5.0, ref_max=5.0), "cannot normalise a score", False),
-])
+@pytest.mark.parametrize(
+    "change, phrase, acting",
+    [
+        (lambda c: c["model"][next(iter(c["model"]))].fill_(float("nan")), "holds NaN or infinite weights", True),
+        (lambda c: c.update(state_std=torch.zeros(11)), "a spread that is not positive", True),
+        (lambda c: c["task"].update(ref_min=5.0, ref_max=5.0), "cannot normalise a score", False),
+    ],
+)
 def test_values_that_would_make_every_score_or_action_nan(run_dir, tmp_path, change, phrase, acting):  # noqa: F811
     import dt_primal
+
     ckpt = torch.load(run_dir / "last.pt", weights_only=True)
     change(ckpt)
     torch.save(ckpt, tmp_path / "last.pt")
@@ -336,25 +437,57 @@ def test_values_that_would_make_every_score_or_action_nan(run_dir, tmp_path, cha
 def test_options_out_of_range(tmp_path):
     data = tmp_path / "hopper.hdf5"
     write_d4rl(data, make_episodes(lengths=(40, 25), seed=3))
-    assert_user_error(run("train.py", "--dataset", str(data), "--warmup-steps", str(10**26), "--out", str(tmp_path / "a")),
-                      "--warmup-steps must be at most 1e+15")
+    assert_user_error(
+        run("train.py", "--dataset", str(data), "--warmup-steps", str(10**26), "--out", str(tmp_path / "a")),
+        "--warmup-steps must be at most 1e+15",
+    )
     for jobs in ("0", "-1"):
-        res = run("-m", "dt_primal.sweep", "--datasets", "hopper", "--models", "dt", "--seeds", "0", "--jobs", jobs,
-                  "--out", str(tmp_path / "sweep"))
+        res = run(
+            "-m",
+            "dt_primal.sweep",
+            "--datasets",
+            "hopper",
+            "--models",
+            "dt",
+            "--seeds",
+            "0",
+            "--jobs",
+            jobs,
+            "--out",
+            str(tmp_path / "sweep"),
+        )
         assert_user_error(res, f"--jobs must be at least 1 (got {jobs})")
-    res = subprocess.run([sys.executable, "train.py", "--dataset", str(data), "--out", os.fsencode(tmp_path) + b"/\xff"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "train.py", "--dataset", str(data), "--out", os.fsencode(tmp_path) + b"/\xff"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_user_error(res, "--out holds bytes that are not UTF-8 text")
 
 
 def test_a_malformed_record_is_a_message_in_the_aggregation(run_dir, tmp_path):  # noqa: F811
     seed = tmp_path / "sweep" / "hopper" / "dt" / "seed_0"
     seed.mkdir(parents=True)
-    for text, phrase in (('{"step": 3, "targets": [{"target": "high"}]}', "lacks a step count or per-target reports"),
-                         ('{"step": ', "is not JSON")):
+    for text, phrase in (
+        ('{"step": 3, "targets": [{"target": "high"}]}', "lacks a step count or per-target reports"),
+        ('{"step": ', "is not JSON"),
+    ):
         (seed / "eval.json").write_text(text)
-        res = run("-m", "dt_primal.sweep", "--datasets", "hopper", "--models", "dt", "--seeds", "0",
-                  "--out", str(tmp_path / "sweep"), "--aggregate-only")
+        res = run(
+            "-m",
+            "dt_primal.sweep",
+            "--datasets",
+            "hopper",
+            "--models",
+            "dt",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path / "sweep"),
+            "--aggregate-only",
+        )
         assert_user_error(res, f"The run record {seed / 'eval.json'}", phrase)
 
 

@@ -5,6 +5,7 @@ once. A problem is a ``UserError`` that says what is wrong and what to do.
   check_evaluate_args(args)             right after its arguments are parsed
   check_evaluate_run(args, ckpts)       once the checkpoints are loaded
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,18 +41,23 @@ def check_targets(targets: list[float], reward_scale: float | None, flag: str = 
     ``reward_scale`` None: only finite."""
     bad = [t for t in targets if not math.isfinite(t)]
     if bad:
-        raise UserError(f"{flag} must be finite returns (got {' '.join(f'{t:g}' for t in targets)}). Give the "
-                        f"returns to condition on, e.g. the task's usual targets.")
+        raise UserError(
+            f"{flag} must be finite returns (got {' '.join(f'{t:g}' for t in targets)}). Give the "
+            f"returns to condition on, e.g. the task's usual targets."
+        )
     huge = [t for t in targets if reward_scale is not None and not abs(t / reward_scale) <= SCALED_RETURN_LIMIT]
     if huge:
-        raise UserError(f"{flag} {' '.join(f'{t:g}' for t in huge)} divided by --reward-scale {reward_scale:g} gives "
-                        f"a conditioning return of {huge[0] / reward_scale:.3g}, beyond the ±{SCALED_RETURN_LIMIT:.0e} "
-                        f"the model's float32 arithmetic handles safely (from about 1e19 on its return embedding "
-                        f"overflows and every result is NaN). Give targets near the returns the task can reach.")
+        raise UserError(
+            f"{flag} {' '.join(f'{t:g}' for t in huge)} divided by --reward-scale {reward_scale:g} gives "
+            f"a conditioning return of {huge[0] / reward_scale:.3g}, beyond the ±{SCALED_RETURN_LIMIT:.0e} "
+            f"the model's float32 arithmetic handles safely (from about 1e19 on its return embedding "
+            f"overflows and every result is NaN). Give targets near the returns the task can reach."
+        )
 
 
-def check_evaluation_memory(episodes: int, context: int, obs_dim: int, act_dim: int, device: str, what: str,
-                            fix: str) -> None:
+def check_evaluation_memory(
+    episodes: int, context: int, obs_dim: int, act_dim: int, device: str, what: str, fix: str
+) -> None:
     """All evaluation episodes run at once: an environment each and buffers of their last ``context``
     steps on the device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
     buffers = episodes * context * (obs_dim + act_dim + 1) * 4
@@ -60,16 +66,20 @@ def check_evaluation_memory(episodes: int, context: int, obs_dim: int, act_dim: 
     problems = []
     ram = memory_bytes()
     if ram and host + (0 if on_gpu else buffers) > ram:
-        problems.append(f"about {gib(host + (0 if on_gpu else buffers))} of memory for their environments"
-                        f"{'' if on_gpu else ' and buffers'}, more than this machine's {gib(ram)}")
+        problems.append(
+            f"about {gib(host + (0 if on_gpu else buffers))} of memory for their environments"
+            f"{'' if on_gpu else ' and buffers'}, more than this machine's {gib(ram)}"
+        )
     if on_gpu and torch.cuda.is_available():
         index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
         total = torch.cuda.get_device_properties(index).total_memory
         if buffers > total:
             problems.append(f"{gib(buffers)} of GPU memory for their buffers, more than the GPU's {gib(total)}")
     if problems:
-        raise UserError(f"The evaluation would run {episodes:,} episodes at once ({what}), which needs "
-                        f"{' and '.join(problems)}. {fix}")
+        raise UserError(
+            f"The evaluation would run {episodes:,} episodes at once ({what}), which needs "
+            f"{' and '.join(problems)}. {fix}"
+        )
 
 
 def _is_report(path: Path) -> bool:
@@ -123,29 +133,41 @@ def check_evaluate_args(args) -> None:
 def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
     """``out`` (and the Markdown table beside it) can be written, and writing them destroys no other file."""
     if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give the JSON file to write, e.g. --out {out / 'eval.json'} "
-                        f"(the Markdown table goes beside it).")
+        raise UserError(
+            f"--out {out} is a directory; give the JSON file to write, e.g. --out {out / 'eval.json'} "
+            f"(the Markdown table goes beside it)."
+        )
     for path in (out, out.with_suffix(".md")):
         if any(path.exists() and c.exists() and path.resolve() == c.resolve() for c in checkpoints):
-            raise UserError(f"--out {out} would overwrite the checkpoint {path} with the report; give another file, "
-                            f"e.g. --out {out.with_name('eval.json')}.")
+            raise UserError(
+                f"--out {out} would overwrite the checkpoint {path} with the report; give another file, "
+                f"e.g. --out {out.with_name('eval.json')}."
+            )
     for path in (out, out.with_suffix(".md")):
         if path.is_symlink():
-            raise UserError(f"{path} is a symbolic link, and the report is never written through a link (it would "
-                            f"rewrite the file the link points to); remove it, or give another --out.")
+            raise UserError(
+                f"{path} is a symbolic link, and the report is never written through a link (it would "
+                f"rewrite the file the link points to); remove it, or give another --out."
+            )
     if out.exists() and not _is_report(out):
-        raise UserError(f"--out {out} already exists and is not an evaluation report, so writing the report would "
-                        f"destroy it; give another file (an earlier report there would be replaced).")
+        raise UserError(
+            f"--out {out} already exists and is not an evaluation report, so writing the report would "
+            f"destroy it; give another file (an earlier report there would be replaced)."
+        )
     table = out.with_suffix(".md")
     if table.exists() and not _is_report_table(table):
-        raise UserError(f"{table}, where the report's Markdown table goes (beside --out {out}), already exists and is "
-                        f"not a table evaluate.py wrote, so writing the report would destroy it; give another --out.")
+        raise UserError(
+            f"{table}, where the report's Markdown table goes (beside --out {out}), already exists and is "
+            f"not a table evaluate.py wrote, so writing the report would destroy it; give another --out."
+        )
     parent = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("."))
     if not parent.is_dir():
         raise UserError(f"--out {out} lies under {parent}, which is a file, not a folder; give another path.")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out} cannot be written: {parent} is not writable (read-only or not yours). Give a "
-                        f"path in a folder you can write to.")
+        raise UserError(
+            f"--out {out} cannot be written: {parent} is not writable (read-only or not yours). Give a "
+            f"path in a folder you can write to."
+        )
 
 
 @dataclass(frozen=True)
@@ -156,24 +178,33 @@ class TaskLimits:
     time_limit: int  # steps after which the environment ends an episode
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def task_limits(task: Task) -> TaskLimits:
     """The action bounds and the time limit of a task's environment (made once per process); an
     environment that cannot be made, or whose spaces are not flat boxes, is refused."""
     try:
         env = task.make()
     except Exception as exc:  # a missing package, bad kwargs in the dataset's EnvSpec, ...
-        raise UserError(f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it "
-                        f"needs, or pass --env with another environment.") from exc
-    if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-               for space in (env.observation_space, env.action_space)):
+        raise UserError(
+            f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it "
+            f"needs, or pass --env with another environment."
+        ) from exc
+    if not all(
+        isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+        for space in (env.observation_space, env.action_space)
+    ):
         env.close()
-        raise UserError(f"{task.gym_id} has the observation space {env.observation_space} and the action space "
-                        f"{env.action_space}; a Decision Transformer here needs vectors of real numbers for both "
-                        f"(continuous control, as the MuJoCo tasks).")
-    limits = TaskLimits(env.observation_space.shape[0], np.asarray(env.action_space.low, np.float64),
-                        np.asarray(env.action_space.high, np.float64),
-                        int(env.spec.max_episode_steps or 1000))
+        raise UserError(
+            f"{task.gym_id} has the observation space {env.observation_space} and the action space "
+            f"{env.action_space}; a Decision Transformer here needs vectors of real numbers for both "
+            f"(continuous control, as the MuJoCo tasks)."
+        )
+    limits = TaskLimits(
+        env.observation_space.shape[0],
+        np.asarray(env.action_space.low, np.float64),
+        np.asarray(env.action_space.high, np.float64),
+        int(env.spec.max_episode_steps or 1000),
+    )
     env.close()
     return limits
 
@@ -193,15 +224,22 @@ def check_evaluate_run(args, ckpts: list[dict]) -> None:
         task = Task.from_record(ckpt["task"])
         sizes = env_sizes(task)
         if (arch["state_dim"], arch["act_dim"]) != sizes:
-            raise UserError(f"{path} holds a model for observations of size {arch['state_dim']} and actions of size "
-                            f"{arch['act_dim']}, but its task {task.gym_id} has {sizes[0]} and {sizes[1]}: the file is "
-                            f"damaged. Use an earlier copy or retrain.")
+            raise UserError(
+                f"{path} holds a model for observations of size {arch['state_dim']} and actions of size "
+                f"{arch['act_dim']}, but its task {task.gym_id} has {sizes[0]} and {sizes[1]}: the file is "
+                f"damaged. Use an earlier copy or retrain."
+            )
         targets = list(getattr(args, "targets", None) or cfg["targets"] or task.targets)
         check_targets(targets, cfg["reward_scale"])
         episodes_total += args.episodes * len(targets)
     cfg = ckpts[0]["config"]
     arch = ckpts[0]["model_config"]
-    check_evaluation_memory(episodes_total, max(c["model_config"]["context"] for c in ckpts), arch["state_dim"],
-                            arch["act_dim"], getattr(args, "device", None) or "auto",
-                            f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
-                            "Lower --episodes, or evaluate fewer checkpoints per command.")
+    check_evaluation_memory(
+        episodes_total,
+        max(c["model_config"]["context"] for c in ckpts),
+        arch["state_dim"],
+        arch["act_dim"],
+        getattr(args, "device", None) or "auto",
+        f"--episodes {args.episodes} per target of {len(ckpts)} checkpoint{'s' if len(ckpts) > 1 else ''}",
+        "Lower --episodes, or evaluate fewer checkpoints per command.",
+    )

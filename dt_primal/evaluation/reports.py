@@ -1,5 +1,6 @@
 """Evaluation reports: one target's episodes summarised, the aggregation across seeds or checkpoints,
 and how scores are printed and tabled."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,10 +12,16 @@ def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) 
     """One target's episodes: mean ± std of return and normalised score (None for a task without
     reference scores), and the raw values."""
     score = task.normalize(returns)
-    return {"target": float(target), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-            "normalized_mean": None if score is None else float(score.mean()),
-            "normalized_std": None if score is None else float(score.std()), "episodes": len(returns),
-            "returns": returns.tolist(), "lengths": lengths.tolist()}
+    return {
+        "target": float(target),
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "normalized_mean": None if score is None else float(score.mean()),
+        "normalized_std": None if score is None else float(score.std()),
+        "episodes": len(returns),
+        "returns": returns.tolist(),
+        "lengths": lengths.tolist(),
+    }
 
 
 def mean_std(values) -> dict:
@@ -29,8 +36,10 @@ def pm(mean: float, std: float) -> str:
 
 def table(head: list[str], rows: list[list]) -> str:
     """A Markdown table."""
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                     + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        + ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    )
 
 
 def scoring(task: Task, targets: list[float] | None = None) -> str:
@@ -45,12 +54,16 @@ def scoring(task: Task, targets: list[float] | None = None) -> str:
         origin = "from the dataset: its best episode return and the middle of its episode returns' range"
     lines = [f"{task.gym_id}: targets {', '.join(f'{t:g}' for t in targets or task.targets)} ({origin})"]
     if task.ref_min is None:
-        lines.append(f"normalised score: none ({task.gym_id} is not a D4RL task and its dataset's metadata gives no "
-                     f"ref_min_score/ref_max_score), so reports give returns and a normalised score of null (JSON) or "
-                     f"– (tables); give --ref-min and --ref-max to normalise")
+        lines.append(
+            f"normalised score: none ({task.gym_id} is not a D4RL task and its dataset's metadata gives no "
+            f"ref_min_score/ref_max_score), so reports give returns and a normalised score of null (JSON) or "
+            f"– (tables); give --ref-min and --ref-max to normalise"
+        )
     else:
-        lines.append(f"normalised score: 100 * (return - ref_min) / (ref_max - ref_min), reference returns ref_min "
-                     f"{task.ref_min:g} and ref_max {task.ref_max:g}")
+        lines.append(
+            f"normalised score: 100 * (return - ref_min) / (ref_max - ref_min), reference returns ref_min "
+            f"{task.ref_min:g} and ref_max {task.ref_max:g}"
+        )
     return "\n".join(lines)
 
 
@@ -80,11 +93,17 @@ def aggregate(results: list[dict]) -> dict:
         norm = [res["targets"][i]["normalized_mean"] for res in results]
         norm = None if None in norm else mean_std(norm)
         ret = mean_std([res["targets"][i]["return_mean"] for res in results])
-        across.append({"target": target, "return_mean": ret["mean"], "return_std": ret["std"],
-                       "normalized_mean": None if norm is None else norm["mean"],
-                       "normalized_std": None if norm is None else norm["std"],
-                       "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
-                       "checkpoints": len(results)})
+        across.append(
+            {
+                "target": target,
+                "return_mean": ret["mean"],
+                "return_std": ret["std"],
+                "normalized_mean": None if norm is None else norm["mean"],
+                "normalized_std": None if norm is None else norm["std"],
+                "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
+                "checkpoints": len(results),
+            }
+        )
     return {"checkpoints": results, "across_checkpoints": across}
 
 
@@ -94,11 +113,29 @@ REPORT_TABLE_HEAD = "| " + " | ".join(REPORT_COLUMNS) + " |"  # the first line o
 
 def markdown(summary: dict) -> str:
     """Markdown table of ``aggregate``'s output."""
-    rows = [[res["checkpoint"], f"{r['target']:g}", r["episodes"], pm(r["return_mean"], r["return_std"]),
-             normalized_text(r)] for res in summary["checkpoints"] for r in res["targets"]]
-    rows += [[f"**mean ± std over {r['checkpoints']} checkpoints**", f"{r['target']:g}", r["episodes"],
-              pm(r["return_mean"], r["return_std"]), f"**{normalized_text(r)}**"]
-             for r in summary["across_checkpoints"]]
-    return table(REPORT_COLUMNS, rows) + \
-        "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std " \
+    rows = [
+        [
+            res["checkpoint"],
+            f"{r['target']:g}",
+            r["episodes"],
+            pm(r["return_mean"], r["return_std"]),
+            normalized_text(r),
+        ]
+        for res in summary["checkpoints"]
+        for r in res["targets"]
+    ]
+    rows += [
+        [
+            f"**mean ± std over {r['checkpoints']} checkpoints**",
+            f"{r['target']:g}",
+            r["episodes"],
+            pm(r["return_mean"], r["return_std"]),
+            f"**{normalized_text(r)}**",
+        ]
+        for r in summary["across_checkpoints"]
+    ]
+    return (
+        table(REPORT_COLUMNS, rows)
+        + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std "
         "(ddof 0) of the per-checkpoint means.\n"
+    )

@@ -1,6 +1,7 @@
 """Batched evaluation (docs/method.md, "Evaluation protocol"): every episode of every target of every
 ensemble member runs at once, with one forward pass of the ensemble per environment step for all live
 episodes."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,15 @@ def default_env_workers(device: torch.device | str, num_envs: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_envs // 8))
 
 
-def rollout(policy: Policy, task: Task | list[Task], targets: list[float] | list[list[float]], episodes: int,
-            seeds: list[int] | None = None, env_workers: int | None = None, progress: bool = False) -> list[list[dict]]:
+def rollout(
+    policy: Policy,
+    task: Task | list[Task],
+    targets: list[float] | list[list[float]],
+    episodes: int,
+    seeds: list[int] | None = None,
+    env_workers: int | None = None,
+    progress: bool = False,
+) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
     seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
     ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
@@ -43,8 +51,9 @@ def rollout(policy: Policy, task: Task | list[Task], targets: list[float] | list
     policy.reset(np.repeat(targets, episodes, axis=1))
     rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
-    bar = tqdm(total=model.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step",
-               mininterval=2)
+    bar = tqdm(
+        total=model.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2
+    )
     for _ in range(model.max_ep_len):
         actions = policy.act(obs.reshape(M, n, -1), rewards, live=alive)
         obs, rewards, terms, truncs = env.step(actions.reshape(M * n, -1), alive.reshape(-1))
@@ -58,5 +67,15 @@ def rollout(policy: Policy, task: Task | list[Task], targets: list[float] | list
     bar.close()
     env.close()
     model.train(was_training)
-    return [[report(tasks[m], target, returns[m, i * episodes:(i + 1) * episodes], lengths[m, i * episodes:(i + 1) * episodes])
-             for i, target in enumerate(targets[m])] for m in range(M)]
+    return [
+        [
+            report(
+                tasks[m],
+                target,
+                returns[m, i * episodes : (i + 1) * episodes],
+                lengths[m, i * episodes : (i + 1) * episodes],
+            )
+            for i, target in enumerate(targets[m])
+        ]
+        for m in range(M)
+    ]

@@ -9,6 +9,7 @@ layer then works at ``rows`` alone). No output at a real token depends on paddin
 token. The members' sequences are one batch of M·B sequences wherever the weights are shared (the
 attention itself), so that SDPA runs its fused kernels for all members at once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,7 @@ class SoftmaxAttention(nn.Module):
         self.proj = MemberLinear(members, d_model, d_model)
         self.resid_drop = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None,
-                ksvd: bool = True):
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None, ksvd: bool = True):
         M, B, L, D = x.shape
         q, k, v = self.qkv(x).view(M * B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         valid = None if valid is None else valid.reshape(M * B, L)
@@ -53,8 +53,11 @@ class SoftmaxAttention(nn.Module):
             if valid is not None:
                 mask = mask & valid[:, None, None, :] | (at[:, None] == idx[None, :])
             q = q if rows is None else q[:, :, rows]
-            y = (F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p) if sdpa
-                 else drop(attention_probs(q, k, mask), p) @ v)
+            y = (
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+                if sdpa
+                else drop(attention_probs(q, k, mask), p) @ v
+            )
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(M, B, y.shape[2], D))), None
 
     def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,8 +78,14 @@ def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return (z * w).cumsum(-2) / w.cumsum(-2).clamp_min(1.0)
 
 
-def ksvd_objective(e: torch.Tensor, r: torch.Tensor, lam: torch.Tensor, W_e: torch.Tensor, W_r: torch.Tensor,
-                   valid: torch.Tensor | None) -> torch.Tensor:
+def ksvd_objective(
+    e: torch.Tensor,
+    r: torch.Tensor,
+    lam: torch.Tensor,
+    W_e: torch.Tensor,
+    W_r: torch.Tensor,
+    valid: torch.Tensor | None,
+) -> torch.Tensor:
     """KSVD primal objective J of eq. 11 for each sequence, as docs/method.md ("The KSVD loss") writes it:
 
         J_b = ½ mean_{h,t} ‖e_{h,t} ⊙ Λ_h‖² + ½ mean_{h,t} ‖r_{h,t} ⊙ Λ_h‖² − Tr(mean_h W_e[h]ᵀ W_r[h])
@@ -130,8 +139,7 @@ class CausalPrimalAttention(nn.Module):
         phi_q, phi_k, _, _ = self.scores(x, None)
         return phi_q @ phi_k.transpose(-1, -2)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None,
-                ksvd: bool = True):
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None, rows: slice | None = None, ksvd: bool = True):
         M, B, _, D = x.shape
         _, _, e, r = self.scores(x, valid, None if ksvd else rows)
         J = ksvd_objective(e, r, self.Lambda, self.W_e, self.W_r, valid) if ksvd else None

@@ -7,6 +7,7 @@ kept when its uniform is at least round(p·2¹⁶)/2¹⁶: dropout at p rounded 
 with kept elements scaled by the inverse of the exact keep probability, so E[output] = input.
 On other devices this is ``F.dropout`` (:func:`cheap_masks`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.
     """A bool mask of ``shape``, each element True with probability 1 − round(p·2¹⁶)/2¹⁶ (at least
     2⁻¹⁶) and independent of the others, from torch's default generator; and that probability."""
     n, threshold = shape.numel(), min(round(p * 65536), 65535)  # at least one value in 2¹⁶ is kept
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-2 ** 63, None)  # all 64 bits
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # all 64 bits
     uniform16 = bits.view(torch.int16)[:n].view(shape)  # each in [−2¹⁵, 2¹⁵), uniformly
     return uniform16 >= threshold - 32768, 1.0 - threshold / 65536
 

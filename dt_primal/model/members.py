@@ -9,10 +9,11 @@ A single run is an ensemble of one. Attention folds the members into its batch (
 Each member's weights, ``member_state(model, m)``, have the shapes of PyTorch's own layers (a linear
 weight (out, in), a LayerNorm's (d,), an embedding table (n, d)): what a checkpoint stores.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,9 @@ class MemberLinear(nn.Module):
         return y.view(*x.shape[:-1], -1)
 
     def extra_repr(self) -> str:
-        return f"members={self.weight.shape[0]}, in_features={self.weight.shape[2]}, out_features={self.weight.shape[1]}"
+        return (
+            f"members={self.weight.shape[0]}, in_features={self.weight.shape[2]}, out_features={self.weight.shape[1]}"
+        )
 
 
 class MemberLayerNorm(nn.Module):
@@ -95,8 +98,9 @@ def all_finite(model: nn.Module) -> torch.Tensor:
     return torch.stack([torch.isfinite(p.detach()).flatten(1).all(1) for p in model.parameters()]).all(0)
 
 
-def stack_members(build: Callable[[int], nn.Module], states: list[dict[str, torch.Tensor]],
-                  device: torch.device | str | None = None) -> nn.Module:
+def stack_members(
+    build: Callable[[int], nn.Module], states: list[dict[str, torch.Tensor]], device: torch.device | str | None = None
+) -> nn.Module:
     """``build(len(states))`` holding ``states[m]`` (a ``member_state``) as member m. The model is built
     on the meta device (no initialisation, no random numbers drawn), given memory of the same
     layout, and takes the stacked weights."""

@@ -8,6 +8,7 @@ The model is M members of one architecture (``dt_primal.model.members``): every 
 member dimension and every tensor below a leading M, e.g. tokens (M, B, L, d_model). A single run
 is M = 1; members never mix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,7 @@ ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 class ModelConfig:
     """The architecture of a DecisionTransformer, every field resolved; a checkpoint stores it as a
     plain dict (``dataclasses.asdict``) beside the weights. ``eta`` weighs the KSVD loss (eq. 10)."""
+
     state_dim: int
     act_dim: int
     model: str
@@ -46,14 +48,28 @@ class ModelConfig:
     timestep_init: str  # the timestep table: torch (N(0, 1)) | gpt2 (N(0, 0.02))
 
     def __post_init__(self):
-        sizes = (self.state_dim, self.act_dim, self.n_layer, self.d_model, self.n_head, self.context, self.max_ep_len, self.s)
-        if not all(isinstance(v, int) and v > 0 for v in sizes) or self.d_model % self.n_head \
-                or self.model not in MODELS or self.activation not in ACTIVATIONS or self.embed_init not in EMBED_INITS \
-                or self.timestep_init not in TIMESTEP_INITS:
+        sizes = (
+            self.state_dim,
+            self.act_dim,
+            self.n_layer,
+            self.d_model,
+            self.n_head,
+            self.context,
+            self.max_ep_len,
+            self.s,
+        )
+        if (
+            not all(isinstance(v, int) and v > 0 for v in sizes)
+            or self.d_model % self.n_head
+            or self.model not in MODELS
+            or self.activation not in ACTIVATIONS
+            or self.embed_init not in EMBED_INITS
+            or self.timestep_init not in TIMESTEP_INITS
+        ):
             raise ValueError(f"not a valid architecture: {self}")
 
     @classmethod
-    def from_record(cls, record: dict) -> "ModelConfig":
+    def from_record(cls, record: dict) -> ModelConfig:
         """The config a checkpoint stored; ValueError when it is not one."""
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(record, dict) or set(record) != names:
@@ -69,10 +85,14 @@ class Block(nn.Module):
         super().__init__()
         d, M = cfg.d_model, members
         self.ln1, self.ln2 = MemberLayerNorm(M, d), MemberLayerNorm(M, d)
-        self.attn = (CausalPrimalAttention(M, d, cfg.n_head, cfg.s, cfg.dropout) if primal
-                     else SoftmaxAttention(M, d, cfg.n_head, cfg.dropout))
-        self.mlp = nn.Sequential(MemberLinear(M, d, 4 * d), ACTIVATIONS[cfg.activation](), MemberLinear(M, 4 * d, d),
-                                 Dropout(cfg.dropout))
+        self.attn = (
+            CausalPrimalAttention(M, d, cfg.n_head, cfg.s, cfg.dropout)
+            if primal
+            else SoftmaxAttention(M, d, cfg.n_head, cfg.dropout)
+        )
+        self.mlp = nn.Sequential(
+            MemberLinear(M, d, 4 * d), ACTIVATIONS[cfg.activation](), MemberLinear(M, 4 * d, d), Dropout(cfg.dropout)
+        )
 
     def forward(self, x, valid, rows: slice | None = None, ksvd: bool = True):
         """Outputs at the positions ``rows`` only (None: all); attention still reads every token.
@@ -134,8 +154,9 @@ class DecisionTransformer(nn.Module):
         (at the newest one with ``last_only``): exact, and 1/3 (or 1/3K) of its MLP's work."""
         M, B, K, _ = states.shape
         t = self.embed_timestep(timesteps.clamp(max=self.max_ep_len - 1))
-        tokens = torch.stack([self.embed_return(returns_to_go) + t, self.embed_state(states) + t,
-                              self.embed_action(actions) + t], dim=3).reshape(M, B, 3 * K, -1)
+        tokens = torch.stack(
+            [self.embed_return(returns_to_go) + t, self.embed_state(states) + t, self.embed_action(actions) + t], dim=3
+        ).reshape(M, B, 3 * K, -1)
         x = self.drop(self.embed_ln(tokens))
         token_valid = None if valid is None else valid.repeat_interleave(3, dim=2)
         Js = []

@@ -1,4 +1,5 @@
 """``python -m dt_primal.sweep``: see ``dt_primal.sweep.command``."""
+
 from dt_primal.process import configure_process
 
 configure_process()  # a command: its process-wide settings, before torch loads

@@ -15,11 +15,13 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
   python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
   python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
-  python -m dt_primal.sweep --datasets table4 --jobs 6 --recorded results/table4 --out runs/table4   # only rows not committed
+  # only the rows not committed:
+  python -m dt_primal.sweep --datasets table4 --jobs 6 --recorded results/table4 --out runs/table4
   python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
   python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
   python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,40 +38,74 @@ from dt_primal.sweep.results import DT_PAPER, collect
 from dt_primal.sweep.tables import write_tables
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", nargs="+", required=True,
-                   help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4 (those this "
-                        "tree can build: a medium-expert whose expert is not trained yet is left out, named)")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="python -m dt_primal.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--datasets",
+        nargs="+",
+        required=True,
+        help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4 (those this "
+        "tree can build: a medium-expert whose expert is not trained yet is left out, named)",
+    )
     p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--backend", choices=["local", "ray"], default="local",
-                   help="local: a pool of --jobs child processes on this machine (default); ray: one Ray task per "
-                        "(dataset, model) group, on a Ray cluster (pip install -r requirements-ray.txt)")
-    p.add_argument("--jobs", type=int, default=1, help="local: ensembles (groups of datasets of one model) trained at once")
-    p.add_argument("--threads", type=int, default=None,
-                   help="local: CPU threads per run (default: the cores divided by --jobs)")
-    p.add_argument("--ray-address", default=None,
-                   help="ray: the cluster, 'auto' (the one this machine belongs to) or HOST:PORT; default: a local "
-                        "Ray instance on this machine")
-    p.add_argument("--gpus-per-task", type=float, default=None,
-                   help="ray: GPUs per group, a fraction shares one (0.25: four groups per GPU); default: 1 when the "
-                        "cluster has GPUs, else 0")
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: a pool of --jobs child processes on this machine (default); ray: one Ray task per "
+        "(dataset, model) group, on a Ray cluster (pip install -r requirements-ray.txt)",
+    )
+    p.add_argument(
+        "--jobs", type=int, default=1, help="local: ensembles (groups of datasets of one model) trained at once"
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="local: CPU threads per run (default: the cores divided by --jobs)"
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="ray: the cluster, 'auto' (the one this machine belongs to) or HOST:PORT; default: a local "
+        "Ray instance on this machine",
+    )
+    p.add_argument(
+        "--gpus-per-task",
+        type=float,
+        default=None,
+        help="ray: GPUs per group, a fraction shares one (0.25: four groups per GPU); default: 1 when the "
+        "cluster has GPUs, else 0",
+    )
     p.add_argument("--cpus-per-task", type=float, default=1, help="ray: CPUs per group, also its training threads")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
-    p.add_argument("--recorded", type=Path, default=None,
-                   help="a folder of committed records in the same layout (results/table4): runs with an eval.json "
-                        "there count as finished and are not trained again; new runs still go to --out")
+    p.add_argument(
+        "--recorded",
+        type=Path,
+        default=None,
+        help="a folder of committed records in the same layout (results/table4): runs with an eval.json "
+        "there count as finished and are not trained again; new runs still go to --out",
+    )
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
-    p.add_argument("--baseline", type=Path, default=None,
-                   help="a sweep folder of the DT paper's baseline (--models dt -- --preset dt-paper ...): its runs join "
-                        "the tables as \"DT (DT paper's settings)\" beside this folder's \"DT (matched settings)\"")
-    p.add_argument("--report-dir", type=Path, default=None,
-                   help="where the tables and plots go (default --out)")
-    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a sweep folder of the DT paper's baseline (--models dt -- --preset dt-paper ...): its runs join "
+        'the tables as "DT (DT paper\'s settings)" beside this folder\'s "DT (matched settings)"',
+    )
+    p.add_argument("--report-dir", type=Path, default=None, help="where the tables and plots go (default --out)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    p = parser()
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     for name in ("jobs", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1 (got {getattr(args, name)}).")
@@ -86,8 +122,10 @@ def main(argv: list[str] | None = None) -> None:
         for i, (gd, trained, rc) in enumerate(results, 1):
             seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
             failure = rc if isinstance(rc, str) else f"exit {rc}"  # a string: why Ray gave up on the group
-            status = {0: f"done ({seeds})" if trained else "done before",
-                      BUSY: "left to the sweep that is training it"}.get(rc, f"FAILED ({failure}, see train.log there)")
+            status = {
+                0: f"done ({seeds})" if trained else "done before",
+                BUSY: "left to the sweep that is training it",
+            }.get(rc, f"FAILED ({failure}, see train.log there)")
             print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
             if rc not in (0, BUSY):
                 failed.append(gd)

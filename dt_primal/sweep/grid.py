@@ -1,6 +1,7 @@
 """The grid of a sweep: its folders (OUT/DATASET/MODEL/seed_N), and each (dataset, model) group trained
 as one ensemble, resumed where it stopped and locked while it trains; the local backend runs
 ``--jobs`` groups at once, each in a child process."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,10 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from datasets.suite import suite_id
 from dt_primal.cli import run_main
@@ -22,8 +24,11 @@ from dt_primal.training.run_folder import group_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them (each level's newest version)
-TABLE4 = [suite_id(env, level) for env in ("halfcheetah", "hopper", "walker2d")
-          for level in ("medium", "medium-replay", "medium-expert")]
+TABLE4 = [
+    suite_id(env, level)
+    for env in ("halfcheetah", "hopper", "walker2d")
+    for level in ("medium", "medium-replay", "medium-expert")
+]
 
 
 def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
@@ -36,8 +41,15 @@ COMMAND = [sys.executable, "-m", "dt_primal.run"]  # train.py, as the library ru
 Trainer = Callable[[list[str], TextIO], int]
 
 
-def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str],
-              trainer: Trainer, recorded: Path | None = None) -> tuple[str, list[int], int | None]:
+def run_group(
+    datasets: list[str],
+    model: str,
+    seeds: list[int],
+    out: Path,
+    extra: list[str],
+    trainer: Trainer,
+    recorded: Path | None = None,
+) -> tuple[str, list[int], int | None]:
     """Train the runs of (``datasets``, model) that have not finished, in ``out`` or, when given, in the
     folder of committed records ``recorded`` (the same layout): datasets whose models share an
     architecture (``ensemble_groups``), as ensembles: the runs that started resume together, the others
@@ -69,13 +81,24 @@ def run_group(datasets: list[str], model: str, seeds: list[int], out: Path, extr
         return name, trained, 0
 
 
-def train_ensemble(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], trainer: Trainer,
-                   resume: bool) -> int:
+def train_ensemble(
+    datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], trainer: Trainer, resume: bool
+) -> int:
     """One ``train.py --dataset ... --seeds ...`` into the sweep's layout, logged in the first dataset's
     train.log (the others' logs name the command and where its output went); its exit status."""
     where = group_dir(out, datasets[0], model) if len(datasets) == 1 else out  # several: OUT/DATASET/MODEL/seed_N
-    argv = ["--dataset", *datasets, "--model", model, "--seeds", *map(str, seeds), "--out", str(where), *extra,
-            *(["--resume"] if resume else [])]
+    argv = [
+        "--dataset",
+        *datasets,
+        "--model",
+        model,
+        "--seeds",
+        *map(str, seeds),
+        "--out",
+        str(where),
+        *extra,
+        *(["--resume"] if resume else []),
+    ]
     logs = [group_dir(out, d, model) / "train.log" for d in datasets]
     for i, log_path in enumerate(logs):
         cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
@@ -90,6 +113,7 @@ def train_ensemble(datasets: list[str], model: str, seeds: list[int], out: Path,
 def train_options(argv: list[str]) -> tuple[str, dict]:
     """The preset and the Config fields that a train.py command line ``argv`` sets."""
     from dt_primal.config import add_config_args, overrides
+
     p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     p.add_argument("--preset", default="paper")
     add_config_args(p)
@@ -106,6 +130,7 @@ def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) ->
     from dt_primal.evaluation.checks import env_sizes
     from dt_primal.training.members import architecture
     from envs import find_task
+
     preset, given = train_options(extra)
     groups: dict[tuple, list[str]] = {}
     for m in models:
@@ -125,15 +150,18 @@ def python_path() -> str:
 def in_subprocess(threads: int) -> Trainer:
     """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads, in
     the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
+
     def trainer(argv: list[str], log: TextIO) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": python_path()}
         return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+
     return trainer
 
 
 def in_process(load_dataset: Loader, threads: int) -> Trainer:
     """A Ray worker's trainer: ``train_command`` in this process, its output into the log and its exit
     status returned as the command line's would be (a bug's traceback goes to the log, status 1)."""
+
     def trainer(argv: list[str], log: TextIO) -> int:
         configure_process(threads=threads)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -145,6 +173,7 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
                 traceback.print_exc()
                 return 1
         return 0
+
     return trainer
 
 
@@ -152,7 +181,9 @@ def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[st
     """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads), args.recorded)
-                   for d, m in groups]
+        futures = [
+            pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads), args.recorded)
+            for d, m in groups
+        ]
         for f in futures:
             yield f.result()

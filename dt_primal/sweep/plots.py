@@ -1,4 +1,5 @@
 """A sweep's rows as pictures: results.png (a bar per row and dataset) and curves.png (learning curves)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,27 +14,39 @@ def y_label(rows: list[dict]) -> str:
     """What ``rows``' scores are: normalised scores, returns (tasks without reference scores), or both."""
     units = {r.get("unit", "normalised") for r in rows}
     return {frozenset({"normalised"}): "normalised score", frozenset({"return"}): "return"}.get(
-        frozenset(units), "normalised score (return where a task has no reference scores)")
+        frozenset(units), "normalised score (return where a task has no reference scores)"
+    )
 
 
 def plot_bars(rows: list[dict], out: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     n_t = max(len(r["targets"]) for r in rows)
-    fig, axes = plt.subplots(n_t, 1, figsize=(max(6, 1.6 * len(datasets) * max(1, len(labels) / 2)), 4 * n_t),
-                             sharey=True, squeeze=False)  # one panel per target
+    fig, axes = plt.subplots(
+        n_t, 1, figsize=(max(6, 1.6 * len(datasets) * max(1, len(labels) / 2)), 4 * n_t), sharey=True, squeeze=False
+    )  # one panel per target
     width = 0.8 / len(labels)
     for ti, ax in enumerate(axes[:, 0]):
         for li, lab in enumerate(labels):
             got = {r["dataset"]: r["targets"][ti] for r in rows if r["label"] == lab and ti < len(r["targets"])}
             xs = [i + li * width for i, d in enumerate(datasets) if d in got]
-            ax.bar(xs, [got[d]["mean"] for d in datasets if d in got], width,
-                   yerr=[got[d]["std"] for d in datasets if d in got], capsize=3, label=lab)
+            ax.bar(
+                xs,
+                [got[d]["mean"] for d in datasets if d in got],
+                width,
+                yerr=[got[d]["std"] for d in datasets if d in got],
+                capsize=3,
+                label=lab,
+            )
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))])
-        ax.set_xticklabels([d.split("/")[-2] + "\n" + d.split("/")[-1] if d.count("/") >= 2 else d for d in datasets], fontsize=8)
+        ax.set_xticklabels(
+            [d.split("/")[-2] + "\n" + d.split("/")[-1] if d.count("/") >= 2 else d for d in datasets], fontsize=8
+        )
         ax.set_title(["high target", "low target"][ti] if n_t == 2 else f"target {ti + 1}")
         ax.set_ylabel(f"{y_label(rows)} (last checkpoint)")
         ax.legend(fontsize=8)
@@ -47,19 +60,23 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
     ``collect``'s rows: mean and min–max band over its finished seeds, into ``plot_dir`` (default
     ``out``)/curves.png. Returns how many seeds each drawn (dataset, row name) curve averages."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     cols = min(3, len(datasets))
     n_rows = -(-len(datasets) // cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(4.5 * cols, 3.5 * n_rows), squeeze=False)
-    for ax in axes.flat[len(datasets):]:
+    for ax in axes.flat[len(datasets) :]:
         ax.set_visible(False)
     drawn = {}
     for ax, d in zip(axes.flat, datasets):
         for row in (r for r in rows if r["dataset"] == d):
             gd = Path(row["dir"]) if "dir" in row else group_dir(out, d, row["model"])
-            curves = [{p["step"]: p["scores"][0] for p in curve_points(gd / f"seed_{s}")} for s in row["finished_seeds"]]
+            curves = [
+                {p["step"]: p["scores"][0] for p in curve_points(gd / f"seed_{s}")} for s in row["finished_seeds"]
+            ]
             steps = sorted(set.intersection(*(set(c) for c in curves)))  # a row has at least one finished seed
             if not steps:
                 continue
@@ -67,7 +84,8 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
             ax.plot(steps, y.mean(0), label=f"{row.get('label', row['model'])} ({len(curves)} seeds)")
             ax.fill_between(steps, y.min(0), y.max(0), alpha=0.2)
             drawn[d, row.get("name", row["model"])] = len(curves)
-        ax.set_title(d, fontsize=9); ax.set_xlabel("training step")
+        ax.set_title(d, fontsize=9)
+        ax.set_xlabel("training step")
         ax.set_ylabel(y_label([r for r in rows if r["dataset"] == d]))
         if ax.lines:
             ax.legend(fontsize=7)

@@ -1,5 +1,6 @@
 """The sweep on a Ray cluster (``--backend ray``): one Ray task per (dataset, model) group, which
 ``run_group`` trains on a worker in that process; Ray runs a group again when its worker or node dies."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,17 @@ class Stopped(Exception):
     """A group's training stopped by SIGINT or SIGTERM (a node being shut down) after writing its checkpoints."""
 
 
-def ray_group(datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], load_dataset: Loader,
-              threads: int, cwd: str, recorded: Path | None) -> tuple[str, list[int], int | None]:
+def ray_group(
+    datasets: list[str],
+    model: str,
+    seeds: list[int],
+    out: Path,
+    extra: list[str],
+    load_dataset: Loader,
+    threads: int,
+    cwd: str,
+    recorded: Path | None,
+) -> tuple[str, list[int], int | None]:
     """One Ray task: ``run_group`` on a worker, in the sweep's folder ``cwd`` where this node has it (relative
     paths mean what they mean to the sweep). When Ray runs it again, after its worker or node died or
     a signal stopped it, the seeds that had written a checkpoint resume from their ``last.pt``."""
@@ -36,9 +46,11 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise UserError("--backend ray needs Ray, which is not installed here (it is optional): install it with "
-                        "'pip install -r requirements-ray.txt' (on every node of the cluster, with the same Python "
-                        "and dt-primal), or leave out --backend ray to train in the local process pool.") from None
+        raise UserError(
+            "--backend ray needs Ray, which is not installed here (it is optional): install it with "
+            "'pip install -r requirements-ray.txt' (on every node of the cluster, with the same Python "
+            "and dt-primal), or leave out --backend ray to train in the local process pool."
+        ) from None
     return ray
 
 
@@ -47,9 +59,11 @@ def start_ray(address: str | None):
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    cannot = (f"Could not connect to the Ray cluster at --ray-address {address} ({{}}). Start it first (ray start --head "
-              f"on one machine, ray start --address HEAD:6379 on the others), or leave out --ray-address for a local "
-              f"Ray instance.")
+    cannot = (
+        f"Could not connect to the Ray cluster at --ray-address {address} ({{}}). Start it first (ray start --head "
+        f"on one machine, ray start --address HEAD:6379 on the others), or leave out --ray-address for a local "
+        f"Ray instance."
+    )
     host, _, port = (address or "").rpartition(":")
     if host and "://" not in address:  # HOST:PORT: Ray itself would retry an unreachable one for minutes
         try:
@@ -68,17 +82,29 @@ def run_groups_on_ray(groups: list[tuple[list[str], str]], args, extra: list[str
     (its worker died more than ``RAY_RETRIES`` times), the reason instead of an exit status."""
     ray = start_ray(args.ray_address)
     gpus = args.gpus_per_task if args.gpus_per_task is not None else float(ray.cluster_resources().get("GPU", 0) > 0)
-    task = ray.remote(num_cpus=args.cpus_per_task, num_gpus=gpus, max_retries=RAY_RETRIES, retry_exceptions=[Stopped],
-                      runtime_env={"env_vars": {"PYTHONPATH": python_path()}})(ray_group)
+    task = ray.remote(
+        num_cpus=args.cpus_per_task,
+        num_gpus=gpus,
+        max_retries=RAY_RETRIES,
+        retry_exceptions=[Stopped],
+        runtime_env={"env_vars": {"PYTHONPATH": python_path()}},
+    )(ray_group)
     threads = max(1, round(args.cpus_per_task))
-    pending = {task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd(),
-                           args.recorded): (d, m)
-               for d, m in groups}
+    pending = {
+        task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd(), args.recorded): (
+            d,
+            m,
+        )
+        for d, m in groups
+    }
     while pending:
         (done,), _ = ray.wait(list(pending))
         d, m = pending.pop(done)
         try:
             yield ray.get(done)
         except ray.exceptions.RayError as exc:
-            yield " + ".join(str(group_dir(args.out, x, m)) for x in d), [], \
-                f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}"
+            yield (
+                " + ".join(str(group_dir(args.out, x, m)) for x in d),
+                [],
+                f"{type(exc).__name__} on Ray: {str(exc).strip().splitlines()[-1]}",
+            )

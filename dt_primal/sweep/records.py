@@ -10,6 +10,7 @@ An archive is read as untrusted: only those three file names, as regular files u
 ``.../seed_N/`` path, are taken from it; anything else in it is named and left out. A record already in
 DST is kept unless it differs, which is refused (a run is never recorded twice with two results).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,12 @@ RECORD = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAM
 def from_folder(src: Path) -> dict[str, bytes]:
     """The records of the finished runs under ``src``, by their path relative to it."""
     runs = [p.parent for p in src.rglob("seed_*/eval.json")]
-    return {(run / n).relative_to(src).as_posix(): (run / n).read_bytes() for run in runs for n in NAMES
-            if (run / n).is_file()}
+    return {
+        (run / n).relative_to(src).as_posix(): (run / n).read_bytes()
+        for run in runs
+        for n in NAMES
+        if (run / n).is_file()
+    }
 
 
 def from_archive(src: Path) -> dict[str, bytes]:
@@ -49,9 +54,11 @@ def from_archive(src: Path) -> dict[str, bytes]:
             taken = {m.name: m for m in members if m.isreg() and RECORD.match(m.name) and ".." not in m.name.split("/")}
             big = [m.name for m in taken.values() if m.size > MAX_RECORD]
             if big:
-                raise UserError(f"{src} was refused: {big[0]} declares {taken[big[0]].size} bytes, where a run record "
-                                f"is a few kB (at most {MAX_RECORD >> 20} MiB are read); the archive is damaged or "
-                                f"not one this command packed.")
+                raise UserError(
+                    f"{src} was refused: {big[0]} declares {taken[big[0]].size} bytes, where a run record "
+                    f"is a few kB (at most {MAX_RECORD >> 20} MiB are read); the archive is damaged or "
+                    f"not one this command packed."
+                )
             left = [m.name for m in members if m.name not in taken and not m.isdir()]
             files = {name: tar.extractfile(m).read(MAX_RECORD) for name, m in taken.items()}
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
@@ -66,15 +73,24 @@ def into_folder(records: dict[str, bytes], dst: Path) -> int:
     """Write ``records`` under ``dst``; the number of new files. A differing file already there is refused."""
     folders = {str(f) for n in records for f in PurePosixPath(n).parents}
     in_the_way = lambda p, folder: p.is_symlink() or (p.exists() and not (p.is_dir() if folder else p.is_file()))
-    blocked = [n for n in records if n in folders or in_the_way(dst / n, False)
-               or any(in_the_way(p, True) for p in (dst / n).parents if dst in p.parents)]
+    blocked = [
+        n
+        for n in records
+        if n in folders
+        or in_the_way(dst / n, False)
+        or any(in_the_way(p, True) for p in (dst / n).parents if dst in p.parents)
+    ]
     if blocked:
-        raise UserError(f"{dst} cannot take the records {', '.join(blocked[:3])}: a file, folder or link is in the way "
-                        f"of that path there. Nothing was written; move it aside, or choose another destination.")
+        raise UserError(
+            f"{dst} cannot take the records {', '.join(blocked[:3])}: a file, folder or link is in the way "
+            f"of that path there. Nothing was written; move it aside, or choose another destination."
+        )
     clash = [n for n, b in records.items() if (dst / n).is_file() and (dst / n).read_bytes() != b]
     if clash:
-        raise UserError(f"{dst} already holds different records for {', '.join(clash[:3])}: a run is recorded once. "
-                        f"Move the old ones aside first if the new ones replace them.")
+        raise UserError(
+            f"{dst} already holds different records for {', '.join(clash[:3])}: a run is recorded once. "
+            f"Move the old ones aside first if the new ones replace them."
+        )
     new = {n: b for n, b in records.items() if not (dst / n).is_file()}
     for n, b in new.items():
         (dst / n).parent.mkdir(parents=True, exist_ok=True)
@@ -91,14 +107,20 @@ def into_archive(records: dict[str, bytes], dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m dt_primal.sweep.records", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="python -m dt_primal.sweep.records",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("src", type=Path, help="a sweep folder, or a .tgz archive this command packed")
     p.add_argument("dst", type=Path, help="a folder, or a .tgz archive to write (from a sweep folder)")
     args = p.parse_args(argv)
     archive = lambda path: path.name.endswith((".tgz", ".tar.gz"))
     if not args.src.exists():
-        raise UserError(f"{args.src} does not exist: give a sweep folder (--out of python -m dt_primal.sweep) or a .tgz.")
+        raise UserError(
+            f"{args.src} does not exist: give a sweep folder (--out of python -m dt_primal.sweep) or a .tgz."
+        )
     records = from_archive(args.src) if archive(args.src) else from_folder(args.src)
     n = sum(name.endswith("/eval.json") for name in records)
     runs = f"{n} finished run{'s' * (n != 1)}"

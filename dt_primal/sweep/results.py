@@ -1,6 +1,7 @@
 """A sweep folder's finished runs read back as rows: per (dataset, model) the seeds that finished and
 their scores at the last checkpoint and over the last three evaluations, labelled by the settings
 they trained with."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,7 @@ LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalForme
 LABEL_NOTES = {
     DT_MATCHED: "`--model dt` at the same settings as Primal.+DT (the controlled comparison)",
     DT_PAPER: "`--model dt --preset dt-paper`: the original DT paper's d_model 128, 1 head, lr 1e-4, as the "
-              "paper's Table 4 compared (docs/method.md, Hyper-parameters)",
+    "paper's Table 4 compared (docs/method.md, Hyper-parameters)",
 }
 SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
 RECORDED = SETTINGS + ("precision",)  # what run_settings reports
@@ -28,6 +29,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     the last train command line the sweep logged in the group's train.log; None when none is there
     (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
     from dt_primal.config import PRESETS, make_config
+
     cfg = read_record(group / f"seed_{seed}" / "eval.json", reports=False).get("config")
     cfg = cfg if isinstance(cfg, dict) else {}
     if all(k in cfg for k in RECORDED):
@@ -35,6 +37,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     ckpt = group / f"seed_{seed}" / "last.pt"
     if ckpt.exists():
         from dt_primal.checkpoint import read_checkpoint
+
         cfg = read_checkpoint(ckpt)["config"]
         return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
     log = group / "train.log"
@@ -42,7 +45,7 @@ def run_settings(group: Path, seed: int) -> dict | None:
     command = lambda a: a.endswith("train.py") or a == "dt_primal.run"  # earlier sweeps logged train.py by path
     if not cmds or not any(map(command, cmds[-1])):
         return None
-    preset, given = train_options(cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1:])
+    preset, given = train_options(cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1 :])
     if preset not in PRESETS:
         return None
     try:
@@ -57,6 +60,7 @@ def label_of(model: str, settings: dict | None, default: str | None) -> str:
     d_model, heads and lr, or else the matched baseline), otherwise ``default`` or the model's."""
     if model == "dt" and settings is not None:
         from dt_primal.config import PRESETS
+
         paper = all(settings[k] == PRESETS["dt-paper"][k] for k in SETTINGS)
         return DT_PAPER if paper else DT_MATCHED
     return default or LABELS.get(model, model)
@@ -67,15 +71,22 @@ def curve_points(rd: Path) -> list[dict]:
     one (eval.json), each as {"step", "scores": ``score`` per target}."""
     final = read_record(rd / "eval.json")
     pts = [p for p in read_curve(rd / "evals.jsonl") if p["step"] < final["step"]] + [final]
-    return [{"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]}
-            for p in pts]
+    return [
+        {"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]} for p in pts
+    ]
 
 
 LAST_N = 3  # "mean of the last three evaluations" beside the last checkpoint
 
 
-def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int], label: str | None = None,
-            name: str | None = None) -> list[dict]:
+def collect(
+    out: Path,
+    datasets: list[str],
+    models: list[str],
+    seeds: list[int],
+    label: str | None = None,
+    name: str | None = None,
+) -> list[dict]:
     """One row per (dataset, model) of the sweep folder ``out``: the seeds that finished and, per
     target, their normalised score mean ± std (ddof 0) at the last checkpoint, with the seeds' final
     scores, and the same for each seed's mean of its last three evaluations (the final one and the
@@ -97,12 +108,25 @@ def collect(out: Path, datasets: list[str], models: list[str], seeds: list[int],
             for i, t in enumerate(targets):
                 entry = {"target": t, **mean_std([score(e["targets"][i]) for e in evals])}
                 if all(len(c) >= LAST_N for c in curves):
-                    entry["last3"] = {**mean_std([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves]),
-                                      "steps": [p["step"] for p in curves[0][-LAST_N:]]}
+                    entry["last3"] = {
+                        **mean_std([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves]),
+                        "steps": [p["step"] for p in curves[0][-LAST_N:]],
+                    }
                 per_target.append(entry)
             settings = run_settings(gd, finished[0])
-            rows.append({"dataset": d, "model": m, "name": name or m, "label": label_of(m, settings, label),
-                         "settings": settings, "dir": str(gd), "finished_seeds": finished, "step": evals[0]["step"],
-                         "episodes": evals[0]["targets"][0]["episodes"], "targets": per_target,
-                         "unit": "return" if evals[0]["targets"][0]["normalized_mean"] is None else "normalised"})
+            rows.append(
+                {
+                    "dataset": d,
+                    "model": m,
+                    "name": name or m,
+                    "label": label_of(m, settings, label),
+                    "settings": settings,
+                    "dir": str(gd),
+                    "finished_seeds": finished,
+                    "step": evals[0]["step"],
+                    "episodes": evals[0]["targets"][0]["episodes"],
+                    "targets": per_target,
+                    "unit": "return" if evals[0]["targets"][0]["normalized_mean"] is None else "normalised",
+                }
+            )
     return rows

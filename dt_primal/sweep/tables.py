@@ -1,5 +1,6 @@
 """A sweep's rows as tables: results.md and results.csv, with Primal.+DT's gap to each DT baseline in
 standard errors."""
+
 from __future__ import annotations
 
 import csv
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, LABELS, LABEL_NOTES
+from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
 
 
 def short(dataset: str) -> str:
@@ -36,10 +37,19 @@ def gap_rows(rows: list[dict], a: str, b: str) -> list[dict]:
                 if xa is None or xb is None:
                     continue
                 sa, sb = np.array(xa["seeds"]), np.array(xb["seeds"])
-                var = (sa.var(ddof=1) / len(sa) if len(sa) > 1 else np.nan) + (sb.var(ddof=1) / len(sb) if len(sb) > 1 else np.nan)
+                var = (sa.var(ddof=1) / len(sa) if len(sa) > 1 else np.nan) + (
+                    sb.var(ddof=1) / len(sb) if len(sb) > 1 else np.nan
+                )
                 gap, se = float(sa.mean() - sb.mean()), float(np.sqrt(var))
-                entry[key] = {"a": float(sa.mean()), "b": float(sb.mean()), "gap": gap, "se": se,
-                              "z": gap / se if se > 0 else float("nan"), "n_a": len(sa), "n_b": len(sb)}
+                entry[key] = {
+                    "a": float(sa.mean()),
+                    "b": float(sb.mean()),
+                    "gap": gap,
+                    "se": se,
+                    "z": gap / se if se > 0 else float("nan"),
+                    "n_a": len(sa),
+                    "n_b": len(sb),
+                }
             out.append(entry)
     return out
 
@@ -48,17 +58,94 @@ def gap_table(gaps: list[dict], a: str, b: str) -> str:
     """Markdown of ``gap_rows``: per dataset and target, a − b and the gap in standard errors."""
     if not gaps:
         return ""
+
     def fmt(g):
         if g is None:
             return "–"
         if not np.isfinite(g["z"]):
-            return f"{g['gap']:+.1f} (no SE: {min(g['n_a'], g['n_b'])} seed{'s' if min(g['n_a'], g['n_b']) != 1 else ''})"
+            return (
+                f"{g['gap']:+.1f} (no SE: {min(g['n_a'], g['n_b'])} seed{'s' if min(g['n_a'], g['n_b']) != 1 else ''})"
+            )
         return f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
+
     rows = [[short(g["dataset"]), f"{g['target']:g}", fmt(g.get("last")), fmt(g.get("last3"))] for g in gaps]
     head = ["dataset", "target", f"{a} − {b}: last checkpoint", "mean of last 3 evaluations"]
-    return table(head, rows) + ("\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
-                               "spread, sqrt(s_a²/n_a + s_b²/n_b), s the std with ddof 1; with 3 seeds a side, "
-                               "|gap| > 2.8 SE is about a two-sided 5% Welch test.\n")
+    return table(head, rows) + (
+        "\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
+        "spread, sqrt(s_a²/n_a + s_b²/n_b), s the std with ddof 1; with 3 seeds a side, "
+        "|gap| > 2.8 SE is about a two-sided 5% Welch test.\n"
+    )
+
+
+def average_lines(rows: list[dict], labels: list[str], n_t: int) -> list[list]:
+    """A table line per row label: its mean over the datasets where every label has a result (like with
+    like), at the last checkpoint and for the mean of the last three evaluations."""
+    common = [
+        d
+        for d in dict.fromkeys(r["dataset"] for r in rows)
+        if all(any(r["dataset"] == d and r["label"] == lab for r in rows) for lab in labels)
+    ]
+    lines = []
+    for lab in labels:
+        mine = [r for r in rows if r["label"] == lab and r["dataset"] in common and r.get("unit") != "return"]
+        if mine:
+            avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
+            avg3 = [
+                f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
+                if all("last3" in r["targets"][i] for r in mine)
+                else "–"
+                for i in range(n_t)
+            ]
+            datasets = f"{len(mine)} dataset{'s' if len(mine) != 1 else ''}"
+            lines.append([f"**average ({datasets})**", mine[0]["name"], lab, "", "", *avg, *avg3])
+    return lines
+
+
+CSV_COLUMNS = (
+    "dataset",
+    "model",
+    "label",
+    "target",
+    "normalized_mean",
+    "normalized_std",
+    "n_seeds",
+    "steps",
+    "episodes",
+    "seed_scores",
+    "last3_mean",
+    "last3_std",
+    "last3_seed_scores",
+    "score",
+)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    """One CSV line per (row, target): ``CSV_COLUMNS``."""
+    as_text = lambda values: " ".join(f"{v:.3f}" for v in values)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in rows:
+            for t in r["targets"]:
+                l3 = t.get("last3") or {}
+                w.writerow(
+                    [
+                        r["dataset"],
+                        r["name"],
+                        r["label"],
+                        t["target"],
+                        f"{t['mean']:.3f}",
+                        f"{t['std']:.3f}",
+                        len(r["finished_seeds"]),
+                        r["step"],
+                        r["episodes"],
+                        as_text(t["seeds"]),
+                        f"{l3['mean']:.3f}" if l3 else "",
+                        f"{l3['std']:.3f}" if l3 else "",
+                        as_text(l3["seeds"]) if l3 else "",
+                        "return" if r.get("unit") == "return" else "normalised",
+                    ]
+                )
 
 
 def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
@@ -69,32 +156,37 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     labels = list(dict.fromkeys(r["label"] for r in rows))
     n_t = max(len(r["targets"]) for r in rows)
     which = lambda i: ["high target", "low target"][i] if n_t == 2 else f"target {i + 1}"
-    head = ["dataset", "model", "what it is", "seeds", "steps"] + [f"{which(i)}: last checkpoint" for i in range(n_t)] \
+    head = (
+        ["dataset", "model", "what it is", "seeds", "steps"]
+        + [f"{which(i)}: last checkpoint" for i in range(n_t)]
         + [f"{which(i)}: mean of last 3 evaluations" for i in range(n_t)]
-    lines = [[r["dataset"] + (" (returns)" if r.get("unit") == "return" else ""), r["name"], r["label"],
-              len(r["finished_seeds"]), r["step"],
-              *[f"{cell(t)} ({t['target']:g})" for t in r["targets"]], *[cell(t.get("last3")) for t in r["targets"]]]
-             for r in rows]
-    # the average rows compare like with like: only datasets where every label has a result
-    common = [d for d in dict.fromkeys(r["dataset"] for r in rows)
-              if all(any(r["dataset"] == d and r["label"] == lab for r in rows) for lab in labels)]
-    for lab in labels:
-        mine = [r for r in rows if r["label"] == lab and r["dataset"] in common and r.get("unit") != "return"]
-        if mine:
-            avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
-            avg3 = [f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
-                    if all("last3" in r["targets"][i] for r in mine) else "–" for i in range(n_t)]
-            lines.append([f"**average ({len(mine)} dataset{'s' if len(mine) != 1 else ''})**", mine[0]["name"], lab, "", "",
-                          *avg, *avg3])
+    )
+    lines = [
+        [
+            r["dataset"] + (" (returns)" if r.get("unit") == "return" else ""),
+            r["name"],
+            r["label"],
+            len(r["finished_seeds"]),
+            r["step"],
+            *[f"{cell(t)} ({t['target']:g})" for t in r["targets"]],
+            *[cell(t.get("last3")) for t in r["targets"]],
+        ]
+        for r in rows
+    ]
+    lines += average_lines(rows, labels, n_t)
     notes = [f"- **{lab}**: {LABEL_NOTES[lab]}." for lab in labels if lab in LABEL_NOTES]
-    md = table(head, lines) + ("\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
-                             "the paper reports it), mean ± std (ddof 0) across seeds of the per-seed mean over the final "
-                             "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
-                             "evaluations** (the final one and the two intermediate ones before it, which use fewer "
-                             "episodes): how much the last-checkpoint number owes to where training stopped.\n")
+    md = table(head, lines) + (
+        "\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
+        "the paper reports it), mean ± std (ddof 0) across seeds of the per-seed mean over the final "
+        "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
+        "evaluations** (the final one and the two intermediate ones before it, which use fewer "
+        "episodes): how much the last-checkpoint number owes to where training stopped.\n"
+    )
     if any(r.get("unit") == "return" for r in rows):
-        md += ("\nDatasets marked (returns) are on tasks without reference scores: their cells are returns, not "
-               "normalised scores, and the averages leave them out.\n")
+        md += (
+            "\nDatasets marked (returns) are on tasks without reference scores: their cells are returns, not "
+            "normalised scores, and the averages leave them out.\n"
+        )
     if notes:
         md += "\n" + "\n".join(notes) + "\n"
     primal = LABELS["primal"]
@@ -102,16 +194,5 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
         if primal in labels and dt in labels:
             md += f"\n{primal} − {dt}:\n\n" + gap_table(gap_rows(rows, primal, dt), primal, dt)
     (out / f"{name}.md").write_text(md)
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["dataset", "model", "label", "target", "normalized_mean", "normalized_std", "n_seeds", "steps", "episodes",
-                    "seed_scores", "last3_mean", "last3_std", "last3_seed_scores", "score"])
-        for r in rows:
-            for t in r["targets"]:
-                l3 = t.get("last3")
-                w.writerow([r["dataset"], r["name"], r["label"], t["target"], f"{t['mean']:.3f}", f"{t['std']:.3f}",
-                            len(r["finished_seeds"]), r["step"], r["episodes"], " ".join(f"{s:.3f}" for s in t["seeds"]),
-                            "" if l3 is None else f"{l3['mean']:.3f}", "" if l3 is None else f"{l3['std']:.3f}",
-                            "" if l3 is None else " ".join(f"{s:.3f}" for s in l3["seeds"]),
-                            "return" if r.get("unit") == "return" else "normalised"])
+    write_csv(rows, out / f"{name}.csv")
     return md

@@ -5,6 +5,7 @@ meant but is worth knowing is one ``note:`` line on stderr.
 
   check_run_inputs(data, cfg, seeds)    train.py, right after the dataset is loaded
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,13 @@ import numpy as np
 from dt_primal.config import MAX_SEED, Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation.checks import SCALED_RETURN_LIMIT, check_evaluation_memory, check_targets, env_sizes, task_limits
+from dt_primal.evaluation.checks import (
+    SCALED_RETURN_LIMIT,
+    check_evaluation_memory,
+    check_targets,
+    env_sizes,
+    task_limits,
+)
 from dt_primal.machine import available_bytes, check_device, gib
 from envs import Task
 
@@ -37,8 +44,9 @@ def note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-def check_run_inputs(data: Trajectories, cfg: Config, seeds: list[int] | None = None, rescale_actions: bool = False,
-                     notes: bool = True) -> None:
+def check_run_inputs(
+    data: Trajectories, cfg: Config, seeds: list[int] | None = None, rescale_actions: bool = False, notes: bool = True
+) -> None:
     """Refuse what would train silently wrong (actions the model cannot output, episodes longer than
     the timestep embedding, conditioning returns that overflow, impossible seeds or GPUs, evaluations
     that cannot fit in memory) and note what is unusual. ``rescale_actions``: scale action columns
@@ -55,22 +63,34 @@ def check_run_inputs(data: Trajectories, cfg: Config, seeds: list[int] | None = 
     check_returns(data, targets, cfg.reward_scale, task, notes=notes)
     members = len(seeds or [cfg.seed])
     check_batch_memory(cfg, members)
-    for episodes, flag in ((cfg.eval_episodes, "--eval-episodes"), (cfg.eval_episodes_during, "--eval-episodes-during")):
-        check_evaluation_memory(episodes * len(targets) * members, cfg.context, data.obs_dim, data.act_dim,
-                                cfg.device, f"{flag} {episodes} x {len(targets)} targets x {members} "
-                                            f"seed{'s' if members > 1 else ''}",
-                                f"Lower {flag} (it may change when a run continues with --resume).")
+    for episodes, flag in (
+        (cfg.eval_episodes, "--eval-episodes"),
+        (cfg.eval_episodes_during, "--eval-episodes-during"),
+    ):
+        check_evaluation_memory(
+            episodes * len(targets) * members,
+            cfg.context,
+            data.obs_dim,
+            data.act_dim,
+            cfg.device,
+            f"{flag} {episodes} x {len(targets)} targets x {members} seed{'s' if members > 1 else ''}",
+            f"Lower {flag} (it may change when a run continues with --resume).",
+        )
     if notes and cfg.steps and cfg.warmup_steps > cfg.steps:
-        note(f"--warmup-steps {cfg.warmup_steps} is more than --steps {cfg.steps}: the linear warm-up never ends, and "
-             f"the learning rate reaches only {cfg.steps / cfg.warmup_steps:.0%} of --lr {cfg.lr:g} by the last step. "
-             f"Pass a smaller --warmup-steps (e.g. a tenth of --steps, as --preset quick does) if that is not meant.")
+        note(
+            f"--warmup-steps {cfg.warmup_steps} is more than --steps {cfg.steps}: the linear warm-up never ends, and "
+            f"the learning rate reaches only {cfg.steps / cfg.warmup_steps:.0%} of --lr {cfg.lr:g} by the last step. "
+            f"Pass a smaller --warmup-steps (e.g. a tenth of --steps, as --preset quick does) if that is not meant."
+        )
 
 
 def check_seeds(seeds: list[int]) -> None:
     bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
     if bad:
-        raise UserError(f"--seeds must be between 0 and {MAX_SEED} (got {' '.join(map(str, bad))}): they seed NumPy's "
-                        f"and PyTorch's generators. Give other seeds.")
+        raise UserError(
+            f"--seeds must be between 0 and {MAX_SEED} (got {' '.join(map(str, bad))}): they seed NumPy's "
+            f"and PyTorch's generators. Give other seeds."
+        )
 
 
 def _bounds(low: float, high: float) -> str:
@@ -92,21 +112,28 @@ def check_actions(data: Trajectories, task: Task, rescale: bool = False, notes: 
     columns = "; ".join(f"column {j} ranges from {lo[j]:.4g} to {hi[j]:.4g}" for j in outside[:6])
     more = f" (and {len(outside) - 6} more columns)" if len(outside) > 6 else ""
     same = len(set(zip(limits.low, limits.high))) == 1
-    bounds = f"{_bounds(limits.low[0], limits.high[0])} in every column" if same else \
-        ", ".join(_bounds(a, b) for a, b in zip(limits.low, limits.high))
+    bounds = (
+        f"{_bounds(limits.low[0], limits.high[0])} in every column"
+        if same
+        else ", ".join(_bounds(a, b) for a, b in zip(limits.low, limits.high))
+    )
     if not rescale:
-        raise UserError(f"The dataset {data.source} has actions outside {task.gym_id}'s action space, which accepts "
-                        f"{bounds}: {columns}{more}. The model's tanh output can never produce them, so it would "
-                        f"learn a distorted policy without a word. Check that the data was recorded on {task.gym_id} "
-                        f"(else pass the right --env), or pass --rescale-actions to scale those columns into the bounds.")
+        raise UserError(
+            f"The dataset {data.source} has actions outside {task.gym_id}'s action space, which accepts "
+            f"{bounds}: {columns}{more}. The model's tanh output can never produce them, so it would "
+            f"learn a distorted policy without a word. Check that the data was recorded on {task.gym_id} "
+            f"(else pass the right --env), or pass --rescale-actions to scale those columns into the bounds."
+        )
     actions = data.actions.astype(np.float64)
     for j in outside:
         actions[:, j] = centre[j] + (actions[:, j] - centre[j]) / reach[j]
     data.actions = np.clip(actions, limits.low, limits.high).astype(np.float32)
     if notes:
-        note(f"--rescale-actions: scaled the dataset's actions into {task.gym_id}'s bounds {bounds}: "
-             + ", ".join(f"column {j} divided by {reach[j]:.4g}" for j in outside)
-             + " (about the bounds' centre); the policy is trained and evaluated in the environment's own units.")
+        note(
+            f"--rescale-actions: scaled the dataset's actions into {task.gym_id}'s bounds {bounds}: "
+            + ", ".join(f"column {j} divided by {reach[j]:.4g}" for j in outside)
+            + " (about the bounds' centre); the policy is trained and evaluated in the environment's own units."
+        )
 
 
 def check_episode_lengths(data: Trajectories, cfg: Config, task: Task, notes: bool = True) -> None:
@@ -116,21 +143,27 @@ def check_episode_lengths(data: Trajectories, cfg: Config, task: Task, notes: bo
     longest = int(data.lengths.max())
     if longest > cfg.max_ep_len:
         episode = int(np.argmax(data.lengths))
-        raise UserError(f"The dataset {data.source} has episodes longer than --max-ep-len {cfg.max_ep_len}: the "
-                        f"longest (episode {episode}) has {longest} steps, and every timestep past {cfg.max_ep_len - 1} "
-                        f"would get the same embedding. Pass --max-ep-len {longest} (or more). If no episode should be "
-                        f"longer than {limits.time_limit} steps ({task.gym_id}'s time limit), the file does not mark "
-                        f"where its episodes end (D4RL: 'terminals' and 'timeouts').")
+        raise UserError(
+            f"The dataset {data.source} has episodes longer than --max-ep-len {cfg.max_ep_len}: the "
+            f"longest (episode {episode}) has {longest} steps, and every timestep past {cfg.max_ep_len - 1} "
+            f"would get the same embedding. Pass --max-ep-len {longest} (or more). If no episode should be "
+            f"longer than {limits.time_limit} steps ({task.gym_id}'s time limit), the file does not mark "
+            f"where its episodes end (D4RL: 'terminals' and 'timeouts')."
+        )
     needed = max(longest, limits.time_limit)
     if cfg.max_ep_len > MAX_EP_LEN_FACTOR * needed:
-        raise UserError(f"--max-ep-len {cfg.max_ep_len} is far more than any episode needs (the longest in the dataset "
-                        f"has {longest} steps and {task.gym_id} ends episodes after {limits.time_limit}); it sizes the "
-                        f"timestep embedding and the evaluation's buffers, which would only take memory. Pass "
-                        f"--max-ep-len {needed}.")
+        raise UserError(
+            f"--max-ep-len {cfg.max_ep_len} is far more than any episode needs (the longest in the dataset "
+            f"has {longest} steps and {task.gym_id} ends episodes after {limits.time_limit}); it sizes the "
+            f"timestep embedding and the evaluation's buffers, which would only take memory. Pass "
+            f"--max-ep-len {needed}."
+        )
     if notes and cfg.max_ep_len < limits.time_limit:
-        note(f"--max-ep-len {cfg.max_ep_len} is below {task.gym_id}'s time limit of {limits.time_limit} steps: "
-             f"evaluation episodes stop after {cfg.max_ep_len} steps, so returns and scores are those of episodes that "
-             f"short and do not compare with published ones.")
+        note(
+            f"--max-ep-len {cfg.max_ep_len} is below {task.gym_id}'s time limit of {limits.time_limit} steps: "
+            f"evaluation episodes stop after {cfg.max_ep_len} steps, so returns and scores are those of episodes that "
+            f"short and do not compare with published ones."
+        )
 
 
 def check_observations(data: Trajectories) -> None:
@@ -139,13 +172,16 @@ def check_observations(data: Trajectories) -> None:
     bad = np.flatnonzero(~(np.isfinite(mean) & np.isfinite(std)))
     if len(bad):
         j = int(bad[0])
-        raise UserError(f"The dataset {data.source} has observations too large to normalise in float32: column {j} "
-                        f"reaches {np.abs(data.observations[:, j]).max():.3g}, and its mean or standard deviation "
-                        f"overflows. Check the data (a unit or scaling mistake?) and rescale those columns.")
+        raise UserError(
+            f"The dataset {data.source} has observations too large to normalise in float32: column {j} "
+            f"reaches {np.abs(data.observations[:, j]).max():.3g}, and its mean or standard deviation "
+            f"overflows. Check the data (a unit or scaling mistake?) and rescale those columns."
+        )
 
 
-def check_returns(data: Trajectories, targets: list[float], reward_scale: float, task: Task,
-                  notes: bool = True) -> None:
+def check_returns(
+    data: Trajectories, targets: list[float], reward_scale: float, task: Task, notes: bool = True
+) -> None:
     """The dataset's returns-to-go must stay within the same bounds as the targets once scaled; a target
     far above every return in the data is noted (the model never saw one like it)."""
     check_targets(targets, None)
@@ -155,10 +191,12 @@ def check_returns(data: Trajectories, targets: list[float], reward_scale: float,
     largest = float(np.abs(rtg).max())
     if not largest / reward_scale <= SCALED_RETURN_LIMIT:
         suggest = 10.0 ** (round(math.log10(largest)) - 1)
-        raise UserError(f"The dataset {data.source} has returns-to-go up to {largest:.3g}, which divided by "
-                        f"--reward-scale {reward_scale:g} give {largest / reward_scale:.3g}: beyond the "
-                        f"±{SCALED_RETURN_LIMIT:.0e} the model's float32 arithmetic handles safely. Pass a larger "
-                        f"--reward-scale (--reward-scale {suggest:g} brings them to about 10), or check the rewards.")
+        raise UserError(
+            f"The dataset {data.source} has returns-to-go up to {largest:.3g}, which divided by "
+            f"--reward-scale {reward_scale:g} give {largest / reward_scale:.3g}: beyond the "
+            f"±{SCALED_RETURN_LIMIT:.0e} the model's float32 arithmetic handles safely. Pass a larger "
+            f"--reward-scale (--reward-scale {suggest:g} brings them to about 10), or check the rewards."
+        )
     check_targets(targets, reward_scale)
     if not notes:
         return
@@ -167,10 +205,13 @@ def check_returns(data: Trajectories, targets: list[float], reward_scale: float,
     scale = max(abs(best), best - worst, reward_scale)
     far = [t for t in targets if t - best > FAR_ABOVE * scale]
     if far:
-        note(f"--targets {' '.join(f'{t:g}' for t in far)} {'is' if len(far) == 1 else 'are'} far above every return "
-             f"in the dataset (its best episode returns {best:.4g}): the model never saw a return-to-go near "
-             f"{'it' if len(far) == 1 else 'them'}, so what it does there is pure extrapolation. {task.gym_id}'s default "
-             f"targets are {' and '.join(f'{t:g}' for t in task.targets)}.")
+        note(
+            f"--targets {' '.join(f'{t:g}' for t in far)} {'is' if len(far) == 1 else 'are'} far above every return "
+            f"in the dataset (its best episode returns {best:.4g}): the model never saw a return-to-go near "
+            f"{'it' if len(far) == 1 else 'them'}, so what it does there is pure extrapolation. {task.gym_id}'s "
+            f"default "
+            f"targets are {' and '.join(f'{t:g}' for t in task.targets)}."
+        )
 
 
 def batch_bytes(cfg: Config) -> int:
@@ -189,47 +230,75 @@ def check_batch_memory(cfg: Config, members: int) -> None:
     free, memory = available_bytes(cfg.device)
     if free and need > free:
         fits = max(0, cfg.batch_size * free // need)
-        raise UserError(f"--batch-size {cfg.batch_size} needs at least {gib(need)} for the activations of one training "
-                        f"step ({members} seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, "
-                        f"{cfg.n_layer} layers, context {cfg.context}), more than the {gib(free)} of {memory} here. "
-                        f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once.")
+        raise UserError(
+            f"--batch-size {cfg.batch_size} needs at least {gib(need)} for the activations of one training "
+            f"step ({members} seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, "
+            f"{cfg.n_layer} layers, context {cfg.context}), more than the {gib(free)} of {memory} here. "
+            f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once."
+        )
 
 
 # what --resume may change; every other option is the run's own (architecture, optimisation, returns)
-CHANGEABLE_ON_RESUME = ("steps", "eval_every", "eval_episodes", "eval_episodes_during", "checkpoint_every",
-                        "log_every", "device", "out", "targets", "compile", "cuda_graph", "precision", "dataset",
-                        "env", "download", "ref_min", "ref_max")
+CHANGEABLE_ON_RESUME = (
+    "steps",
+    "eval_every",
+    "eval_episodes",
+    "eval_episodes_during",
+    "checkpoint_every",
+    "log_every",
+    "device",
+    "out",
+    "targets",
+    "compile",
+    "cuda_graph",
+    "precision",
+    "dataset",
+    "env",
+    "download",
+    "ref_min",
+    "ref_max",
+)
 
 
 def check_env_matches(data: Trajectories, task: Task) -> None:
     obs_dim, act_dim = env_sizes(task)
     if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
-        raise UserError(f"The dataset {data.source} has observations of size {data.obs_dim} and actions of size "
-                        f"{data.act_dim}, but {task.gym_id} has {obs_dim} and {act_dim}: it was not recorded in that "
-                        f"environment. Pass the right --env.")
+        raise UserError(
+            f"The dataset {data.source} has observations of size {data.obs_dim} and actions of size "
+            f"{data.act_dim}, but {task.gym_id} has {obs_dim} and {act_dim}: it was not recorded in that "
+            f"environment. Pass the right --env."
+        )
 
 
 def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
     """--resume continues a run with its own settings: an option it cannot change is refused."""
-    changed = [f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)} (the run has {getattr(saved, f.name)})"
-               for f in dataclasses.fields(Config)
-               if f.name not in CHANGEABLE_ON_RESUME and getattr(cfg, f.name) != getattr(saved, f.name)]
+    changed = [
+        f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)} (the run has {getattr(saved, f.name)})"
+        for f in dataclasses.fields(Config)
+        if f.name not in CHANGEABLE_ON_RESUME and getattr(cfg, f.name) != getattr(saved, f.name)
+    ]
     if changed:
-        raise UserError(f"--resume cannot change {', '.join(changed)}: {path} continues with the settings it was "
-                        f"started with. Leave these options out to continue it, or choose another --out to start a new "
-                        f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
-                        f"and the data source may change).")
+        raise UserError(
+            f"--resume cannot change {', '.join(changed)}: {path} continues with the settings it was "
+            f"started with. Leave these options out to continue it, or choose another --out to start a new "
+            f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
+            f"and the data source may change)."
+        )
 
 
 def check_steps_left(step: int, steps: int, where: Path) -> None:
     """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
     only runs the final evaluation (a run stopped during it), which is said."""
     if step > steps:
-        raise UserError(f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
-                        f"--steps above {step} to train it further, or evaluate it with evaluate.py.")
+        raise UserError(
+            f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
+            f"--steps above {step} to train it further, or evaluate it with evaluate.py."
+        )
     if step == steps:
-        print(f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
-              f"runs (give a larger --steps to train further)")
+        print(
+            f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
+            f"runs (give a larger --steps to train further)"
+        )
 
 
 def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resume: bool) -> bool:
@@ -238,11 +307,16 @@ def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resum
     found = [last.exists() for last in lasts]
     if not resume and any(found):
         held = next(last for last, f in zip(lasts, found) if f)
-        raise UserError(f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
-                        f"--out (or delete that folder) to start again.")
+        raise UserError(
+            f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
+            f"--out (or delete that folder) to start again."
+        )
     if resume and any(found) and not all(found):
-        raise UserError(f"Only some seeds of {cfg.out} have a checkpoint ({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
-                        f"resume those with --seeds listing them, and train the others in another run.")
+        raise UserError(
+            f"Only some seeds of {cfg.out} have a checkpoint "
+            f"({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
+            f"resume those with --seeds listing them, and train the others in another run."
+        )
     listed = sorted(Path(cfg.out).glob("seed_*/last.pt"))
     if resume and not seeds and not any(found) and listed:
         names = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in listed), key=int))
@@ -260,5 +334,7 @@ def check_distinct(seeds: list[int]) -> None:
 def check_batch_split(batch_size: int, world: int) -> None:
     """Under torchrun every process trains on an equal share of every batch."""
     if batch_size % world:
-        raise UserError(f"--batch-size {batch_size} must be divisible by the number of processes ({world}), "
-                        f"which each train on an equal share of every batch.")
+        raise UserError(
+            f"--batch-size {batch_size} must be divisible by the number of processes ({world}), "
+            f"which each train on an equal share of every batch."
+        )

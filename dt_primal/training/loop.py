@@ -4,6 +4,7 @@ to TensorBoard and the progress bar with its divergence check, the batched evalu
 member at once and atomic checkpoints (``dt_primal.checkpoint``), then the final evaluation.
 SIGINT/SIGTERM stop it after a checkpoint, for an exact ``--resume``. Several processes or GPUs
 train data-parallel under ``torchrun``."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,14 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dt_primal.checkpoint import (check_same_dataset, load_members, model_from_checkpoints, rng_state,
-                                  save_checkpoints, set_rng_state)
+from dt_primal.checkpoint import (
+    check_same_dataset,
+    load_members,
+    model_from_checkpoints,
+    rng_state,
+    save_checkpoints,
+    set_rng_state,
+)
 from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
@@ -33,16 +40,22 @@ from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
-from dt_primal.training.checks import (check_batch_split, check_distinct, check_folders, check_steps_left,
-                                       check_unchanged)
+from dt_primal.training.checks import (
+    check_batch_split,
+    check_distinct,
+    check_folders,
+    check_steps_left,
+    check_unchanged,
+)
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
 from dt_primal.training.run_folder import member_name, write_text
-from dt_primal.untrusted import read_curve
 from dt_primal.training.step import TrainStep
+from dt_primal.untrusted import read_curve
 
 
-def train(cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool = False,
-          seeds: list[int] | None = None) -> list[dict] | None:
+def train(
+    cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool = False, seeds: list[int] | None = None
+) -> list[dict] | None:
     """Train every (dataset, seed) as one ensemble, each member exactly as it would train alone:
     ``data`` one dataset (``cfg.dataset``) or several by name, ``seeds`` default ``cfg.seed`` alone.
     Members write into ``member_folders`` (OUT, OUT/seed_N, or OUT/DATASET/MODEL/seed_N); returns
@@ -74,8 +87,9 @@ class TrainingRun:
     ``train``'s loop: set up (the constructor), ``update``, ``check_and_log``, ``evaluate_and_record``,
     ``checkpoint``, ``stop`` and ``finish``."""
 
-    def __init__(self, cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool,
-                 seeds: list[int] | None):
+    def __init__(
+        self, cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool, seeds: list[int] | None
+    ):
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.seeds = seeds or [cfg.seed]
         check_distinct(self.seeds)
@@ -91,8 +105,14 @@ class TrainingRun:
         with phase("training"):
             self._build(ckpts)
         members, cfg = self.members, self.cfg
-        self.policy = Policy(self.model, np.stack([m.state_mean for m in members]),
-                             np.stack([m.state_std for m in members]), cfg.reward_scale, cfg.context, cfg.precision)
+        self.policy = Policy(
+            self.model,
+            np.stack([m.state_mean for m in members]),
+            np.stack([m.state_std for m in members]),
+            cfg.reward_scale,
+            cfg.context,
+            cfg.precision,
+        )
         self.names = [member_name(m.cfg.dataset, m.cfg.seed, len(self.parts) > 1) for m in self.members]
         self._open_records()
 
@@ -126,14 +146,32 @@ class TrainingRun:
         draws the same batches and masks, so a checkpoint holds the state of all of them and
         --resume is exact with any number of processes."""
         cfg, members, device = self.cfg, self.members, self.device
-        self.model = (model_from_checkpoints(ckpts, device) if ckpts else
-                      fresh_model(model_config(members[0]), [m.cfg.seed for m in members], device))
+        self.model = (
+            model_from_checkpoints(ckpts, device)
+            if ckpts
+            else fresh_model(model_config(members[0]), [m.cfg.seed for m in members], device)
+        )
         self.gens = [torch.Generator(device=device).manual_seed(m.cfg.seed) for m in members]
         self.parts = list({m.index: m for m in members}.values())  # one member of each dataset
-        sampler = WindowSampler([m.data for m in self.parts], cfg.context, cfg.reward_scale,
-                                [m.state_mean for m in self.parts], [m.state_std for m in self.parts], device)
-        self.train_step = TrainStep(cfg, self.model, sampler, self.gens, device, self.rank, self.world,
-                                    capture=cfg.cuda_graph, datasets=[m.index for m in members])
+        sampler = WindowSampler(
+            [m.data for m in self.parts],
+            cfg.context,
+            cfg.reward_scale,
+            [m.state_mean for m in self.parts],
+            [m.state_std for m in self.parts],
+            device,
+        )
+        self.train_step = TrainStep(
+            cfg,
+            self.model,
+            sampler,
+            self.gens,
+            device,
+            self.rank,
+            self.world,
+            capture=cfg.cuda_graph,
+            datasets=[m.index for m in members],
+        )
         if ckpts is None:
             return
         try:
@@ -141,8 +179,10 @@ class TrainingRun:
             for ckpt, gen in zip(ckpts, self.gens):
                 set_rng_state(ckpt["rng"], gen)
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise UserError(f"The training state in {members[0].last} is damaged ({type(exc).__name__}: {exc}); "
-                            f"evaluate it with evaluate.py, or start a new run with another --out.") from exc
+            raise UserError(
+                f"The training state in {members[0].last} is damaged ({type(exc).__name__}: {exc}); "
+                f"evaluate it with evaluate.py, or start a new run with another --out."
+            ) from exc
         self.step = self.saved_step = ckpts[0]["step"]
         print(f"resumed from {members[0].last if len(members) == 1 else self.out} at step {self.step}")
 
@@ -158,19 +198,28 @@ class TrainingRun:
                 self.writers.append(SummaryWriter(str(m.folder)))
         cfg = self.cfg
         if cfg.compile and self.rank == 0 and self.step < cfg.steps:
-            print("--compile: the first steps compile the members' loss (about 20-30 s on an H100, a minute or more "
-                  "on a CPU) before the progress bar moves")
+            print(
+                "--compile: the first steps compile the members' loss (about 20-30 s on an H100, a minute or more "
+                "on a CPU) before the progress bar moves"
+            )
         self.t_log, self.n_log = time.perf_counter(), 0
         datasets = ", ".join(dict.fromkeys(m.cfg.dataset for m in self.members)) + " " if len(self.parts) > 1 else ""
         who = self.names[0] if len(self.names) == 1 else f"{datasets}seeds {' '.join(map(str, self.seeds))}"
-        self.bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.model} {who}", unit="step", mininterval=5,
-                        disable=self.rank != 0)
+        self.bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc=f"{cfg.model} {who}",
+            unit="step",
+            mininterval=5,
+            disable=self.rank != 0,
+        )
 
     def update(self) -> None:
         """One training step of every member."""
         with phase("training"):
             self.train_step()
-        self.step += 1; self.n_log += 1
+        self.step += 1
+        self.n_log += 1
         self.bar.update(1)
 
     def check_and_log(self) -> None:
@@ -183,17 +232,23 @@ class TrainingRun:
         sums_v = (sums / self.n_log).cpu().numpy()
         finite = np.isfinite(sums_v).all(1) & all_finite(self.model).cpu().numpy()
         if not finite.all():
-            kept = "no checkpoint was written" if self.saved_step is None else \
-                f"{self.where} keeps the weights of step {self.saved_step}"
+            kept = (
+                "no checkpoint was written"
+                if self.saved_step is None
+                else f"{self.where} keeps the weights of step {self.saved_step}"
+            )
             bad = ", ".join(n for n, ok in zip(self.names, finite) if not ok)
             self.close()
-            raise UserError(f"The loss became {sums_v[~finite][0, 0]} (or the weights non-finite) by step {self.step}"
-                            f"{'' if len(self.names) == 1 else f' for {bad}'}; training stopped and {kept}. "
-                            f"Start again with a lower --lr or --grad-clip, or --precision fp32, or check the "
-                            f"dataset for extreme values.")
+            raise UserError(
+                f"The loss became {sums_v[~finite][0, 0]} (or the weights non-finite) by step {self.step}"
+                f"{'' if len(self.names) == 1 else f' for {bad}'}; training stopped and {kept}. "
+                f"Start again with a lower --lr or --grad-clip, or --precision fp32, or check the "
+                f"dataset for extreme values."
+            )
         if self.rank == 0:
             self.log(sums_v, time.perf_counter() - self.t_log)
-        sums.zero_(); self.t_log, self.n_log = time.perf_counter(), 0
+        sums.zero_()
+        self.t_log, self.n_log = time.perf_counter(), 0
 
     def log(self, sums: np.ndarray, seconds: float) -> None:
         """Each member's losses, learning rate, speed and KSVD statistics (its Λ) to TensorBoard."""
@@ -216,8 +271,13 @@ class TrainingRun:
         """``episodes`` episodes per target of every member at once: per member, a report per target."""
         members = self.members
         with phase("evaluation"):
-            return rollout(self.policy, [m.task for m in members], [m.targets for m in members], episodes,
-                           seeds=[m.cfg.seed + 100_000 for m in members])
+            return rollout(
+                self.policy,
+                [m.task for m in members],
+                [m.targets for m in members],
+                episodes,
+                seeds=[m.cfg.seed + 100_000 for m in members],
+            )
 
     def evaluate_and_record(self) -> None:
         """The periodic evaluation: its scores to TensorBoard, evals.jsonl and the progress bar."""
@@ -230,18 +290,34 @@ class TrainingRun:
             kept = [{k: v for k, v in r.items() if k not in ("returns", "lengths")} for r in reports]
             with path.open("a") as f:
                 f.write(json.dumps({"step": step, "reports": kept}) + "\n")
-        self.bar.write(f"step {step}: " + "; ".join(
-            f"{name}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
-            for name, reports in zip(self.names, per_member)))
+        self.bar.write(
+            f"step {step}: "
+            + "; ".join(
+                f"{name}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
+                for name, reports in zip(self.names, per_member)
+            )
+        )
 
     def checkpoint(self) -> None:
         """Every member's last.pt, written atomically."""
-        save_checkpoints([m.last for m in self.members], [{
-            "model": member_state(self.model, i), "optimizer": self.train_step.member_optimizer_state(i),
-            "step": self.step, "rng": rng_state(self.gens[i]), "config": dataclasses.asdict(m.cfg),
-            "task": dataclasses.asdict(m.task), "state_mean": m.state_mean, "state_std": m.state_std,
-            "dataset": m.data.source, "model_config": dataclasses.asdict(model_config(m))}
-            for i, m in enumerate(self.members)])
+        save_checkpoints(
+            [m.last for m in self.members],
+            [
+                {
+                    "model": member_state(self.model, i),
+                    "optimizer": self.train_step.member_optimizer_state(i),
+                    "step": self.step,
+                    "rng": rng_state(self.gens[i]),
+                    "config": dataclasses.asdict(m.cfg),
+                    "task": dataclasses.asdict(m.task),
+                    "state_mean": m.state_mean,
+                    "state_std": m.state_std,
+                    "dataset": m.data.source,
+                    "model_config": dataclasses.asdict(model_config(m)),
+                }
+                for i, m in enumerate(self.members)
+            ],
+        )
         self.saved_step = self.step
 
     def stop(self, signum: int) -> None:
@@ -273,10 +349,19 @@ class TrainingRun:
                     writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], self.step)
             writer.close()
             # the checkpoint relative to --out: the record names no machine path
-            result = {"checkpoint": os.path.relpath(m.last, self.out), "step": self.step, "task": m.task.gym_id,
-                      "dataset": m.data.source, "model": self.cfg.model, "seed": m.cfg.seed, "ensemble": self.seeds,
-                      "eval_seconds": seconds, "targets": reports, "provenance": made,
-                      "config": dataclasses.asdict(m.cfg)}  # the record says how it was made
+            result = {
+                "checkpoint": os.path.relpath(m.last, self.out),
+                "step": self.step,
+                "task": m.task.gym_id,
+                "dataset": m.data.source,
+                "model": self.cfg.model,
+                "seed": m.cfg.seed,
+                "ensemble": self.seeds,
+                "eval_seconds": seconds,
+                "targets": reports,
+                "provenance": made,
+                "config": dataclasses.asdict(m.cfg),
+            }  # the record says how it was made
             write_text(m.folder / "eval.json", json.dumps(result, indent=1))
             results.append(result)
         return results
@@ -350,6 +435,7 @@ class _StopSignal:
 
 class Interrupted(Exception):
     def __init__(self, signum: int, step: int, path: Path):
-        super().__init__(f"stopped by signal {signal.Signals(signum).name} at step {step}; checkpoint {path}; "
-                         f"continue with --resume")
+        super().__init__(
+            f"stopped by signal {signal.Signals(signum).name} at step {step}; checkpoint {path}; continue with --resume"
+        )
         self.signum = signum

@@ -1,5 +1,6 @@
 """The members of a run: which dataset and seed each trains, with its config, folder and
 normalisation; which datasets can share an ensemble; a fresh model of all of them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ from envs import Task
 class Member:
     """One (dataset, seed) of an ensemble: its data, its config (``dataset``, ``seed``, ``out`` and the
     resolved architecture fields its own), task, conditioning targets, folder and normalisation."""
+
     index: int  # of its dataset among the run's
     data: Trajectories
     cfg: Config
@@ -59,8 +61,11 @@ def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list
     Datasets whose ``architecture`` differs cannot share an ensemble: a UserError says to train them apart."""
     several = len(datasets) > 1  # then the folders are OUT/DATASET/MODEL/seed_N, also for one seed
     folders = iter(member_folders(Path(cfg.out), seeds or ([cfg.seed] if several else None), list(datasets), cfg.model))
-    members = [Member(i, data, dataclasses.replace(cfg, dataset=spec, seed=seed).resolved(data.task), data.task,
-                      next(folders)) for i, (spec, data) in enumerate(datasets.items()) for seed in seeds or [cfg.seed]]
+    members = [
+        Member(i, data, dataclasses.replace(cfg, dataset=spec, seed=seed).resolved(data.task), data.task, next(folders))
+        for i, (spec, data) in enumerate(datasets.items())
+        for seed in seeds or [cfg.seed]
+    ]
     for m in members:
         m.cfg = dataclasses.replace(m.cfg, out=str(m.folder))
     for data in datasets.values():
@@ -70,11 +75,13 @@ def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list
     odd = [m for m in members if key(m) != key(first)]
     if odd:
         (a, *_), (b, *_) = key(odd[0]), key(first)
-        raise UserError(f"{odd[0].cfg.dataset} and {first.cfg.dataset} cannot train as one ensemble: their models differ "
-                        f"(observation and action sizes {a} and {b}, KSVD rank s {odd[0].cfg.s} and {first.cfg.s}, "
-                        f"episode length {odd[0].cfg.max_ep_len} and {first.cfg.max_ep_len}) or their numbers of "
-                        f"targets do. Train them in separate runs (python -m dt_primal.sweep groups the datasets that "
-                        f"can share one).")
+        raise UserError(
+            f"{odd[0].cfg.dataset} and {first.cfg.dataset} cannot train as one ensemble: their models differ "
+            f"(observation and action sizes {a} and {b}, KSVD rank s {odd[0].cfg.s} and {first.cfg.s}, "
+            f"episode length {odd[0].cfg.max_ep_len} and {first.cfg.max_ep_len}) or their numbers of "
+            f"targets do. Train them in separate runs (python -m dt_primal.sweep groups the datasets that "
+            f"can share one)."
+        )
     return members
 
 
@@ -85,6 +92,8 @@ def fresh_model(cfg: ModelConfig, seeds: list[int], device: torch.device | str) 
     build = lambda n: DecisionTransformer(cfg, members=n)
     states = []
     for seed in seeds:
-        random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         states.append(member_state(build(1).to(device), 0))
     return stack_members(build, states, device)

@@ -9,6 +9,7 @@ same folder while its train.py child runs there; a different file, so the two ne
 ``RunFolder.check_dataset`` records what the run trains on (``dataset.json``: size and a hash of every
 array) and refuses to continue a run (--resume) on data that changed since it started.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,10 @@ def _cannot_write(folder: Path, exc: OSError) -> UserError:
 def usable_folder(out: Path) -> None:
     """``out`` is, or can be made, a folder this process can write into."""
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is an existing file, not a folder: train.py writes a folder of files there "
-                        f"(last.pt, eval.json, TensorBoard events). Choose another --out, a new or existing folder.")
+        raise UserError(
+            f"--out {out} is an existing file, not a folder: train.py writes a folder of files there "
+            f"(last.pt, eval.json, TensorBoard events). Choose another --out, a new or existing folder."
+        )
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UserError(f"--out {out} lies under {blocker}, which is a file, not a folder. Choose another --out.")
@@ -64,8 +67,10 @@ def check_no_links(folder: Path, names: tuple[str, ...]) -> None:
     writing through one would rewrite the file it points to."""
     link = next((folder / n for n in names if (folder / n).is_symlink()), None)
     if link is not None:
-        raise UserError(f"{link} is a symbolic link, and a run never writes through a link (it would rewrite the file "
-                        f"the link points to, {os.readlink(link)}). Remove the link, or choose another --out.")
+        raise UserError(
+            f"{link} is a symbolic link, and a run never writes through a link (it would rewrite the file "
+            f"the link points to, {os.readlink(link)}). Remove the link, or choose another --out."
+        )
 
 
 def _lock(folder: Path) -> int:
@@ -87,9 +92,11 @@ def _lock(folder: Path) -> int:
             except (OSError, ValueError, KeyError, TypeError):
                 who = ""
             os.close(fd)
-            raise UserError(f"--out {folder} is in use by another train.py run{who}, which writes its checkpoints, "
-                            f"TensorBoard events and eval.json there. Wait for it to end (or stop it), or choose "
-                            f"another --out. A run that was killed releases the folder by itself.") from None
+            raise UserError(
+                f"--out {folder} is in use by another train.py run{who}, which writes its checkpoints, "
+                f"TensorBoard events and eval.json there. Wait for it to end (or stop it), or choose "
+                f"another --out. A run that was killed releases the folder by itself."
+            ) from None
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break
@@ -97,8 +104,14 @@ def _lock(folder: Path) -> int:
             pass
         os.close(fd)  # the run before removed the file (and its empty folder) while this one waited: again
         folder.mkdir(parents=True, exist_ok=True)
-    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                       "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500]}).encode()
+    info = json.dumps(
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
+        }
+    ).encode()
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, info, 0)
@@ -115,9 +128,11 @@ def check_nothing_in_the_way(folder: Path) -> None:
     in_the_way = [n for n in RUN_FILES + REPORT_FILES if (folder / n).exists()]
     if in_the_way:
         them = "them" if len(in_the_way) > 1 else "it"
-        raise UserError(f"{folder} already holds {', '.join(in_the_way)}, which no run of dt-primal wrote there (the "
-                        f"folder never held a run): the run would overwrite {them}. Move {them} away, or choose "
-                        f"another --out.")
+        raise UserError(
+            f"{folder} already holds {', '.join(in_the_way)}, which no run of dt-primal wrote there (the "
+            f"folder never held a run): the run would overwrite {them}. Move {them} away, or choose "
+            f"another --out."
+        )
 
 
 def write_text(path: Path, text: str) -> None:
@@ -147,8 +162,9 @@ def dataset_folders(out: Path, datasets: list[str] | None = None, model: str | N
     return [out]
 
 
-def member_folders(out: Path, seeds: list[int] | None, datasets: list[str] | None = None,
-                   model: str | None = None) -> list[Path]:
+def member_folders(
+    out: Path, seeds: list[int] | None, datasets: list[str] | None = None, model: str | None = None
+) -> list[Path]:
     """Where each member of a run writes, dataset by dataset and seed by seed: its dataset's folder
     (``dataset_folders``) with --seeds, as seed_N in it (always, with several datasets)."""
     folders = dataset_folders(out, datasets, model)
@@ -167,16 +183,26 @@ def fingerprint(data: Trajectories) -> dict:
         a = np.ascontiguousarray(a)
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.data)
-    return {"source": data.source, "steps": int(len(data.rewards)), "episodes": int(len(data.lengths)),
-            "hash": h.hexdigest()}
+    return {
+        "source": data.source,
+        "steps": int(len(data.rewards)),
+        "episodes": int(len(data.lengths)),
+        "hash": h.hexdigest(),
+    }
 
 
 class RunFolder:
     """A run folder held by this process (``enabled`` False: another process of the run holds it,
     and this one does nothing)."""
 
-    def __init__(self, out: Path, seeds: list[int] | None, enabled: bool, datasets: list[str] | None = None,
-                 model: str | None = None):
+    def __init__(
+        self,
+        out: Path,
+        seeds: list[int] | None,
+        enabled: bool,
+        datasets: list[str] | None = None,
+        model: str | None = None,
+    ):
         self.out, self.enabled = out, enabled
         self.datasets, self.members = dataset_folders(out, datasets, model), member_folders(out, seeds, datasets, model)
 
@@ -203,12 +229,17 @@ class RunFolder:
                     if isinstance(then, dict) and then.get("hash") not in (None, now["hash"]):
                         same = (then.get("steps"), then.get("episodes")) == (now["steps"], now["episodes"])
                         size = f"{now['steps']} steps in {now['episodes']} episodes" + (
-                            ", as many as when the run started, but other values" if same else
-                            f", where the run started on {then.get('steps')} steps in {then.get('episodes')} episodes")
-                        raise UserError(f"The dataset {data.source} changed since the run in {folder} started: it now "
-                                        f"holds {size} ({record} records what the run trained on), so --resume would "
-                                        f"continue on other data. Restore the data the run started with, or start a "
-                                        f"new run with another --out.")
+                            ", as many as when the run started, but other values"
+                            if same
+                            else f", where the run started on {then.get('steps')} steps in "
+                            f"{then.get('episodes')} episodes"
+                        )
+                        raise UserError(
+                            f"The dataset {data.source} changed since the run in {folder} started: it now "
+                            f"holds {size} ({record} records what the run trained on), so --resume would "
+                            f"continue on other data. Restore the data the run started with, or start a "
+                            f"new run with another --out."
+                        )
                     if isinstance(then, dict) and then.get("hash") == now["hash"]:
                         continue
             try:
@@ -218,8 +249,13 @@ class RunFolder:
 
 
 @contextlib.contextmanager
-def hold_run_folder(out: str | os.PathLike, seeds: list[int] | None = None, enabled: bool = True,
-                    datasets: list[str] | None = None, model: str | None = None):
+def hold_run_folder(
+    out: str | os.PathLike,
+    seeds: list[int] | None = None,
+    enabled: bool = True,
+    datasets: list[str] | None = None,
+    model: str | None = None,
+):
     """Hold each dataset's folder (``dataset_folders``) and each member's (``member_folders``) for the
     duration of the block; yields a ``RunFolder``. ``enabled`` False (the other processes of a torchrun
     run): nothing is held."""

@@ -9,6 +9,7 @@ It reads and writes device tensors only: no host synchronisation and no Python-s
 so on CUDA it is captured once into a CUDA graph and replayed. Everything periodic (logging,
 evaluation, checkpoints, signals) stays outside, in ``dt_primal.training.loop``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,9 +48,19 @@ class TrainStep:
     such as ``torch.profiler.record_function``, labels the parts for profiling.
     """
 
-    def __init__(self, cfg: Config, model: DecisionTransformer, sampler: WindowSampler,
-                 generators: list[torch.Generator], device: torch.device, rank: int = 0, world: int = 1,
-                 capture: bool = True, phase=None, datasets: list[int] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        model: DecisionTransformer,
+        sampler: WindowSampler,
+        generators: list[torch.Generator],
+        device: torch.device,
+        rank: int = 0,
+        world: int = 1,
+        capture: bool = True,
+        phase=None,
+        datasets: list[int] | None = None,
+    ):
         self.cfg, self.sampler, self.generators, self.rank, self.world = cfg, sampler, generators, rank, world
         self.model = model.train()
         self.params = dict(model.named_parameters())
@@ -59,8 +70,9 @@ class TrainStep:
         self.capture = capture and device.type == "cuda" and world == 1
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # updates done
         self.lr = torch.zeros((), device=device)  # set from ``step`` before every update
-        self.opt = torch.optim.AdamW(list(self.params.values()), lr=self.lr, weight_decay=cfg.weight_decay,
-                                     fused=True, capturable=self.capture)
+        self.opt = torch.optim.AdamW(
+            list(self.params.values()), lr=self.lr, weight_decay=cfg.weight_decay, fused=True, capturable=self.capture
+        )
         self.sums = torch.zeros(len(generators), 3, device=device)  # per member: loss, action loss, mean J² since reset
         self.precision = resolve_precision(cfg.precision, device, cfg.d_model)[0]  # train() gives it resolved
         self.autocast = autocast(self.precision, device.type, cache_casts=False)
@@ -71,7 +83,7 @@ class TrainStep:
         """Per member (M,): the loss this process backpropagates, the action MSE and mean J²."""
         if self.world > 1:  # this process's share of every member's batch
             n = batch["valid"].shape[1] // self.world
-            share = {k: v[:, self.rank * n:(self.rank + 1) * n] for k, v in batch.items()}
+            share = {k: v[:, self.rank * n : (self.rank + 1) * n] for k, v in batch.items()}
             weight = self.world * share["valid"].flatten(1).sum(1) / batch["valid"].flatten(1).sum(1)
             batch = share
         loss, action, j2 = dt_loss(self.model, batch, self.cfg.eta)
@@ -81,7 +93,9 @@ class TrainStep:
 
     def _sample(self) -> dict:
         """Every member's batch from its own generator and dataset, gathered at once: (M, B, K, ...) tensors."""
-        starts = torch.stack([self.sampler.starts(self.cfg.batch_size, g, d) for g, d in zip(self.generators, self.datasets)])
+        starts = torch.stack(
+            [self.sampler.starts(self.cfg.batch_size, g, d) for g, d in zip(self.generators, self.datasets)]
+        )
         return self.sampler.windows(starts + self.first[:, None])
 
     def _update(self) -> None:
@@ -144,8 +158,10 @@ class TrainStep:
         """Member i's AdamW state, by parameter name: {"step", "exp_avg": {...}, "exp_avg_sq": {...}}."""
         names = list(self.params)
         states = [self.opt.state.get(p, {}) for p in self.params.values()]
-        return {"step": int(self.step), **{k: {n: s[k][i].detach().clone() for n, s in zip(names, states) if s}
-                                          for k in ("exp_avg", "exp_avg_sq")}}
+        return {
+            "step": int(self.step),
+            **{k: {n: s[k][i].detach().clone() for n, s in zip(names, states) if s} for k in ("exp_avg", "exp_avg_sq")},
+        }
 
     def load_state(self, step: int, members: list[dict]) -> None:
         """Continue at update ``step`` from each member's ``member_optimizer_state``."""
@@ -153,6 +169,10 @@ class TrainStep:
         if step == 0:
             return
         for name, p in self.params.items():
-            self.opt.state[p] = {"step": torch.tensor(float(step), device=p.device),
-                                 **{k: torch.empty_like(p).copy_(torch.stack([m[k][name] for m in members]))
-                                    for k in ("exp_avg", "exp_avg_sq")}}  # in the weight's memory layout
+            self.opt.state[p] = {
+                "step": torch.tensor(float(step), device=p.device),
+                **{
+                    k: torch.empty_like(p).copy_(torch.stack([m[k][name] for m in members]))
+                    for k in ("exp_avg", "exp_avg_sq")
+                },
+            }  # in the weight's memory layout
