@@ -2,6 +2,7 @@
 than 80 lines), and installs as a library."""
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -25,8 +26,13 @@ def test_no_function_is_longer_than_80_lines():
 def test_the_wheel_holds_the_library_and_never_a_top_level_datasets(tmp_path):
     """``pip install .`` installs dt_primal and envs (a top-level ``datasets`` would shadow Hugging Face's),
     and the library imports from the wheel alone, in a folder outside the checkout."""
+    src = tmp_path / "src"  # a copy: building in the checkout would leave build/ and *.egg-info there
+    for name in ("dt_primal", "envs"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     res = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
         timeout=600,
