@@ -31,10 +31,11 @@ from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.policy import policy_from_checkpoints
-from dt_primal.evaluation.reports import normalized_text, scoring
+from dt_primal.evaluation.reports import normalized_text, run_record, scoring
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
+from dt_primal.provenance import provenance
 from envs import Task
 
 
@@ -77,6 +78,7 @@ def main() -> None:
         # checkpoints of one architecture and reward scale run as one ensemble (one batched forward pass for all)
         groups.setdefault((targets, tuple(ckpt["model_config"].items()), cfg["reward_scale"]), []).append(i)
     print(scoring(task, given.get("targets")))
+    made = provenance(device)
     results, precisions = [None] * len(ckpts), {}
     for (targets, *_), members in groups.items():
         cfgs = [ckpts[i]["config"] for i in members]
@@ -101,16 +103,16 @@ def main() -> None:
                 seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs],
             )
         for i, cfg, reports in zip(members, cfgs, per_member):
-            results[i] = {
-                "checkpoint": str(args.checkpoints[i]),
-                "model": cfg["model"],
-                "dataset": ckpts[i]["dataset"],
-                "step": ckpts[i]["step"],
-                "task": task.gym_id,
-                "seed": cfg["seed"],
-                "precision": precision,
-                "targets": reports,
-            }
+            results[i] = run_record(
+                str(args.checkpoints[i]),
+                ckpts[i]["step"],
+                task.gym_id,
+                ckpts[i]["dataset"],
+                cfg,
+                reports,
+                made,
+                precision=precision,
+            )
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:

@@ -397,8 +397,8 @@ def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from commands.sweep.grid import run_dir
     from datasets.loaders import load_dataset
-    from dt_primal.sweep.grid import run_dir
 
     cfg = settings_from_args(args)
     if cfg.model != "dt":
@@ -442,8 +442,8 @@ def recorded_model(rows: list[dict]) -> dict:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from dt_primal.sweep.results import DT_PAPER, collect
-    from dt_primal.sweep.tables import gap_rows, gap_table, write_tables
+    from commands.sweep.results import DT_PAPER, collect
+    from commands.sweep.tables import gap_rows, gap_table, write_tables
 
     datasets = args.datasets
     ours = collect(args.dt_primal, datasets, ["dt"], args.seeds, label=DT_PAPER)

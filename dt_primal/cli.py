@@ -8,8 +8,6 @@ import re
 import sys
 from pathlib import Path
 
-import torch
-
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import aggregate, markdown
 
@@ -28,12 +26,13 @@ def run_main(main) -> None:
     except KeyboardInterrupt as exc:
         print(f"\ninterrupted {exc or '(checkpoints already written are intact)'}", file=sys.stderr)
         sys.exit(130)
-    except torch.OutOfMemoryError as exc:  # CUDA (or another accelerator's) allocator
-        _fail(out_of_memory_message(exc, "GPU memory"), mid_line=True)
     except MemoryError as exc:  # NumPy
         _fail(out_of_memory_message(exc, "memory"), mid_line=True)
-    except RuntimeError as exc:  # PyTorch's CPU allocator
-        if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
+    except RuntimeError as exc:
+        torch = sys.modules.get("torch")  # loaded by whatever raised its out-of-memory error; a command may not use it
+        if torch is not None and isinstance(exc, torch.OutOfMemoryError):  # CUDA's (or another accelerator's)
+            _fail(out_of_memory_message(exc, "GPU memory"), mid_line=True)
+        if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):  # PyTorch's CPU allocator
             raise
         _fail(out_of_memory_message(exc, "memory"), mid_line=True)
     except OSError as exc:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
-from dt_primal.model.transformer import ACTIVATIONS, EMBED_INITS, MODELS, TIMESTEP_INITS, ModelConfig
+from dt_primal.model.architecture import ACTIVATIONS, EMBED_INITS, MODELS, TIMESTEP_INITS, ModelConfig
 
 if TYPE_CHECKING:
     from envs import Task
@@ -184,8 +184,7 @@ def _more_problems(cfg: Config) -> list[str]:
         problems.append(f"--ref-min and --ref-max must be finite and differ (got {cfg.ref_min:g}, {cfg.ref_max:g})")
     if cfg.targets is not None and not all(math.isfinite(t) for t in cfg.targets):
         problems.append(f"--targets must be finite returns (got {' '.join(f'{t:g}' for t in cfg.targets)})")
-    if not 0 <= cfg.seed <= MAX_SEED:
-        problems.append(f"--seed must be between 0 and {MAX_SEED} (got {cfg.seed})")
+    problems += seed_problems([cfg.seed], "--seed")
     for name in ("dataset", "out") + (("env",) if cfg.env is not None else ()):
         if not str(getattr(cfg, name)).strip():
             problems.append(f"--{name} is empty")
@@ -204,6 +203,14 @@ def _more_problems(cfg: Config) -> list[str]:
 
 
 MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
+
+
+def seed_problems(seeds: list[int], option: str) -> list[str]:
+    """The one check of seeds (``--seed``, ``--seeds``): they seed NumPy's generators, which take 0 to 2^32 - 1."""
+    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    return [f"{option} must be between 0 and {MAX_SEED} (got {' '.join(map(str, bad))})"] if bad else []
+
+
 MAX_COUNT = 10**15  # sizes and step counts beyond this are typing mistakes (10^26 overflows 64-bit counters)
 
 

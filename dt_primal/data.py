@@ -77,6 +77,11 @@ class Trajectories:
     def starts(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
 
+    def returns_to_go(self) -> np.ndarray:
+        """(N,) float64: each step's reward summed to its episode's end (γ = 1)."""
+        tail = np.cumsum(self.rewards[::-1].astype(np.float64))[::-1]
+        return tail - np.append(tail, 0.0)[np.repeat(self.starts + self.lengths, self.lengths)]
+
     def episode_returns(self) -> np.ndarray:
         return np.add.reduceat(self.rewards.astype(np.float64), self.starts)
 
@@ -210,9 +215,7 @@ class WindowSampler:
         exclusive end of each step's episode (indices within the dataset)."""
         starts, ends = data.starts, data.starts + data.lengths
         ep_of_step = np.repeat(np.arange(len(data.lengths)), data.lengths)
-        rew = data.rewards.astype(np.float64)
-        tail = np.cumsum(rew[::-1])[::-1]  # return-to-go: reward sum from step i to its episode's end
-        rtg = tail - np.append(tail, 0.0)[ends[ep_of_step]]
+        rtg = data.returns_to_go()
         step_in_ep = np.arange(len(data.rewards)) - starts[ep_of_step]
         return (
             (data.observations - state_mean) / state_std,

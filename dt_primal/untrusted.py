@@ -17,7 +17,7 @@ allocate. Each kind of file, and what is admitted from it:
   wrappers, numeric constructor options only); checked before Minari reads anything.
 - run records (``eval.json``, ``evals.jsonl``), ``read_record``, ``read_curve``: JSON objects of at most
   ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong.
-- records archive (``.tgz``), ``dt_primal.sweep.records``: run records under relative ``seed_N`` paths,
+- records archive (``.tgz``), ``commands.sweep.records``: run records under relative ``seed_N`` paths,
   regular files of at most ``MAX_RECORD`` bytes.
 
 A file that breaks a rule is a ``UserError`` that names the rule; nothing named in it was called.

@@ -10,11 +10,11 @@ import torch
 from conftest import make_episodes
 from test_train import ROOT, hopper_file
 
+from commands.spectrum import layer_spectra
+from commands.sweep.grid import group_dir, run_dir
 from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.model.transformer import DecisionTransformer
-from dt_primal.spectrum import layer_spectra
-from dt_primal.sweep.grid import group_dir, run_dir
 
 TINY = [
     "--env",
@@ -49,7 +49,7 @@ def sweep(tmp_path, *data, seeds=("0", "1")):
         [
             sys.executable,
             "-m",
-            "dt_primal.sweep",
+            "commands.sweep",
             "--datasets",
             *map(str, data),
             "--models",
@@ -134,8 +134,8 @@ def test_learning_curves_average_only_the_finished_runs(tmp_path):
     import json
     import warnings
 
-    from dt_primal.sweep.plots import plot_curves
-    from dt_primal.sweep.results import collect
+    from commands.sweep.plots import plot_curves
+    from commands.sweep.results import collect
 
     point = lambda step, score: {"step": step, "targets": [{"target": 3600, "episodes": 2, "normalized_mean": score}]}
     for seed, finished in ((0, True), (1, True), (2, False)):
@@ -156,8 +156,8 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
     import dataclasses
     import json
 
+    from commands.sweep.results import run_settings
     from dt_primal.config import make_config
-    from dt_primal.sweep.results import run_settings
 
     (tmp_path / "seed_0").mkdir()
     cfg = make_config("dt-paper", dataset="tiny", seed=0, precision="fp32")  # as a run records it, resolved
@@ -168,7 +168,7 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
 
 
 def test_plots_say_whether_they_show_normalised_scores_or_returns():
-    from dt_primal.sweep.plots import y_label
+    from commands.sweep.plots import y_label
 
     scored, unscored = {"unit": "normalised"}, {"unit": "return"}  # a task without reference scores
     assert y_label([scored, scored]) == "normalised score"
@@ -179,7 +179,7 @@ def test_plots_say_whether_they_show_normalised_scores_or_returns():
 def test_runs_with_a_committed_record_are_not_trained_again(tmp_path):
     """--recorded: a run whose eval.json is in the committed folder counts as finished; the rest train into --out,
     datasets with the same seeds left in one ensemble."""
-    from dt_primal.sweep.grid import run_group
+    from commands.sweep.grid import run_group
 
     recorded, out = tmp_path / "results", tmp_path / "runs"
     for d, s in (("a", 0), ("b", 0), ("b", 1)):
@@ -209,7 +209,7 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
     import io
     import tarfile
 
-    from dt_primal.sweep.records import main
+    from commands.sweep.records import main
 
     runs = tmp_path / "runs"
     for s in (0, 1):
@@ -230,7 +230,7 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
     main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])  # again: nothing new, nothing refused
     (run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", 0) / "eval.json").write_text('{"other": 1}')
     res = subprocess.run(
-        [sys.executable, "-m", "dt_primal.sweep.records", str(runs), str(tmp_path / "results")],
+        [sys.executable, "-m", "commands.sweep.records", str(runs), str(tmp_path / "results")],
         cwd=ROOT,
         capture_output=True,
         text=True,

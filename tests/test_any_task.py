@@ -231,10 +231,10 @@ def test_a_d4rl_run_reports_as_before(tmp_path):
 
 
 def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
+    from commands.sweep.grid import run_dir
+    from commands.sweep.results import collect
+    from commands.sweep.tables import write_tables
     from datasets.stats import stats
-    from dt_primal.sweep.grid import run_dir
-    from dt_primal.sweep.results import collect
-    from dt_primal.sweep.tables import write_tables
 
     text = stats(tmp_path / "datasets.md", episodes=1, datasets=[pendulum, ant, pendulum])
     assert sum(line.startswith(f"| {pendulum} |") for line in text.splitlines()) == 1  # given twice: one row

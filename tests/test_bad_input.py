@@ -20,6 +20,7 @@ from test_data import write_minari
 from test_reliability import ENV, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 
+from commands.train import train_command
 from datasets import suite
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
@@ -29,7 +30,6 @@ from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import phase
 from dt_primal.evaluation import checks as evaluate_checks
-from dt_primal.run import train_command
 from dt_primal.training import checks, run_folder
 
 QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
@@ -242,7 +242,7 @@ def test_the_sweeps_lock_on_the_same_folder_does_not_block_its_train_py(tmp_path
 
     out = tmp_path / "group"
     out.mkdir()
-    with open(out / ".lock", "w") as lock:  # what dt_primal.sweep holds while its train.py child runs in the folder
+    with open(out / ".lock", "w") as lock:  # what commands.sweep holds while its train.py child runs in the folder
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         res = train_py(
             "--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--seeds", "0", "1", "--out", str(out)
@@ -671,11 +671,10 @@ def test_evaluate_options(tmp_path):
         (dict(env_workers=-1), "--env-workers must be at least 1"),
         (dict(episodes=0), "--episodes must be at least 1"),
         (dict(targets=[float("nan")]), "--targets must be finite"),
-        (
-            dict(device="gpu", precision="fp16", seed=-1),
-            "--device must be auto, cpu, cuda or cuda:N (got 'gpu'); "
-            "--precision must be one of auto, fp32, tf32, bf16 (got 'fp16'); --seed",
-        ),
+        # the options' one check, Config's, as train.py's
+        (dict(device="gpu"), "--device must be auto, cpu, cuda or cuda:N (got 'gpu')"),
+        (dict(precision="fp16"), "--precision must be one of auto, fp32, tf32, bf16 (got 'fp16')"),
+        (dict(seed=-1), "--seed must be between 0 and 4294967295 (got -1)"),
     ]
     for change, phrase in cases:
         args = _args(tmp_path, **change)

@@ -16,12 +16,12 @@ import torch
 from test_train import ROOT
 
 from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
+from commands.sweep.grid import group_dir, run_dir
+from commands.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
+from commands.sweep.tables import gap_rows, write_tables
 from dt_primal.config import PRESETS, Config, make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
-from dt_primal.sweep.grid import group_dir, run_dir
-from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
-from dt_primal.sweep.tables import gap_rows, write_tables
 from envs import TASKS
 
 try:

@@ -11,18 +11,19 @@ from test_reliability import ENV, SMALL, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 
 import evaluate
+from commands import train as run
+from commands.sweep import command as sweep
 from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
-from dt_primal import checkpoint, precision, run
+from dt_primal import checkpoint, precision
 from dt_primal.config import Config, make_config
-from dt_primal.sweep import command as sweep
 from dt_primal.training import checks
 from dt_primal.training import loop as training
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
 LIBRARY = (
-    "dt_primal, dt_primal.run, dt_primal.sweep.command, dt_primal.spectrum, dt_primal.training.loop, "
+    "dt_primal, commands.train, commands.sweep.command, commands.spectrum, dt_primal.training.loop, "
     "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
     "dt_primal.cli, dt_primal.precision, dt_primal.process, "
     "datasets.loaders, envs"
@@ -61,9 +62,9 @@ print("unchanged")""")
     [
         "path:train.py",
         "path:evaluate.py",
-        "module:dt_primal.run",
-        "module:dt_primal.sweep",
-        "module:dt_primal.spectrum",
+        "module:commands.train",
+        "module:commands.sweep",
+        "module:commands.spectrum",
         "module:datasets",
     ],
 )

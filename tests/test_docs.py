@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dt_primal import tables
+from commands import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (".py", ".md", ".txt", ".json", ".jsonl", ".csv", ".toml", ".cfg", ".yaml", ".yml", ".sh", "")
@@ -36,7 +36,7 @@ def lines_matching(pattern: re.Pattern, files) -> list[str]:
 
 def test_results_page_is_what_the_records_give():
     assert tables.render(tables.DOC.read_text()) == tables.DOC.read_text(), (
-        "docs/results.md is out of date: run python -m dt_primal.tables"
+        "docs/results.md is out of date: run python -m commands.tables"
     )
 
 

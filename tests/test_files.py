@@ -16,11 +16,11 @@ import torch
 from conftest import make_episodes
 from test_reliability import one_thread  # noqa: F401 (one thread: runs in this process give the same weights)
 
+from commands.sweep.grid import group_dir
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint
 from dt_primal.config import Config, make_config
 from dt_primal.errors import UserError
-from dt_primal.sweep.grid import group_dir
 from dt_primal.training.loop import train
 from dt_primal.untrusted import load_torch
 
@@ -161,7 +161,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_every_command(run_dir, t
         ("train.py", "--resume", "--out", str(tmp_path / "evil")),
         (
             "-m",
-            "dt_primal.sweep",
+            "commands.sweep",
             "--datasets",
             "hopper",
             "--models",
@@ -262,3 +262,14 @@ def test_an_environment_spec_that_names_other_code_is_refused(run_dir, tmp_path)
     import gymnasium as gym
 
     assert task_for("Hopper-v5", gym.spec("Hopper-v5").to_json()).gym_id == "Hopper-v5"  # its own entry point
+
+
+def test_evaluate_py_records_each_checkpoint_as_training_records_its_run(run_dir, tmp_path):
+    """One record schema: evaluate.py's report holds, per checkpoint, what train.py's eval.json holds (the
+    config and provenance included), besides what each writer adds."""
+    res = run("evaluate.py", str(run_dir / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "ev.json"))
+    assert res.returncode == 0, res.stderr
+    evaluated = json.loads((tmp_path / "ev.json").read_text())["checkpoints"][0]
+    trained = json.loads((run_dir / "eval.json").read_text())
+    assert set(evaluated) - {"precision"} == set(trained) - {"ensemble", "eval_seconds"}
+    assert evaluated["config"] == trained["config"] and evaluated["provenance"].keys() == trained["provenance"].keys()

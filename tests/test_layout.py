@@ -48,3 +48,37 @@ def test_the_wheel_holds_the_library_and_never_a_top_level_datasets(tmp_path):
         [sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0 and res.stdout.strip().startswith(str(wheel)), res.stderr
+
+
+LAYERS = {"envs": 0, "dt_primal": 1, "datasets": 2, "commands": 3, "train": 3, "evaluate": 3}
+
+
+def test_imports_run_one_way():
+    """envs <- dt_primal <- datasets <- the commands: no module imports one of a layer above its own, not even
+    inside a function."""
+    upward = []
+    for path in sorted(ROOT.glob("*.py")) + sorted(p for top in LAYERS for p in (ROOT / top).rglob("*.py")):
+        own = LAYERS[path.relative_to(ROOT).parts[0].removesuffix(".py")]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else []
+            )
+            upward += [
+                f"{path.relative_to(ROOT)}:{node.lineno} imports {n}"
+                for n in names
+                if LAYERS.get(n.split(".")[0], -1) > own
+            ]
+    assert not upward, "; ".join(upward)
+
+
+def test_reading_records_needs_neither_torch_nor_the_simulator():
+    script = (
+        "import sys, commands.sweep.results, commands.sweep.tables, commands.sweep.plots, commands.sweep.records\n"
+        "print(sorted({'torch', 'gymnasium', 'mujoco'} & set(sys.modules)))"
+    )
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr

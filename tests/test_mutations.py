@@ -185,9 +185,9 @@ def _mutate_archive(path: Path, rng: np.random.Generator) -> None:
 
 def read(kind: str, path: Path, scratch: Path) -> None:
     """Read ``path`` as the commands do."""
+    from commands.sweep import records
     from datasets.loaders import load_dataset
     from dt_primal import checkpoint
-    from dt_primal.sweep import records
 
     if kind == "checkpoint":
         ckpt = checkpoint.load_checkpoint(path)
@@ -245,7 +245,7 @@ def valid_file(kind: str, folder: Path) -> Path:
         )
         train(cfg, load_dataset(str(folder / "hopper.hdf5"), env="hopper"))
         return folder / "run" / "last.pt"
-    from dt_primal.sweep import records
+    from commands.sweep import records
 
     (folder / "sweep").mkdir()
     for seed in (0, 1):

@@ -161,8 +161,8 @@ def test_what_the_tree_cannot_build_yet_is_left_out_by_name(policies, tmp_path, 
 
 
 def test_the_sweeps_table4_is_each_levels_newest_version_that_the_tree_can_build(policies, tmp_path, monkeypatch):
-    from dt_primal.sweep import command
-    from dt_primal.sweep.grid import TABLE4
+    from commands.sweep import command
+    from commands.sweep.grid import TABLE4
 
     assert [d for d in TABLE4 if "hopper" in d] == [
         f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v0", "medium-expert-v1")

@@ -13,9 +13,9 @@ import pytest
 from conftest import make_episodes
 from test_train import ROOT
 
+from commands.sweep.command import main
+from commands.sweep.grid import group_dir, run_dir
 from datasets.synthetic import write_d4rl
-from dt_primal.sweep.command import main
-from dt_primal.sweep.grid import group_dir, run_dir
 
 TINY = [
     "--env",
@@ -98,7 +98,7 @@ def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
     assert on_ray == local and all(f"| {d} | primal |" in local for d in data)
     assert (tmp_path / "ray" / "results.csv").read_text() == (tmp_path / "local" / "results.csv").read_text()
     log = (group_dir(tmp_path / "ray", data[0], "primal") / "train.log").read_text()
-    assert log.count("$ python -m dt_primal.run ") == 1 and f"--dataset {data[0]} {data[1]} " in log
+    assert log.count("$ python -m commands.train ") == 1 and f"--dataset {data[0]} {data[1]} " in log
     assert (
         "--seeds 0 1 " in log
         and "its output is in" in (group_dir(tmp_path / "ray", data[1], "primal") / "train.log").read_text()
@@ -151,7 +151,7 @@ def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path
 
 def test_without_ray_the_sweep_says_how_to_install_it(tmp_path):
     code = (
-        "import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from dt_primal.sweep.command "
+        "import sys; sys.modules['ray'] = None; from dt_primal.cli import run_main; from commands.sweep.command "
         "import main; "
         f"run_main(lambda: main(['--datasets', 'x', '--backend', 'ray', '--out', {str(tmp_path)!r}]))"
     )

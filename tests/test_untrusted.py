@@ -23,11 +23,11 @@ from test_data import write_minari
 from test_files import run_dir  # noqa: F401 (a 2-step run on a tiny hopper dataset)
 from test_reliability import assert_user_error
 
+from commands.sweep import records
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint, untrusted
 from dt_primal.errors import UserError
-from dt_primal.sweep import records
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -444,7 +444,7 @@ def test_options_out_of_range(tmp_path):
     for jobs in ("0", "-1"):
         res = run(
             "-m",
-            "dt_primal.sweep",
+            "commands.sweep",
             "--datasets",
             "hopper",
             "--models",
@@ -477,7 +477,7 @@ def test_a_malformed_record_is_a_message_in_the_aggregation(run_dir, tmp_path): 
         (seed / "eval.json").write_text(text)
         res = run(
             "-m",
-            "dt_primal.sweep",
+            "commands.sweep",
             "--datasets",
             "hopper",
             "--models",
@@ -498,7 +498,7 @@ def test_a_records_archive_whose_file_and_folder_share_a_path_writes_nothing(tmp
             info = tarfile.TarInfo(name)
             info.size = len(record)
             tar.addfile(info, io.BytesIO(record))
-    res = run("-m", "dt_primal.sweep.records", str(tmp_path / "clash.tgz"), str(tmp_path / "dst"))
+    res = run("-m", "commands.sweep.records", str(tmp_path / "clash.tgz"), str(tmp_path / "dst"))
     assert_user_error(res, "a file, folder or link is in the way", "Nothing was written")
     assert not (tmp_path / "dst").exists() or not any((tmp_path / "dst").rglob("*.json"))
 

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dt_primal.config import MAX_SEED, PRECISIONS, Config
+from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.machine import check_device, gib, memory_bytes
@@ -108,21 +108,9 @@ def check_evaluate_args(args) -> None:
         raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
     if args.env_workers is not None and args.env_workers < 1:
         raise UserError(f"--env-workers must be at least 1 (got {args.env_workers}); leave it out for the default.")
-    problems = []
-    device = getattr(args, "device", None)
-    if device is not None:
-        try:
-            Config(device=device).validate()
-        except UserError:
-            problems.append(f"--device must be auto, cpu, cuda or cuda:N (got {device!r})")
-    precision = getattr(args, "precision", None)
-    if precision is not None and precision not in PRECISIONS:
-        problems.append(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
-    seed = getattr(args, "seed", None)
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        problems.append(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
-    if problems:
-        raise UserError("Invalid options: " + "; ".join(problems) + ". Fix these options and run again.")
+    given = {k: getattr(args, k) for k in ("device", "precision", "seed") if getattr(args, k, None) is not None}
+    Config(**given).validate()  # the options' one check, as train.py's
+    device = given.get("device")
     if getattr(args, "targets", None):
         check_targets(args.targets, None)  # finite; the scaled bounds are checked with each checkpoint's scale
     if device is not None:

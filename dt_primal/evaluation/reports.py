@@ -3,9 +3,12 @@ and how scores are printed and tabled."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from envs import TASKS, Task
+if TYPE_CHECKING:  # reports are read and tabled without Gymnasium and MuJoCo
+    from envs import Task
 
 
 def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:
@@ -21,6 +24,27 @@ def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) 
         "episodes": len(returns),
         "returns": returns.tolist(),
         "lengths": lengths.tolist(),
+    }
+
+
+def run_record(
+    checkpoint: str, step: int, task: str, dataset: str, config: dict, targets: list[dict], provenance: dict, **extra
+) -> dict:
+    """The one record of an evaluated checkpoint, as train.py writes it (``eval.json``) and evaluate.py
+    reports it: what was evaluated (the checkpoint, its step, task, dataset, model and seed), the
+    per-target ``report``s, how it was made (``provenance``) and the run's config; ``extra``: what the
+    writer adds (train.py: the ensemble and the evaluation's seconds; evaluate.py: its precision)."""
+    return {
+        "checkpoint": checkpoint,
+        "step": step,
+        "task": task,
+        "dataset": dataset,
+        "model": config["model"],
+        "seed": config["seed"],
+        **extra,
+        "targets": targets,
+        "provenance": provenance,
+        "config": config,
     }
 
 
@@ -42,13 +66,19 @@ def table(head: list[str], rows: list[list]) -> str:
     )
 
 
+def _d4rl_tasks() -> dict:
+    from envs import TASKS
+
+    return TASKS
+
+
 def scoring(task: Task, targets: list[float] | None = None) -> str:
     """What a run conditions on and how it scores, said once at its start: the targets (``targets``,
     else the task's) and where they come from; the normalised score's reference returns, or why
     there is no normalised score."""
     if targets:
         origin = "--targets"
-    elif task.name in TASKS:
+    elif task.name in _d4rl_tasks():
         origin = f"{task.name}'s defaults"
     else:
         origin = "from the dataset: its best episode return and the middle of its episode returns' range"

@@ -1,6 +1,7 @@
 """The model: a Decision Transformer whose blocks use softmax or Causal Primal-Attention.
 
-transformer.py   the Decision Transformer, its config and its loss (eq. 10)
+architecture.py  its config (``ModelConfig``): plain data, without torch
+transformer.py   the Decision Transformer and its loss (eq. 10)
 attention.py     softmax attention and Causal Primal-Attention (eq. 9), the KSVD objective (eq. 11)
 dropout.py       dropout masks that are cheap to draw on a CPU
 members.py       the member dimension every weight carries: an ensemble of seeds and datasets as one model

@@ -11,70 +11,15 @@ is M = 1; members never mix.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from dt_primal.model.architecture import ModelConfig
 from dt_primal.model.attention import CausalPrimalAttention, SoftmaxAttention
 from dt_primal.model.dropout import Dropout
 from dt_primal.model.members import MemberEmbedding, MemberLayerNorm, MemberLinear, init_
 
-MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
-EMBED_INITS = ("torch", "gpt2")
-TIMESTEP_INITS = ("torch", "gpt2")
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The architecture of a DecisionTransformer, every field resolved; a checkpoint stores it as a
-    plain dict (``dataclasses.asdict``) beside the weights. ``eta`` weighs the KSVD loss (eq. 10)."""
-
-    state_dim: int
-    act_dim: int
-    model: str
-    n_layer: int
-    d_model: int
-    n_head: int
-    context: int  # K timesteps, 3K tokens
-    dropout: float
-    activation: str  # of every block's MLP
-    max_ep_len: int  # timestep embedding rows
-    s: int  # KSVD rank
-    eta: float
-    embed_init: str  # the return/state/action embeddings and the action head: torch | gpt2
-    timestep_init: str  # the timestep table: torch (N(0, 1)) | gpt2 (N(0, 0.02))
-
-    def __post_init__(self):
-        sizes = (
-            self.state_dim,
-            self.act_dim,
-            self.n_layer,
-            self.d_model,
-            self.n_head,
-            self.context,
-            self.max_ep_len,
-            self.s,
-        )
-        if (
-            not all(isinstance(v, int) and v > 0 for v in sizes)
-            or self.d_model % self.n_head
-            or self.model not in MODELS
-            or self.activation not in ACTIVATIONS
-            or self.embed_init not in EMBED_INITS
-            or self.timestep_init not in TIMESTEP_INITS
-        ):
-            raise ValueError(f"not a valid architecture: {self}")
-
-    @classmethod
-    def from_record(cls, record: dict) -> ModelConfig:
-        """The config a checkpoint stored; ValueError when it is not one."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(record, dict) or set(record) != names:
-            raise ValueError(f"an architecture needs exactly the fields {', '.join(sorted(names))}")
-        return cls(**record)
+ACTIVATION_LAYERS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
 class Block(nn.Module):
@@ -91,7 +36,10 @@ class Block(nn.Module):
             else SoftmaxAttention(M, d, cfg.n_head, cfg.dropout)
         )
         self.mlp = nn.Sequential(
-            MemberLinear(M, d, 4 * d), ACTIVATIONS[cfg.activation](), MemberLinear(M, 4 * d, d), Dropout(cfg.dropout)
+            MemberLinear(M, d, 4 * d),
+            ACTIVATION_LAYERS[cfg.activation](),
+            MemberLinear(M, 4 * d, d),
+            Dropout(cfg.dropout),
         )
 
     def forward(self, x, valid, rows: slice | None = None, ksvd: bool = True):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dt_primal.config import MAX_SEED, Config
+from dt_primal.config import Config, seed_problems
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.evaluation.checks import (
@@ -27,6 +27,7 @@ from dt_primal.evaluation.checks import (
     task_limits,
 )
 from dt_primal.machine import available_bytes, check_device, gib
+from dt_primal.training.run_folder import CHECKPOINT, SEED_FOLDERS
 from envs import Task
 
 # A target counts as far above the data when it exceeds the best episode's return by more than this
@@ -85,12 +86,9 @@ def check_run_inputs(
 
 
 def check_seeds(seeds: list[int]) -> None:
-    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
-    if bad:
-        raise UserError(
-            f"--seeds must be between 0 and {MAX_SEED} (got {' '.join(map(str, bad))}): they seed NumPy's "
-            f"and PyTorch's generators. Give other seeds."
-        )
+    problems = seed_problems(seeds, "--seeds")
+    if problems:
+        raise UserError(f"{problems[0]}: they seed NumPy's and PyTorch's generators. Give other seeds.")
 
 
 def _bounds(low: float, high: float) -> str:
@@ -185,10 +183,7 @@ def check_returns(
     """The dataset's returns-to-go must stay within the same bounds as the targets once scaled; a target
     far above every return in the data is noted (the model never saw one like it)."""
     check_targets(targets, None)
-    ends = data.starts + data.lengths
-    tail = np.cumsum(data.rewards[::-1].astype(np.float64))[::-1]
-    rtg = tail - np.append(tail, 0.0)[np.repeat(ends, data.lengths)]
-    largest = float(np.abs(rtg).max())
+    largest = float(np.abs(data.returns_to_go()).max())
     if not largest / reward_scale <= SCALED_RETURN_LIMIT:
         suggest = 10.0 ** (round(math.log10(largest)) - 1)
         raise UserError(
@@ -317,7 +312,7 @@ def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resum
             f"({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
             f"resume those with --seeds listing them, and train the others in another run."
         )
-    listed = sorted(Path(cfg.out).glob("seed_*/last.pt"))
+    listed = sorted(Path(cfg.out).glob(f"{SEED_FOLDERS}/{CHECKPOINT}"))
     if resume and not seeds and not any(found) and listed:
         names = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in listed), key=int))
         raise UserError(f"{cfg.out} holds the seeds {names} of an ensemble; resume them with --seeds {names}.")

@@ -34,7 +34,7 @@ from dt_primal.config import PRECISIONS, Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
-from dt_primal.evaluation.reports import headline
+from dt_primal.evaluation.reports import headline, run_record
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
@@ -48,7 +48,7 @@ from dt_primal.training.checks import (
     check_unchanged,
 )
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
-from dt_primal.training.run_folder import member_name, write_text
+from dt_primal.training.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name, write_text
 from dt_primal.training.step import TrainStep
 from dt_primal.untrusted import read_curve
 
@@ -121,7 +121,8 @@ class TrainingRun:
         """The members' checkpoints, as messages name them."""
         if len(self.members) == 1:
             return self.members[0].last
-        return Path(self.out) / ("seed_*" if len(self.members) == len(self.seeds) else "*/*/seed_*") / "last.pt"
+        seeds = SEED_FOLDERS if len(self.members) == len(self.seeds) else f"*/*/{SEED_FOLDERS}"
+        return Path(self.out) / seeds / CHECKPOINT
 
     def _checkpoints(self, resuming: bool) -> list[dict] | None:
         """The members' checkpoints when the run continues from them (checked against the data and the
@@ -189,7 +190,7 @@ class TrainingRun:
     def _open_records(self) -> None:
         """TensorBoard writers and evals.jsonl of every member (rank 0; an evaluation newer than the
         checkpoint the run continues from is dropped), and the progress bar."""
-        self.writers, self.curves = [], [m.folder / "evals.jsonl" for m in self.members]
+        self.writers, self.curves = [], [m.folder / CURVE for m in self.members]
         if self.rank == 0:
             for m, path in zip(self.members, self.curves):
                 m.folder.mkdir(parents=True, exist_ok=True)
@@ -349,20 +350,18 @@ class TrainingRun:
                     writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], self.step)
             writer.close()
             # the checkpoint relative to --out: the record names no machine path
-            result = {
-                "checkpoint": os.path.relpath(m.last, self.out),
-                "step": self.step,
-                "task": m.task.gym_id,
-                "dataset": m.data.source,
-                "model": self.cfg.model,
-                "seed": m.cfg.seed,
-                "ensemble": self.seeds,
-                "eval_seconds": seconds,
-                "targets": reports,
-                "provenance": made,
-                "config": dataclasses.asdict(m.cfg),
-            }  # the record says how it was made
-            write_text(m.folder / "eval.json", json.dumps(result, indent=1))
+            result = run_record(
+                os.path.relpath(m.last, self.out),
+                self.step,
+                m.task.gym_id,
+                m.data.source,
+                dataclasses.asdict(m.cfg),
+                reports,
+                made,
+                ensemble=self.seeds,
+                eval_seconds=seconds,
+            )
+            write_text(m.folder / RECORD, json.dumps(result, indent=1))
             results.append(result)
         return results
 

@@ -16,7 +16,7 @@ from dt_primal.errors import UserError
 from dt_primal.model.members import member_state, stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.training.checks import check_env_matches
-from dt_primal.training.run_folder import member_folders
+from dt_primal.training.run_folder import CHECKPOINT, member_folders
 from envs import Task
 
 
@@ -39,7 +39,7 @@ class Member:
 
     @property
     def last(self) -> Path:
-        return self.folder / "last.pt"
+        return self.folder / CHECKPOINT
 
 
 def architecture(sizes: tuple[int, int], task: Task, cfg: Config) -> tuple:
@@ -79,7 +79,7 @@ def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list
             f"{odd[0].cfg.dataset} and {first.cfg.dataset} cannot train as one ensemble: their models differ "
             f"(observation and action sizes {a} and {b}, KSVD rank s {odd[0].cfg.s} and {first.cfg.s}, "
             f"episode length {odd[0].cfg.max_ep_len} and {first.cfg.max_ep_len}) or their numbers of "
-            f"targets do. Train them in separate runs (python -m dt_primal.sweep groups the datasets that "
+            f"targets do. Train them in separate runs (python -m commands.sweep groups the datasets that "
             f"can share one)."
         )
     return members

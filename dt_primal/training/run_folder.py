@@ -1,10 +1,14 @@
-"""The folder a train.py run writes (--out): one run at a time, and always the same data.
+"""The folder a train.py run writes (--out): one run at a time, and always the same data. The one module
+that knows its layout (OUT, OUT/seed_N, a sweep's OUT/DATASET/MODEL/seed_N: ``member_folders``,
+``group_dir``, ``run_dir``), the files a run writes there (``RUN_FILES``) and the lock (``try_lock``);
+everything else asks it. Torch-free, so that records are read without it.
 
 ``hold_run_folder`` refuses an --out that is a file or cannot be written, and locks it (and, with
 --seeds, each member's folder) for as long as the run lasts, with ``fcntl.flock`` on ``.train.lock``:
 a second run started on the same folder is refused, and the lock of a run that was killed, however,
 is released by the operating system, so a stale lock never blocks. The sweep locks ``.lock`` in the
-same folder while its train.py child runs there; a different file, so the two never block each other.
+same folder, by the same protocol, while its train.py child runs there; a different file, so the two
+never block each other.
 
 ``RunFolder.check_dataset`` records what the run trains on (``dataset.json``: size and a hash of every
 array) and refuses to continue a run (--resume) on data that changed since it started.
@@ -22,17 +26,26 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 
-LOCK_NAME = ".train.lock"
-DATASET_RECORD = "dataset.json"
+if TYPE_CHECKING:
+    from dt_primal.data import Trajectories
+
+# the files of a run's folder: the only place that spells them
+CHECKPOINT = "last.pt"  # the weights and everything to act with them or continue (dt_primal.checkpoint)
+PREVIOUS = "prev.pt"  # an ensemble's previous checkpoint, kept while its members' new ones are renamed in
+RECORD = "eval.json"  # the final evaluation, its config and provenance: a finished run has one
+CURVE = "evals.jsonl"  # the evaluations during training, one JSON object per line
+DATASET_RECORD = "dataset.json"  # what the run trains on
+LOCK_NAME = ".train.lock"  # held by the train.py run that writes the folder
+GROUP_LOCK = ".lock"  # held by the sweep while its train.py child runs in the folder (a different file: no deadlock)
 # what a run writes into a member's folder (besides TensorBoard's events, whose names are new each time) and, with
 # --seeds, into its dataset's folder: never through a link, and never over a file that no run wrote
-RUN_FILES = ("last.pt", "prev.pt", "eval.json", "evals.jsonl", DATASET_RECORD, LOCK_NAME)
+RUN_FILES = (CHECKPOINT, PREVIOUS, RECORD, CURVE, DATASET_RECORD, LOCK_NAME)
 REPORT_FILES = ("report.json", "report.md")
 
 
@@ -73,27 +86,43 @@ def check_no_links(folder: Path, names: tuple[str, ...]) -> None:
         )
 
 
+def _holder(path: Path) -> str:
+    """Who holds the lock ``path``, as the holder wrote it there; "" when unknown."""
+    try:
+        with open(path, "rb") as f:
+            holder = json.loads(f.read(4096).decode())
+        return f" (pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def try_lock(folder: Path, name: str = GROUP_LOCK) -> int | None:
+    """The one lock protocol of a folder: an exclusive ``fcntl.flock`` on ``folder``/``name``, which the
+    operating system releases when the process ends, however it ends (a stale lock never blocks).
+    Returns the locked file's descriptor (closing it releases the lock), or None when another process
+    holds it."""
+    try:
+        fd = os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            check_no_links(folder, (name,))
+        raise _cannot_write(folder, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _lock(folder: Path) -> int:
-    """An exclusive lock on ``folder``/.train.lock, or a UserError naming the run that holds it."""
+    """An exclusive lock on ``folder``/.train.lock (``try_lock``), or a UserError naming the run that holds it."""
     path = folder / LOCK_NAME
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                check_no_links(folder, (LOCK_NAME,))
-            raise _cannot_write(folder, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the OS when this process ends, however it ends
-        except BlockingIOError:
-            try:
-                holder = json.loads(os.pread(fd, 4096, 0).decode())
-                who = f" (pid {holder['pid']} on {holder['host']}, started {holder['started']}: {holder['command']})"
-            except (OSError, ValueError, KeyError, TypeError):
-                who = ""
-            os.close(fd)
+        fd = try_lock(folder, LOCK_NAME)
+        if fd is None:
             raise UserError(
-                f"--out {folder} is in use by another train.py run{who}, which writes its checkpoints, "
+                f"--out {folder} is in use by another train.py run{_holder(path)}, which writes its checkpoints, "
                 f"TensorBoard events and eval.json there. Wait for it to end (or stop it), or choose "
                 f"another --out. A run that was killed releases the folder by itself."
             ) from None
@@ -123,7 +152,7 @@ def _lock(folder: Path) -> int:
 def check_nothing_in_the_way(folder: Path) -> None:
     """A folder that never held a run (no ``.train.lock``, no ``last.pt``) holds none of the files a run
     writes: they are someone else's, a user's own ``eval.json`` say, which the run would overwrite."""
-    if (folder / LOCK_NAME).exists() or (folder / "last.pt").exists():
+    if (folder / LOCK_NAME).exists() or (folder / CHECKPOINT).exists():
         return
     in_the_way = [n for n in RUN_FILES + REPORT_FILES if (folder / n).exists()]
     if in_the_way:
@@ -149,9 +178,22 @@ def dataset_slug(dataset: str) -> str:
     return dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
 
 
+def seed_folder(folder: Path, seed: int) -> Path:
+    """The folder of one seed of an ensemble in ``folder``: FOLDER/seed_N (``SEED_FOLDERS`` matches them)."""
+    return folder / f"seed_{seed}"
+
+
+SEED_FOLDERS = "seed_*"
+
+
 def group_dir(out: Path, dataset: str, model: str) -> Path:
     """A sweep's folder of one dataset and model in ``out``: OUT/DATASET/MODEL."""
     return out / dataset_slug(dataset) / model
+
+
+def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
+    """A sweep's run of one dataset, model and seed in ``out``: OUT/DATASET/MODEL/seed_N."""
+    return seed_folder(group_dir(out, dataset, model), seed)
 
 
 def dataset_folders(out: Path, datasets: list[str] | None = None, model: str | None = None) -> list[Path]:
@@ -168,7 +210,7 @@ def member_folders(
     """Where each member of a run writes, dataset by dataset and seed by seed: its dataset's folder
     (``dataset_folders``) with --seeds, as seed_N in it (always, with several datasets)."""
     folders = dataset_folders(out, datasets, model)
-    return [f / f"seed_{s}" for f in folders for s in seeds] if seeds else folders
+    return [seed_folder(f, s) for f in folders for s in seeds] if seeds else folders
 
 
 def member_name(dataset: str, seed: int, with_dataset: bool) -> str:
@@ -218,7 +260,7 @@ class RunFolder:
         for i, folder in enumerate(self.members):
             data, now = datas[i // per_dataset], prints[i // per_dataset]
             record = folder / DATASET_RECORD
-            if (folder / "last.pt").exists():
+            if (folder / CHECKPOINT).exists():
                 if not resume:
                     continue  # training refuses to start over an existing run
                 if record.exists():

@@ -1,10 +1,10 @@
-"""``python -m dt_primal.sweep.records SRC DST``: the small records of a sweep's finished runs (``eval.json``,
+"""``python -m commands.sweep.records SRC DST``: the small records of a sweep's finished runs (``eval.json``,
 ``evals.jsonl``, ``dataset.json`` of every ``seed_N`` folder with an ``eval.json``), without checkpoints or logs,
 copied from a sweep folder or a ``.tgz`` archive into a folder, or packed from a sweep folder into an archive:
 
-  python -m dt_primal.sweep.records runs/table4 records.tgz        # on the GPU machine: one small archive
-  python -m dt_primal.sweep.records records.tgz results/table4     # here: into the committed records
-  python -m dt_primal.sweep.records runs/table4-cpu results/table4-cpu
+  python -m commands.sweep.records runs/table4 records.tgz        # on the GPU machine: one small archive
+  python -m commands.sweep.records records.tgz results/table4     # here: into the committed records
+  python -m commands.sweep.records runs/table4-cpu results/table4-cpu
 
 An archive is read as untrusted: only those three file names, as regular files under a relative
 ``.../seed_N/`` path, are taken from it; anything else in it is named and left out. A record already in
@@ -22,17 +22,18 @@ from pathlib import Path, PurePosixPath
 
 from dt_primal.cli import run_main
 from dt_primal.errors import UserError
+from dt_primal.training.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
 from dt_primal.untrusted import MAX_RECORD
 
 MAX_ENTRIES = 100_000
 
-NAMES = ("eval.json", "evals.jsonl", "dataset.json")
+NAMES = (RECORD, CURVE, DATASET_RECORD)
 RECORD = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
 
 
 def from_folder(src: Path) -> dict[str, bytes]:
     """The records of the finished runs under ``src``, by their path relative to it."""
-    runs = [p.parent for p in src.rglob("seed_*/eval.json")]
+    runs = [p.parent for p in src.rglob(f"{SEED_FOLDERS}/{RECORD}")]
     return {
         (run / n).relative_to(src).as_posix(): (run / n).read_bytes()
         for run in runs
@@ -109,7 +110,7 @@ def into_archive(records: dict[str, bytes], dst: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="python -m dt_primal.sweep.records",
+        prog="python -m commands.sweep.records",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     archive = lambda path: path.name.endswith((".tgz", ".tar.gz"))
     if not args.src.exists():
         raise UserError(
-            f"{args.src} does not exist: give a sweep folder (--out of python -m dt_primal.sweep) or a .tgz."
+            f"{args.src} does not exist: give a sweep folder (--out of python -m commands.sweep) or a .tgz."
         )
     records = from_archive(args.src) if archive(args.src) else from_folder(args.src)
     n = sum(name.endswith("/eval.json") for name in records)

@@ -1,4 +1,4 @@
-"""Sweeps: grids of (dataset × model × seed) training runs and their tables (``python -m dt_primal.sweep``).
+"""Sweeps: grids of (dataset × model × seed) training runs and their tables (``python -m commands.sweep``).
 
 command.py       the command line
 grid.py          the sweep's folders; each (dataset, model) group trained as one ensemble, locally

@@ -1,10 +1,10 @@
-"""``python -m dt_primal.spectrum``: how low-rank each layer's attention is (the paper's Figure 1).
+"""``python -m commands.spectrum``: how low-rank each layer's attention is (the paper's Figure 1).
 
 For windows of a checkpoint's dataset, each layer's attention matrix — softmax probabilities, or
 for a primal layer the kernel K_ij = <φ(q̄_i), φ(k̄_j)> it implies — is decomposed by SVD and the
 cumulative explained variance Σ_{j≤k} σ_j² / Σ_j σ_j² is averaged over windows and heads.
 
-  python -m dt_primal.spectrum runs/dt/last.pt runs/primal/last.pt --out docs/spectrum
+  python -m commands.spectrum runs/dt/last.pt runs/primal/last.pt --out docs/spectrum
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commands.train import Loader, load_dataset
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
-from dt_primal.run import Loader, application_loader
 from envs import Task
 
 
@@ -58,7 +58,7 @@ def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="python -m dt_primal.spectrum",
+        prog="python -m commands.spectrum",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -82,7 +82,7 @@ def main() -> None:
         model = model_from_checkpoint(ckpt).eval()
         cfg = model.config
         ksvd = f", s {model.config.s}, η {cfg.eta:g}" if cfg.model != "dt" else ""
-        curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, application_loader()))
+        curves = layer_spectra(model, full_windows(ckpt, args.windows, args.seed, load_dataset))
         for i, (curve, block) in enumerate(zip(curves, model.blocks)):
             kind = "primal K" if hasattr(block.attn, "Lambda") else "softmax"
             ax.plot(np.arange(1, len(curve) + 1), curve, label=f"layer {i + 1} ({kind})")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dt_primal.config import PRESETS
 from dt_primal.evaluation.reports import mean_std, score
-from dt_primal.sweep.grid import group_dir, run_dir, train_options
+from dt_primal.training.run_folder import CURVE, RECORD, group_dir, run_dir, seed_folder
 from dt_primal.untrusted import read_curve, read_record
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
@@ -25,42 +26,16 @@ RECORDED = SETTINGS + ("precision",)  # what run_settings reports
 
 
 def run_settings(group: Path, seed: int) -> dict | None:
-    """The ``RECORDED`` settings a finished run trained with: from its eval.json, else its checkpoint, else
-    the last train command line the sweep logged in the group's train.log; None when none is there
-    (records written before eval.json held the run's config keep only eval.json and evals.jsonl)."""
-    from dt_primal.config import PRESETS, make_config
-
-    cfg = read_record(group / f"seed_{seed}" / "eval.json", reports=False).get("config")
-    cfg = cfg if isinstance(cfg, dict) else {}
-    if all(k in cfg for k in RECORDED):
-        return {k: cfg[k] for k in RECORDED}
-    ckpt = group / f"seed_{seed}" / "last.pt"
-    if ckpt.exists():
-        from dt_primal.checkpoint import read_checkpoint
-
-        cfg = read_checkpoint(ckpt)["config"]
-        return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
-    log = group / "train.log"
-    cmds = [line[2:].split() for line in log.read_text().splitlines() if line.startswith("$ ")] if log.exists() else []
-    command = lambda a: a.endswith("train.py") or a == "dt_primal.run"  # earlier sweeps logged train.py by path
-    if not cmds or not any(map(command, cmds[-1])):
-        return None
-    preset, given = train_options(cmds[-1][next(i for i, a in enumerate(cmds[-1]) if command(a)) + 1 :])
-    if preset not in PRESETS:
-        return None
-    try:
-        cfg = make_config(preset, **given)
-    except Exception:
-        return None
-    return {k: getattr(cfg, k) for k in RECORDED}
+    """The ``RECORDED`` settings a finished run trained with, from the config its eval.json records; None
+    for a record without them."""
+    cfg = read_record(seed_folder(group, seed) / RECORD, reports=False).get("config")
+    return {k: cfg[k] for k in RECORDED} if isinstance(cfg, dict) and all(k in cfg for k in RECORDED) else None
 
 
 def label_of(model: str, settings: dict | None, default: str | None) -> str:
     """The row's label: a DT's from the settings it trained with when they are known (the DT paper's
     d_model, heads and lr, or else the matched baseline), otherwise ``default`` or the model's."""
     if model == "dt" and settings is not None:
-        from dt_primal.config import PRESETS
-
         paper = all(settings[k] == PRESETS["dt-paper"][k] for k in SETTINGS)
         return DT_PAPER if paper else DT_MATCHED
     return default or LABELS.get(model, model)
@@ -69,8 +44,8 @@ def label_of(model: str, settings: dict | None, default: str | None) -> str:
 def curve_points(rd: Path) -> list[dict]:
     """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
     one (eval.json), each as {"step", "scores": ``score`` per target}."""
-    final = read_record(rd / "eval.json")
-    pts = [p for p in read_curve(rd / "evals.jsonl") if p["step"] < final["step"]] + [final]
+    final = read_record(rd / RECORD)
+    pts = [p for p in read_curve(rd / CURVE) if p["step"] < final["step"]] + [final]
     return [
         {"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]} for p in pts
     ]
@@ -97,7 +72,7 @@ def collect(
     for d in datasets:
         for m in models:
             gd = group_dir(out, d, m)
-            paths = {s: run_dir(out, d, m, s) / "eval.json" for s in seeds}
+            paths = {s: run_dir(out, d, m, s) / RECORD for s in seeds}
             finished = [s for s, path in paths.items() if path.exists()]
             if not finished:
                 continue

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from commands.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
 
 
 def short(dataset: str) -> str:

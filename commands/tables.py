@@ -1,10 +1,10 @@
-"""``python -m dt_primal.tables``: the tables of docs/results.md, made from the committed records under
-``results/`` by the sweep's own aggregation (``dt_primal.sweep.results.collect``), so that a figure and its
+"""``python -m commands.tables``: the tables of docs/results.md, made from the committed records under
+``results/`` by the sweep's own aggregation (``commands.sweep.results.collect``), so that a figure and its
 record cannot disagree. Each table sits between ``<!-- BEGIN generated: NAME -->`` and
 ``<!-- END generated: NAME -->`` in the document; the prose around them is written by hand.
 
-  python -m dt_primal.tables            # rewrite the generated parts of docs/results.md
-  python -m dt_primal.tables --check    # exit 1 if docs/results.md differs from what the records give
+  python -m commands.tables            # rewrite the generated parts of docs/results.md
+  python -m commands.tables --check    # exit 1 if docs/results.md differs from what the records give
 
 Table 4 comes from ``results/table4`` (the full protocol), from ``results/table4-cpu`` (the reduced one) and,
 as clearly marked legacy sections, from every ``results/legacy/table4-*`` folder: moving a table's records there
@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from commands.sweep.grid import TABLE4
+from commands.sweep.results import DT_MATCHED, LABELS, collect
+from commands.sweep.tables import cell, gap_rows, gap_table, short
 from dt_primal.checkpoint import UNRECORDED
 from dt_primal.cli import run_main
 from dt_primal.config import Config
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.sweep.grid import TABLE4
-from dt_primal.sweep.results import DT_MATCHED, LABELS, collect
-from dt_primal.sweep.tables import cell, gap_rows, gap_table, short
+from dt_primal.training.run_folder import RECORD, seed_folder
 from dt_primal.untrusted import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def setting(config: dict, name: str):
 
 
 def records(group: Path, seeds) -> list[dict]:
-    return [read_record(group / f"seed_{s}" / "eval.json") for s in seeds]
+    return [read_record(seed_folder(group, s) / RECORD) for s in seeds]
 
 
 def made_with(rows: list[dict]) -> str:
@@ -272,7 +273,7 @@ def ablation() -> str:
         rows = collect(folder, [dataset], ["primal"], [0, 1, 2])
         if not rows:
             continue
-        row, runs = rows[0], [Path(rows[0]["dir"]) / f"seed_{s}" for s in rows[0]["finished_seeds"]]
+        row, runs = rows[0], [seed_folder(Path(rows[0]["dir"]), s) for s in rows[0]["finished_seeds"]]
         cfg = records(Path(row["dir"]), row["finished_seeds"])[0]["config"]
         logs = [EventAccumulator(str(next(r.glob("events.out.tfevents.*")))).Reload() for r in runs]
         j2, lam = (
@@ -399,7 +400,7 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m dt_primal.tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m commands.tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if docs/results.md is out of date")
     args = p.parse_args(argv)
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     new = render(old)
     if args.check:
         if new != old:
-            sys.exit("docs/results.md differs from what the records give: run python -m dt_primal.tables")
+            sys.exit("docs/results.md differs from what the records give: run python -m commands.tables")
         print("docs/results.md matches the records")
         return
     DOC.write_text(new)

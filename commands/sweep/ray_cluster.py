@@ -8,9 +8,9 @@ import signal
 import socket
 from pathlib import Path
 
+from commands.sweep.grid import group_dir, in_process, python_path, run_group
+from commands.train import Loader, load_dataset
 from dt_primal.errors import UserError
-from dt_primal.run import Loader, application_loader
-from dt_primal.sweep.grid import group_dir, in_process, python_path, run_group
 
 
 class Stopped(Exception):
@@ -91,7 +91,7 @@ def run_groups_on_ray(groups: list[tuple[list[str], str]], args, extra: list[str
     )(ray_group)
     threads = max(1, round(args.cpus_per_task))
     pending = {
-        task.remote(d, m, args.seeds, args.out, extra, application_loader(), threads, os.getcwd(), args.recorded): (
+        task.remote(d, m, args.seeds, args.out, extra, load_dataset, threads, os.getcwd(), args.recorded): (
             d,
             m,
         )

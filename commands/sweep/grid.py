@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import os
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
+from commands.train import Loader, train_command
 from datasets.suite import suite_id
 from dt_primal.cli import run_main
 from dt_primal.process import configure_process
-from dt_primal.run import Loader, train_command
-from dt_primal.training.run_folder import group_dir
+from dt_primal.training.run_folder import CHECKPOINT, RECORD, group_dir, run_dir, try_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them (each level's newest version)
@@ -31,12 +30,8 @@ TABLE4 = [
 ]
 
 
-def run_dir(out: Path, dataset: str, model: str, seed: int) -> Path:
-    return group_dir(out, dataset, model) / f"seed_{seed}"
-
-
 BUSY = None  # run_group's status for a group that another sweep is training (-N would be a signal's exit status)
-COMMAND = [sys.executable, "-m", "dt_primal.run"]  # train.py, as the library runs it
+COMMAND = [sys.executable, "-m", "commands.train"]  # train.py, as the library runs it
 # how a backend runs one train command: (its arguments, the group's train.log) -> exit status
 Trainer = Callable[[list[str], TextIO], int]
 
@@ -60,18 +55,17 @@ def run_group(
     with contextlib.ExitStack() as held:
         for gd in dirs:
             gd.mkdir(parents=True, exist_ok=True)
-            lock = held.enter_context(open(gd / ".lock", "w"))
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when this process ends, however it ends
-            except BlockingIOError:
+            fd = try_lock(gd)
+            if fd is None:
                 return name, [], BUSY
-        finished = lambda d, s: any((run_dir(o, d, model, s) / "eval.json").exists() for o in (out, recorded) if o)
+            held.callback(os.close, fd)
+        finished = lambda d, s: any((run_dir(o, d, model, s) / RECORD).exists() for o in (out, recorded) if o)
         todo = {d: [s for s in seeds if not finished(d, s)] for d in datasets}
         trained = sorted({s for left in todo.values() for s in left})
         for resume in (True, False):
             parts: dict[tuple[int, ...], list[str]] = {}  # seeds -> the datasets with those seeds to train
             for d, left in todo.items():
-                part = tuple(s for s in left if (run_dir(out, d, model, s) / "last.pt").exists() == resume)
+                part = tuple(s for s in left if (run_dir(out, d, model, s) / CHECKPOINT).exists() == resume)
                 if part:
                     parts.setdefault(part, []).append(d)
             for part, ds in parts.items():
@@ -103,7 +97,7 @@ def train_ensemble(
     for i, log_path in enumerate(logs):
         cut = log_path.exists() and log_path.read_bytes()[-1:] not in (b"", b"\n")  # a killed run's last line
         with open(log_path, "a") as log:
-            log.write(f"{chr(10) if cut else ''}$ python -m dt_primal.run {' '.join(argv)}\n")
+            log.write(f"{chr(10) if cut else ''}$ python -m commands.train {' '.join(argv)}\n")
             if i:
                 log.write(f"(one ensemble with {datasets[0]}: its output is in {logs[0]})\n")
     with open(logs[0], "a") as log:
@@ -148,7 +142,7 @@ def python_path() -> str:
 
 
 def in_subprocess(threads: int) -> Trainer:
-    """The local pool's trainer: ``python -m dt_primal.run`` in a child process with ``threads`` CPU threads, in
+    """The local pool's trainer: ``python -m commands.train`` in a child process with ``threads`` CPU threads, in
     the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
 
     def trainer(argv: list[str], log: TextIO) -> int:

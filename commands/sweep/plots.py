@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dt_primal.sweep.grid import group_dir
-from dt_primal.sweep.results import curve_points
+from commands.sweep.results import curve_points
+from dt_primal.training.run_folder import group_dir, seed_folder
 
 
 def y_label(rows: list[dict]) -> str:
@@ -75,7 +75,7 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
         for row in (r for r in rows if r["dataset"] == d):
             gd = Path(row["dir"]) if "dir" in row else group_dir(out, d, row["model"])
             curves = [
-                {p["step"]: p["scores"][0] for p in curve_points(gd / f"seed_{s}")} for s in row["finished_seeds"]
+                {p["step"]: p["scores"][0] for p in curve_points(seed_folder(gd, s))} for s in row["finished_seeds"]
             ]
             steps = sorted(set.intersection(*(set(c) for c in curves)))  # a row has at least one finished seed
             if not steps:

@@ -9,8 +9,8 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
   would train alone; several datasets write OUT/DATASET/MODEL/seed_N: docs/ensembles.md)
   torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/sweeps.md)
 
-``train_command`` is that command as a function of the library: ``train.py`` and the sweep's workers
-call it. ``python -m dt_primal.run ARGS`` is ``python train.py ARGS``.
+``train_command`` is that command as a function: ``train.py`` and the sweep's workers call it.
+``python -m commands.train ARGS`` is ``python train.py ARGS``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from datasets.loaders import load_dataset
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import run_main, write_report
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
@@ -34,20 +35,11 @@ from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import normalized_text, scoring
 from dt_primal.training.checks import check_run_inputs
 from dt_primal.training.loop import Interrupted, distributed, train
-from dt_primal.training.run_folder import hold_run_folder, member_folders
+from dt_primal.training.run_folder import CHECKPOINT, hold_run_folder, member_folders
 
 # load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from
-# (datasets.loaders.load_dataset)
+# (datasets.loaders.load_dataset; a test may pass another)
 Loader = Callable[..., Trajectories]
-
-
-def application_loader() -> Loader:
-    """The loader of the application above the library (``datasets/``: the offline suite, Minari, D4RL
-    and pickle files), imported when a ``python -m dt_primal.*`` command starts: the library itself
-    takes the loader as an argument and imports nothing from ``datasets/`` on import."""
-    from datasets.loaders import load_dataset
-
-    return load_dataset
 
 
 def parser() -> argparse.ArgumentParser:
@@ -99,7 +91,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
     cfg = make_config(args.preset, **given)
     specs = list(dict.fromkeys(args.dataset)) if args.dataset else None  # else the checkpoint's, or the default
     seeds = args.seeds or ([cfg.seed] if specs and len(specs) > 1 else None)
-    first = member_folders(Path(cfg.out), seeds, specs, cfg.model)[0] / "last.pt"
+    first = member_folders(Path(cfg.out), seeds, specs, cfg.model)[0] / CHECKPOINT
     if args.resume and first.exists():  # the checkpoint's settings, except those given now
         cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
     specs = specs or [cfg.dataset]
@@ -146,4 +138,4 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
 
 
 if __name__ == "__main__":
-    run_main(lambda: train_command(sys.argv[1:], application_loader()))
+    run_main(lambda: train_command(sys.argv[1:], load_dataset))

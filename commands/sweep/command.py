@@ -1,6 +1,6 @@
-"""``python -m dt_primal.sweep``: a grid of (dataset × model × seed) training runs. Per model, the
+"""``python -m commands.sweep``: a grid of (dataset × model × seed) training runs. Per model, the
 datasets whose models share an architecture and their seeds train in one process as one ensemble
-(``train.py --dataset ... --seeds ...``, through ``dt_primal.run.train_command``; Table 4 is six
+(``train.py --dataset ... --seeds ...``, through ``commands.train.train_command``; Table 4 is six
 ensembles, docs/ensembles.md), several groups at once: a local process pool (``--jobs``, e.g.
 sharing one GPU), or one Ray task per group on a Ray cluster (``--backend ray``); finished runs are
 skipped and interrupted ones resumed (several sweeps may share one folder: a group that one of them
@@ -12,14 +12,14 @@ Two DT baselines: this folder's ``dt`` runs share Primal.+DT's settings ("DT (ma
 the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sweep of its own with
 ``--models dt -- --preset dt-paper``, whose folder ``--baseline`` adds to the tables.
 
-  python -m dt_primal.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
+  python -m commands.sweep --datasets dt-primal/hopper/medium-replay-v0 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
-  python -m dt_primal.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
+  python -m commands.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
   # only the rows not committed:
-  python -m dt_primal.sweep --datasets table4 --jobs 6 --recorded results/table4 --out runs/table4
-  python -m dt_primal.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
-  python -m dt_primal.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
-  python -m dt_primal.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
+  python -m commands.sweep --datasets table4 --jobs 6 --recorded results/table4 --out runs/table4
+  python -m commands.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
+  python -m commands.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
+  python -m commands.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ import sys
 import time
 from pathlib import Path
 
+from commands.sweep.grid import BUSY, TABLE4, ensemble_groups, run_groups_locally
+from commands.sweep.plots import plot_bars, plot_curves
+from commands.sweep.ray_cluster import run_groups_on_ray
+from commands.sweep.results import DT_PAPER, collect
+from commands.sweep.tables import write_tables
 from datasets.suite import buildable
 from dt_primal.errors import UserError
-from dt_primal.sweep.grid import BUSY, TABLE4, ensemble_groups, run_groups_locally
-from dt_primal.sweep.plots import plot_bars, plot_curves
-from dt_primal.sweep.ray_cluster import run_groups_on_ray
-from dt_primal.sweep.results import DT_PAPER, collect
-from dt_primal.sweep.tables import write_tables
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="python -m dt_primal.sweep",
+        prog="python -m commands.sweep",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

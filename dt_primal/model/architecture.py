@@ -1,0 +1,62 @@
+"""The architecture of a Decision Transformer (``ModelConfig``) and the choices of its fields: plain data,
+without torch, so that a config or a record can be read where torch is not needed."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
+EMBED_INITS = ("torch", "gpt2")
+TIMESTEP_INITS = ("torch", "gpt2")
+ACTIVATIONS = ("relu", "gelu")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a DecisionTransformer, every field resolved; a checkpoint stores it as a
+    plain dict (``dataclasses.asdict``) beside the weights. ``eta`` weighs the KSVD loss (eq. 10)."""
+
+    state_dim: int
+    act_dim: int
+    model: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    context: int  # K timesteps, 3K tokens
+    dropout: float
+    activation: str  # of every block's MLP
+    max_ep_len: int  # timestep embedding rows
+    s: int  # KSVD rank
+    eta: float
+    embed_init: str  # the return/state/action embeddings and the action head: torch | gpt2
+    timestep_init: str  # the timestep table: torch (N(0, 1)) | gpt2 (N(0, 0.02))
+
+    def __post_init__(self):
+        sizes = (
+            self.state_dim,
+            self.act_dim,
+            self.n_layer,
+            self.d_model,
+            self.n_head,
+            self.context,
+            self.max_ep_len,
+            self.s,
+        )
+        if (
+            not all(isinstance(v, int) and v > 0 for v in sizes)
+            or self.d_model % self.n_head
+            or self.model not in MODELS
+            or self.activation not in ACTIVATIONS
+            or self.embed_init not in EMBED_INITS
+            or self.timestep_init not in TIMESTEP_INITS
+        ):
+            raise ValueError(f"not a valid architecture: {self}")
+
+    @classmethod
+    def from_record(cls, record: dict) -> ModelConfig:
+        """The config a checkpoint stored; ValueError when it is not one."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(record, dict) or set(record) != names:
+            raise ValueError(f"an architecture needs exactly the fields {', '.join(sorted(names))}")
+        return cls(**record)
