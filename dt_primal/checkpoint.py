@@ -24,6 +24,7 @@ from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.model.members import stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
+from dt_primal.training.run_folder import PREVIOUS
 from dt_primal.untrusted import load_torch
 
 FORMAT = 2
@@ -73,12 +74,12 @@ def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
         tmps = [_write(path, payload) for path, payload in zip(paths, payloads)]
         for path in paths if len(paths) > 1 else ():
             if path.exists():
-                os.link(path, path.with_name("prev.pt.tmp"))
-                os.replace(path.with_name("prev.pt.tmp"), path.with_name("prev.pt"))
+                os.link(path, path.with_name(PREVIOUS + ".tmp"))
+                os.replace(path.with_name(PREVIOUS + ".tmp"), path.with_name(PREVIOUS))
         for tmp, path in zip(tmps, paths):
             os.replace(tmp, path)
         for path in paths:
-            path.with_name("prev.pt").unlink(missing_ok=True)
+            path.with_name(PREVIOUS).unlink(missing_ok=True)
     except OSError as exc:
         raise UserError(
             f"Could not write the checkpoint {paths[0] if len(paths) == 1 else paths} ({exc}); the "
@@ -87,7 +88,7 @@ def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
         ) from exc
     finally:
         for path in paths:
-            for leftover in (path.with_name(path.name + ".tmp"), path.with_name("prev.pt.tmp")):
+            for leftover in (path.with_name(path.name + ".tmp"), path.with_name(PREVIOUS + ".tmp")):
                 leftover.unlink(missing_ok=True)
 
 
@@ -248,7 +249,7 @@ def load_members(paths: list[Path]) -> list[dict]:
     ckpts = [load_checkpoint(p, resume=True) for p in paths]
     step = min(c["step"] for c in ckpts)
     for i, (path, ckpt) in enumerate(zip(paths, ckpts)):
-        prev = path.with_name("prev.pt")
+        prev = path.with_name(PREVIOUS)
         if ckpt["step"] != step and prev.exists():
             ckpts[i] = load_checkpoint(prev, resume=True)
     if len({c["step"] for c in ckpts}) > 1:

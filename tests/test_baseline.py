@@ -16,7 +16,7 @@ import torch
 from test_train import ROOT
 
 from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
-from commands.sweep.grid import group_dir, run_dir
+from commands.sweep.grid import run_dir
 from commands.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
 from commands.sweep.tables import gap_rows, write_tables
 from dt_primal.config import PRESETS, Config, make_config
@@ -101,8 +101,12 @@ def test_train_py_offers_the_dt_paper_preset():
 # ------------------------------------------------------------------------------ the tables
 
 
-def fake_run(out, dataset, model, seed, final, curve, log=None):
-    """A finished run as the sweep leaves it: evals.jsonl (5-episode points) and eval.json (final)."""
+DT_PAPER_CONFIG = {"model": "dt", "d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "bf16"}  # as --preset dt-paper
+
+
+def fake_run(out, dataset, model, seed, final, curve, config=None):
+    """A finished run as the sweep leaves it: evals.jsonl (5-episode points) and eval.json (final; with the
+    settings of ``config`` where given)."""
     rd = run_dir(out, dataset, model, seed)
     rd.mkdir(parents=True)
     (rd / "evals.jsonl").write_text(
@@ -128,13 +132,10 @@ def fake_run(out, dataset, model, seed, final, curve, log=None):
                     {"target": 3600.0, "normalized_mean": final[0], "episodes": 100},
                     {"target": 1800.0, "normalized_mean": final[1], "episodes": 100},
                 ],
+                **({"config": config} if config else {}),
             }
         )
     )
-    if log is not None:
-        (group_dir(out, dataset, model) / "train.log").write_text(
-            f"$ {sys.executable} {ROOT}/train.py {log}\nsome progress\n"
-        )
 
 
 def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluations(tmp_path):
@@ -150,10 +151,10 @@ def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluati
             s,
             (70 + s, 42),
             [(0, 0), (10, 10), (40, 40)],
-            log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16 --steps 400",
+            config=DT_PAPER_CONFIG,
         )
     rows = collect(main, [d], ["dt", "primal"], [0, 1, 2])
-    # the baseline folder's runs are recognised from the command line in train.log, whatever label they are given
+    # the baseline folder's runs are recognised from the settings their records hold, whatever label they are given
     rows += collect(base, [d], ["dt"], [0, 1, 2], label=DT_MATCHED, name="dt (dt-paper)")
     assert [r["label"] for r in rows] == [DT_MATCHED, "Primal.+DT", DT_PAPER]
     assert rows[2]["settings"] == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "bf16"}
@@ -396,7 +397,7 @@ def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
             s,
             (10 + s, 12),
             [(1, 1), (5, 5), (9, 9)],
-            log=f"--dataset {d} --model dt --seeds 0 1 2 --out x --preset dt-paper --precision bf16",
+            config=DT_PAPER_CONFIG,
         )
         fake_run(theirs, d, MODEL, s, (30 + 2 * s, 25), [(1, 1), (10, 10), (20, 20)])
     main(["report", "--d3rlpy", str(theirs), "--dt-primal", str(ours), "--datasets", d])

@@ -148,6 +148,7 @@ class Payload:
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_by_every_command(run_dir, tmp_path):
+    """evaluate.py and train.py --resume refuse it; the sweep's tables read only records, never a checkpoint."""
     target = tmp_path / "created"
     ckpt = torch.load(run_dir / "last.pt", weights_only=True)
     for folder in ("evil", "sweep/hopper/primal/seed_0"):
@@ -156,28 +157,17 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_every_command(run_dir, t
     record = json.loads((run_dir / "eval.json").read_text())  # a finished run whose record lacks its config
     (tmp_path / "sweep/hopper/primal/seed_0/eval.json").write_text(json.dumps({**record, "config": {}}))
     assert group_dir(tmp_path / "sweep", "hopper", "primal") == tmp_path / "sweep/hopper/primal"
-    commands = [
+    for command in [
         ("evaluate.py", str(tmp_path / "evil" / "last.pt"), "--out", str(tmp_path / "ev.json")),
         ("train.py", "--resume", "--out", str(tmp_path / "evil")),
-        (
-            "-m",
-            "commands.sweep",
-            "--datasets",
-            "hopper",
-            "--models",
-            "primal",
-            "--seeds",
-            "0",
-            "--out",
-            str(tmp_path / "sweep"),
-            "--aggregate-only",
-        ),
-    ]
-    for command in commands:
+    ]:
         res = run(*command)
         assert res.returncode == 2, (command, res.stderr)
         assert "was refused: reading it would call io.open" in res.stderr and "Traceback" not in res.stderr, res.stderr
         assert not target.exists(), command
+    sweep = ("--datasets", "hopper", "--models", "primal", "--seeds", "0", "--out", str(tmp_path / "sweep"))
+    res = run("-m", "commands.sweep", *sweep, "--aggregate-only")
+    assert res.returncode == 0 and "Traceback" not in res.stderr and not target.exists(), res.stderr
 
 
 def test_a_dataset_pickle_that_would_run_code_is_refused(tmp_path):

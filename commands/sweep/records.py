@@ -28,7 +28,7 @@ from dt_primal.untrusted import MAX_RECORD
 MAX_ENTRIES = 100_000
 
 NAMES = (RECORD, CURVE, DATASET_RECORD)
-RECORD = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
+RECORD_PATH = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
 
 
 def from_folder(src: Path) -> dict[str, bytes]:
@@ -52,7 +52,9 @@ def from_archive(src: Path) -> dict[str, bytes]:
                 members.append(m)
                 if len(members) > MAX_ENTRIES:
                     raise UserError(f"{src} holds more than {MAX_ENTRIES} entries; a sweep's records are far fewer.")
-            taken = {m.name: m for m in members if m.isreg() and RECORD.match(m.name) and ".." not in m.name.split("/")}
+            taken = {
+                m.name: m for m in members if m.isreg() and RECORD_PATH.match(m.name) and ".." not in m.name.split("/")
+            }
             big = [m.name for m in taken.values() if m.size > MAX_RECORD]
             if big:
                 raise UserError(
