@@ -295,7 +295,25 @@ def test_a_records_archive_entry_larger_than_a_record_is_not_read(tmp_path):
 # --- the run folder ---
 
 
-def test_a_run_never_writes_through_a_link_nor_over_a_users_file(tmp_path):
+def exit_of(main, capsys, *phrases):
+    """``main`` under the commands' error exit: status 2 and one ``error:`` paragraph naming ``phrases``."""
+    from dt_primal.cli import run_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(main)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and "Traceback" not in err, err
+    assert all(phrase in err for phrase in phrases), (phrases, err)
+
+
+def train_py(capsys, *argv, phrase):
+    """``train.py argv``, in this process (it stops before training), refused naming ``phrase``."""
+    from commands.train import train_command
+
+    exit_of(lambda: train_command([str(a) for a in argv], load_dataset), capsys, phrase)
+
+
+def test_a_run_never_writes_through_a_link_nor_over_a_users_file(tmp_path, capsys):
     data = tmp_path / "hopper_tiny.hdf5"
     write_d4rl(data, make_episodes(lengths=(40, 25), seed=3))
     precious = tmp_path / "precious.txt"
@@ -304,16 +322,17 @@ def test_a_run_never_writes_through_a_link_nor_over_a_users_file(tmp_path):
         out = tmp_path / f"out{name}"
         out.mkdir()
         (out / name).symlink_to(precious)
-        res = run("train.py", "--dataset", str(data), *TINY, "--out", str(out))
-        assert_user_error(res, f"{out / name} is a symbolic link")
+        train_py(capsys, "--dataset", data, *TINY, "--out", out, phrase=f"{out / name} is a symbolic link")
         assert precious.read_text() == "mine"
     for name in ("eval.json", "dataset.json"):
         out = tmp_path / f"own{name}"
         out.mkdir()
         (out / name).write_text("my notes")
-        res = run("train.py", "--dataset", str(data), *TINY, "--out", str(out))
-        assert_user_error(res, f"already holds {name}, which no run of dt-primal wrote there")
+        phrase = f"already holds {name}, which no run of dt-primal wrote there"
+        train_py(capsys, "--dataset", data, *TINY, "--out", out, phrase=phrase)
         assert (out / name).read_text() == "my notes"
+    res = run("train.py", "--dataset", str(data), *TINY, "--out", str(out))  # and so does the command
+    assert_user_error(res, "already holds dataset.json")
 
 
 def test_evaluate_never_overwrites_an_unrelated_table_beside_its_report(run_dir, tmp_path):  # noqa: F811
@@ -434,37 +453,18 @@ def test_values_that_would_make_every_score_or_action_nan(run_dir, tmp_path, cha
             dt_primal.load_policy(tmp_path / "last.pt")
 
 
-def test_options_out_of_range(tmp_path):
+def test_options_out_of_range(tmp_path, capsys):
+    from commands.sweep.command import main as sweep
+
     data = tmp_path / "hopper.hdf5"
     write_d4rl(data, make_episodes(lengths=(40, 25), seed=3))
-    assert_user_error(
-        run("train.py", "--dataset", str(data), "--warmup-steps", str(10**26), "--out", str(tmp_path / "a")),
-        "--warmup-steps must be at most 1e+15",
-    )
+    huge = "--warmup-steps must be at most 1e+15"
+    train_py(capsys, "--dataset", data, "--warmup-steps", 10**26, "--out", tmp_path / "a", phrase=huge)
     for jobs in ("0", "-1"):
-        res = run(
-            "-m",
-            "commands.sweep",
-            "--datasets",
-            "hopper",
-            "--models",
-            "dt",
-            "--seeds",
-            "0",
-            "--jobs",
-            jobs,
-            "--out",
-            str(tmp_path / "sweep"),
-        )
-        assert_user_error(res, f"--jobs must be at least 1 (got {jobs})")
-    res = subprocess.run(
-        [sys.executable, "train.py", "--dataset", str(data), "--out", os.fsencode(tmp_path) + b"/\xff"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert_user_error(res, "--out holds bytes that are not UTF-8 text")
+        argv = ["--datasets", "hopper", "--models", "dt", "--seeds", "0", "--jobs", jobs, "--out", str(tmp_path / "s")]
+        exit_of(lambda: sweep(argv), capsys, f"--jobs must be at least 1 (got {jobs})")  # noqa: B023
+    not_text = os.fsdecode(os.fsencode(tmp_path) + b"/\xff")  # as Python hands a command line's bytes over
+    train_py(capsys, "--dataset", data, "--out", not_text, phrase="--out holds bytes that are not UTF-8 text")
 
 
 def test_a_malformed_record_is_a_message_in_the_aggregation(run_dir, tmp_path):  # noqa: F811
