@@ -31,13 +31,22 @@ def gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
+def on_gpu(device: str) -> bool:
+    """Whether ``device`` (auto, cpu, cuda, cuda:N) means a CUDA GPU: cuda, cuda:N, or auto where there is one."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def gpu_index(device: str) -> int:
+    """The index of the GPU that ``device`` (cuda, cuda:N, auto) means; torch must see CUDA."""
+    return int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+
+
 def available_bytes(device: str) -> tuple[int, str]:
     """Memory a run can still take on ``device`` (0 when unknown), and what it is called."""
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+    if on_gpu(device):
         if not torch.cuda.is_available():
             return 0, "GPU memory"
-        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        return torch.cuda.mem_get_info(index)[0], "free GPU memory"
+        return torch.cuda.mem_get_info(gpu_index(device))[0], "free GPU memory"
     try:
         with open("/proc/meminfo") as f:
             kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))

@@ -22,7 +22,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
-from dt_primal.machine import check_device, gib, memory_bytes
+from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
 from envs import Task
 
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
@@ -62,17 +62,16 @@ def check_evaluation_memory(
     steps on the device. Refuse a count that cannot fit in this machine's memory (or its GPU's)."""
     buffers = episodes * context * (obs_dim + act_dim + 1) * 4
     host = episodes * ENV_BYTES
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    gpu = on_gpu(device)
     problems = []
     ram = memory_bytes()
-    if ram and host + (0 if on_gpu else buffers) > ram:
+    if ram and host + (0 if gpu else buffers) > ram:
         problems.append(
-            f"about {gib(host + (0 if on_gpu else buffers))} of memory for their environments"
-            f"{'' if on_gpu else ' and buffers'}, more than this machine's {gib(ram)}"
+            f"about {gib(host + (0 if gpu else buffers))} of memory for their environments"
+            f"{'' if gpu else ' and buffers'}, more than this machine's {gib(ram)}"
         )
-    if on_gpu and torch.cuda.is_available():
-        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        total = torch.cuda.get_device_properties(index).total_memory
+    if gpu and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(gpu_index(device)).total_memory
         if buffers > total:
             problems.append(f"{gib(buffers)} of GPU memory for their buffers, more than the GPU's {gib(total)}")
     if problems:
