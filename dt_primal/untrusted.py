@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import _codecs
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -349,12 +350,25 @@ def check_minari_metadata(meta: object, where: str) -> None:
             f"they must be counts, with no more episodes than steps."
         )
     check_fits_memory(episodes * 8, where, "an index of its episodes")  # Minari allocates it from the count
-    spec = meta.get("env_spec")
-    if spec is not None:
+    if meta.get("env_spec") is not None:
         try:
-            check_spec(spec)
+            meta["env_spec"] = _current_env_spec(meta["env_spec"])
+            check_spec(meta["env_spec"])
         except (ValueError, TypeError, KeyError) as exc:
             raise UserError(f"{where}'s metadata.json: {exc}") from None
+
+
+def _current_env_spec(text: str) -> str:
+    """A Minari env_spec without the fields of older Gymnasium versions that this one's EnvSpec no longer takes
+    (Gymnasium 1.0 wrote ``apply_api_compatibility`` and ``autoreset``; Minari drops them when it reads a
+    dataset, and so does this): dropping a field can add no code to run."""
+    from gymnasium.envs.registration import EnvSpec
+
+    spec = json.loads(text)
+    if not isinstance(spec, dict):
+        raise ValueError("its env_spec is not a JSON object")
+    known = {f.name for f in dataclasses.fields(EnvSpec) if f.init}
+    return json.dumps({k: v for k, v in spec.items() if k in known})
 
 
 def check_minari_folder(dataset_id: str) -> dict:

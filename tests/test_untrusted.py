@@ -186,6 +186,13 @@ def test_a_datasets_environment_options_are_numbers_only(minari_home, tmp_path):
     )
     task = load_dataset("evil/hopper/options-v0").task
     assert json.loads(task.spec)["kwargs"] == {"healthy_reward": 2.0}  # a numeric option is the dataset's own
+    older = {}  # as Gymnasium 1.0 wrote it, with two fields this version's EnvSpec no longer takes
+    for key, value in json.loads(spec()).items():
+        older[key] = value
+        if key in ("order_enforce", "disable_env_checker"):
+            older["autoreset" if key == "order_enforce" else "apply_api_compatibility"] = False
+    minari_dataset("hosted/hopper/gymnasium1-v0", minari_home, env_spec=json.dumps(older))
+    assert load_dataset("hosted/hopper/gymnasium1-v0").task.gym_id == "Hopper-v5"  # read as Minari reads it
 
 
 # --- other files read ---
