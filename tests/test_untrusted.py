@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import make_episodes
 from gymnasium.envs.registration import EnvSpec
+from test_bad_input import QUICK, _exit_of
 from test_data import write_minari
 from test_files import run_dir  # noqa: F401 (a 2-step run on a tiny hopper dataset)
 from test_reliability import assert_user_error
@@ -30,30 +31,7 @@ from dt_primal import checkpoint, untrusted
 from dt_primal.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--d-model",
-    "32",
-    "--n-head",
-    "2",
-    "--n-layer",
-    "2",
-    "--s",
-    "8",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--batch-size",
-    "8",
-    "--warmup-steps",
-    "2",
-    "--eval-every",
-    "1000",
-    "--eval-episodes",
-    "1",
-    "--steps",
-    "2",
-]
+TINY = [*QUICK, "--steps", "2"]  # a tiny run, as the other bad-input tests train it
 
 
 def run(*args, env=None):
@@ -304,12 +282,8 @@ def test_a_records_archive_entry_larger_than_a_record_is_not_read(tmp_path):
 
 def exit_of(main, capsys, *phrases):
     """``main`` under the commands' error exit: status 2 and one ``error:`` paragraph naming ``phrases``."""
-    from dt_primal.cli import run_main
-
-    with pytest.raises(SystemExit) as exit_info:
-        run_main(main)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.startswith("error: ") and "Traceback" not in err, err
+    code, err = _exit_of(main, capsys)
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err
     assert all(phrase in err for phrase in phrases), (phrases, err)
 
 
