@@ -23,6 +23,7 @@ from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
+from dt_primal.training.run_folder import check_no_links
 from envs import Task
 
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
@@ -130,12 +131,7 @@ def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
                 f"--out {out} would overwrite the checkpoint {path} with the report; give another file, "
                 f"e.g. --out {out.with_name('eval.json')}."
             )
-    for path in (out, out.with_suffix(".md")):
-        if path.is_symlink():
-            raise UserError(
-                f"{path} is a symbolic link, and the report is never written through a link (it would "
-                f"rewrite the file the link points to); remove it, or give another --out."
-            )
+    check_no_links(out.parent, (out.name, out.with_suffix(".md").name))
     if out.exists() and not _is_report(out):
         raise UserError(
             f"--out {out} already exists and is not an evaluation report, so writing the report would "

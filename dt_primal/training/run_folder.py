@@ -76,12 +76,12 @@ def usable_folder(out: Path) -> None:
 
 
 def check_no_links(folder: Path, names: tuple[str, ...]) -> None:
-    """None of ``folder``'s files ``names`` (nor ``folder`` itself, inside --out) is a symbolic link: a run
-    writing through one would rewrite the file it points to."""
+    """None of ``folder``'s files ``names`` is a symbolic link: writing a run's files (or evaluate.py's report)
+    through one would rewrite the file it points to."""
     link = next((folder / n for n in names if (folder / n).is_symlink()), None)
     if link is not None:
         raise UserError(
-            f"{link} is a symbolic link, and a run never writes through a link (it would rewrite the file "
+            f"{link} is a symbolic link, and dt-primal never writes through a link (it would rewrite the file "
             f"the link points to, {os.readlink(link)}). Remove the link, or choose another --out."
         )
 
