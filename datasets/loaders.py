@@ -130,6 +130,8 @@ def _minari_id(path: Path) -> str | None:
     for meta in (path / "data" / "metadata.json", path / "metadata.json", path.parent / "metadata.json"):
         if meta.is_file():
             try:
+                if meta.stat().st_size > untrusted.MAX_RECORD:  # Minari's are a few kB: a larger one is not read
+                    return None
                 dataset_id = json.loads(meta.read_text()).get("dataset_id")
             except (OSError, ValueError, AttributeError):
                 return None
