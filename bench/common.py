@@ -146,19 +146,11 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
 
 
 def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capture: bool = True):
-    """The library's training step (``dt_primal.training.step.TrainStep``, what ``train.py`` runs) for ``cfg`` on
-    ``data`` (Trajectories): the seeds ``seeds`` as one ensemble, each initialised and drawing batches
-    as ``train.py`` does. ``phase(name)`` (a context manager, e.g. torch.profiler.record_function)
-    labels the parts of the step; ``capture``: on CUDA, replay it as a CUDA graph. Returns the step."""
-    from dt_primal.data import WindowSampler
-    from dt_primal.training.members import fresh_model
-    from dt_primal.training.step import TrainStep
+    """The library's training step (``dt_primal.training.throughput.fresh_step``, what ``train.py`` runs) for
+    ``cfg`` on ``data`` (Trajectories): the seeds ``seeds`` as one ensemble."""
+    from dt_primal.training.throughput import fresh_step
 
-    device = torch.device(device)
-    model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), device)
-    gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
-    return TrainStep(cfg, model, sampler, gens, device, capture=capture, phase=phase)
+    return fresh_step(cfg, data, seeds, device, capture=capture, phase=phase)
 
 
 def short_run_args(steps: int, eval_episodes: int, precision: str, device: str = "cpu") -> list[str]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import time
+import json
+from pathlib import Path
 
 import common
 import torch
@@ -32,6 +33,7 @@ import dt_primal.model.attention
 import dt_primal.model.dropout
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
+from dt_primal.training.throughput import time_updates
 
 MODES = ("eager", "captured", "compiled", "compiled+captured")
 SIZES = {
@@ -120,28 +122,9 @@ def time_setting(
     # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
     torch._dynamo.reset()
     step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    sync()
-    first = time.perf_counter() - t0
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(updates):
-        step()
-    sync()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {
-        "size": size,
-        "members": members,
-        "mode": mode,
-        "precision": precision,
-        "ms_per_update": 1e3 * wall / updates,
-        "updates_per_s": updates / wall,
-        "member_updates_per_s": members * updates / wall,
-        "cpu_ms_per_update": 1e3 * cpu / updates,
-        "warmup_s": first,
-    }
+    d_model, n_head = SIZES[size][1]["d_model"], SIZES[size][1]["n_head"]
+    setting = dict(size=size, model="primal", d_model=d_model, n_head=n_head, mode=mode, precision=precision)
+    return setting | time_updates(step, warmup, updates)
 
 
 def settings(args):
@@ -189,6 +172,12 @@ def main() -> None:
         default=989.4,
         help="--profile: the device's peak for the precision, in TFLOP/s (default: an H100 SXM's dense bf16)",
     )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the measurements to this file (what python -m commands.sweep --throughput reads)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 1 and 2 members, 2 updates")
     args = p.parse_args()
     if args.quick:
@@ -208,6 +197,8 @@ def main() -> None:
             f"(load {common.load_avg():.2f})",
             flush=True,
         )
+    if args.json:
+        args.json.write_text(json.dumps({"records": records, "info": common.run_info()}, indent=1, default=str))
     section = (
         "ensemble_speed"
         + ("" if args.device == "cpu" else "_" + args.device.replace(":", ""))

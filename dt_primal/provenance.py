@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -14,7 +15,10 @@ LIBRARIES = ("torch", "numpy", "gymnasium", "mujoco", "minari")
 
 
 def commit() -> str | None:
-    """The checkout's commit, with ``-dirty`` when tracked files differ from it; None outside a git checkout."""
+    """The checkout's commit, with ``-dirty`` when tracked files differ from it; outside a git checkout
+    (a copy of the tree on another machine) ``$DT_PRIMAL_COMMIT`` when set, else None."""
+    if os.environ.get("DT_PRIMAL_COMMIT") and not (Path(__file__).resolve().parents[1] / ".git").exists():
+        return os.environ["DT_PRIMAL_COMMIT"][:80]
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)

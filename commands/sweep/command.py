@@ -29,12 +29,21 @@ import sys
 import time
 from pathlib import Path
 
-from commands.sweep.grid import BUSY, TABLE4, ensemble_groups, run_groups_locally
+from commands.sweep.budget import choose, estimate, load_throughput, measure, parse_duration
+from commands.sweep.grid import (
+    BUSY,
+    TABLE4,
+    TABLE4_BY_GAIN,
+    budget_groups,
+    ensemble_groups,
+    run_groups_locally,
+    train_options,
+)
 from commands.sweep.plots import plot_bars, plot_curves
 from commands.sweep.ray_cluster import run_groups_on_ray
 from commands.sweep.results import DT_PAPER, collect
 from commands.sweep.tables import write_tables
-from datasets.suite import buildable
+from datasets.suite import SUITE_NAMESPACE, buildable, is_built
 from dt_primal.errors import UserError
 
 
@@ -89,6 +98,20 @@ def parser() -> argparse.ArgumentParser:
         help="a folder of committed records in the same layout (results/table4): runs with an eval.json "
         "there count as finished and are not trained again; new runs still go to --out",
     )
+    p.add_argument(
+        "--time-budget",
+        default=None,
+        help="e.g. 600, 90s, 11m, 1.5h: start only the groups expected to finish (final evaluation included) "
+        "within it, all at once, taking the datasets in the order given ('table4': the paper's largest claimed "
+        "gains first); say which are left out and why; stop what still runs when it ends (docs/sweeps.md)",
+    )
+    p.add_argument(
+        "--throughput",
+        type=Path,
+        default=None,
+        help="--time-budget: a file of throughput measurements (bench/ensemble_speed.py --json, or the "
+        "throughput.json a budgeted sweep writes in --out) instead of measuring in the sweep's first seconds",
+    )
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     p.add_argument(
         "--baseline",
@@ -101,6 +124,41 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float) -> list[tuple[list[str], str]]:
+    """The groups of ``priority``'s datasets and ``--models`` that fit ``budget_s``
+    (``commands.sweep.budget.choose``), the choice and what is left out printed; the throughput
+    measured here is kept in OUT/throughput.json."""
+
+    def plan(pairs: list[tuple[str, str]]):
+        return [
+            g
+            for m in args.models
+            for g in budget_groups([d for d, dm in pairs if dm == m], [m], args.seeds, extra, args.out, args.recorded)
+        ]
+
+    unbuilt = [d for d in priority if d.startswith(SUITE_NAMESPACE + "/") and not is_built(d)]
+    pairs = [(d, m) for d in priority if d not in unbuilt for m in args.models]
+    if args.throughput:
+        tp = load_throughput(args.throughput)
+    else:
+        from datasets.loaders import load_dataset
+        from dt_primal.machine import resolve_device
+
+        given = train_options(extra)[1]
+        device = resolve_device(given.get("device", "auto"))
+        tp = measure(plan(pairs), lambda d: load_dataset(d, env=given.get("env"), build=False), str(device))
+        tp.save(args.out / "throughput.json", {"device": str(device)})
+    chosen, left = choose(pairs, plan, tp, budget_s)
+    for g in chosen:
+        print(f"starting {' + '.join(g.datasets)} ({g.model}): {g.members} members, seeds {g.seeds}", flush=True)
+    print(f"estimated: {estimate(chosen, tp) / 60:.1f} min of the {budget_s / 60:.1f} min left", flush=True)
+    for d in unbuilt:
+        print(f"left out: {d} (not built yet: python -m datasets build first; the estimate has no build time)")
+    for (d, m), why in left:
+        print(f"left out: {d} ({m}): {why}", flush=True)
+    return [(g.datasets, g.model) for g in chosen]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -111,23 +169,44 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--{name} must be at least 1 (got {getattr(args, name)}).")
     if args.cpus_per_task <= 0 or (args.gpus_per_task is not None and args.gpus_per_task < 0):
         raise UserError("--cpus-per-task must be positive and --gpus-per-task at least 0.")
+    budget = parse_duration(args.time_budget) if args.time_budget else None
+    if budget and args.backend != "local":
+        raise UserError("--time-budget runs the groups on this machine: leave --backend at local.")
+    if budget and args.aggregate_only:
+        raise UserError("--time-budget starts training; it does nothing with --aggregate-only.")
+    t0, deadline = time.time(), None if budget is None else time.time() + budget
+    priority = [d for spec in args.datasets for d in (TABLE4_BY_GAIN if spec == "table4" else [spec])]
     if "table4" in args.datasets:  # rows whose expert is not trained yet wait, named, unless only aggregating
         table4 = TABLE4 if args.aggregate_only else buildable(TABLE4)
         args.datasets = [d for spec in args.datasets for d in (table4 if spec == "table4" else [spec])]
+        priority = [d for d in priority if d in args.datasets]
     args.out.mkdir(parents=True, exist_ok=True)
     groups = ensemble_groups(args.datasets, args.models, extra)
+    if budget:
+        groups = budgeted_groups(priority, args, extra, budget - (time.time() - t0))
+        args.jobs = max(args.jobs, len(groups))  # the estimate has them share the device at once
     if not args.aggregate_only:
-        t0, failed = time.time(), []
-        results = (run_groups_on_ray if args.backend == "ray" else run_groups_locally)(groups, args, extra)
+        failed = []
+        results = (
+            run_groups_on_ray(groups, args, extra)
+            if args.backend == "ray"
+            else run_groups_locally(groups, args, extra, deadline)
+        )
         for i, (gd, trained, rc) in enumerate(results, 1):
             seeds = f"seeds {' '.join(map(str, trained))}" if trained else "all seeds"
             failure = rc if isinstance(rc, str) else f"exit {rc}"  # a string: why Ray gave up on the group
+            stopped = deadline is not None and time.time() >= deadline and rc in (143, -15)
             status = {
                 0: f"done ({seeds})" if trained else "done before",
                 BUSY: "left to the sweep that is training it",
-            }.get(rc, f"FAILED ({failure}, see train.log there)")
+            }.get(
+                rc,
+                "stopped at the time budget (the same command resumes it)"
+                if stopped
+                else f"FAILED ({failure}, see train.log there)",
+            )
             print(f"[{i}/{len(groups)}] {gd} {status} ({(time.time() - t0) / 60:.1f} min)", flush=True)
-            if rc not in (0, BUSY):
+            if rc not in (0, BUSY) and not stopped:
                 failed.append(gd)
         if failed:
             print(f"{len(failed)} groups failed; fix and run the same command again (finished runs are skipped).")

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
+from commands.sweep.budget import Group, Setting
 from commands.train import Loader, train_command
 from datasets.suite import suite_id
 from dt_primal.cli import run_main
@@ -28,7 +31,21 @@ TABLE4 = [
     for env in ("halfcheetah", "hopper", "walker2d")
     for level in ("medium", "medium-replay", "medium-expert")
 ]
-
+# the same nine in the order a time budget takes them: the paper's largest claimed gains over DT first
+TABLE4_BY_GAIN = [
+    suite_id(env, level)
+    for env, level in [
+        ("hopper", "medium"),
+        ("walker2d", "medium-replay"),
+        ("hopper", "medium-replay"),
+        ("walker2d", "medium"),
+        ("hopper", "medium-expert"),
+        ("halfcheetah", "medium-replay"),
+        ("walker2d", "medium-expert"),
+        ("halfcheetah", "medium"),
+        ("halfcheetah", "medium-expert"),
+    ]
+]
 
 BUSY = None  # run_group's status for a group that another sweep is training (-N would be a signal's exit status)
 COMMAND = [sys.executable, "-m", "commands.train"]  # train.py, as the library runs it
@@ -59,8 +76,7 @@ def run_group(
             if fd is None:
                 return name, [], BUSY
             held.callback(os.close, fd)
-        finished = lambda d, s: any((run_dir(o, d, model, s) / RECORD).exists() for o in (out, recorded) if o)
-        todo = {d: [s for s in seeds if not finished(d, s)] for d in datasets}
+        todo = {d: [s for s in seeds if not finished(d, model, s, out, recorded)] for d in datasets}
         trained = sorted({s for left in todo.values() for s in left})
         for resume in (True, False):
             parts: dict[tuple[int, ...], list[str]] = {}  # seeds -> the datasets with those seeds to train
@@ -73,6 +89,11 @@ def run_group(
                 if rc:
                     return name, trained, rc
         return name, trained, 0
+
+
+def finished(dataset: str, model: str, seed: int, out: Path, recorded: Path | None) -> bool:
+    """Whether the run has its record in ``out`` or in the folder of committed records ``recorded``."""
+    return any((run_dir(o, dataset, model, seed) / RECORD).exists() for o in (out, recorded) if o)
 
 
 def train_ensemble(
@@ -136,18 +157,66 @@ def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) ->
     return [(ds, key[0]) for key, ds in groups.items()]
 
 
+def budget_groups(
+    datasets: list[str], models: list[str], seeds: list[int], extra: list[str], out: Path, recorded: Path | None
+) -> list[Group]:
+    """The groups (``ensemble_groups``) that would train the runs of ``datasets`` not finished yet, as a
+    time budget estimates them (``commands.sweep.budget``)."""
+    from dt_primal.config import make_config
+    from envs import find_task
+
+    preset, given = train_options(extra)
+    groups = []
+    for ds, model in ensemble_groups(datasets, models, extra):
+        left = sorted({s for d in ds for s in seeds if not finished(d, model, s, out, recorded)})
+        if not left:
+            continue
+        cfg = make_config(preset, **{**given, "dataset": ds[0], "model": model})
+        task = find_task(given.get("env") or ds[0])
+        episodes = cfg.eval_episodes + (cfg.steps - 1) // max(1, cfg.eval_every) * cfg.eval_episodes_during
+        targets = len(cfg.targets or (task.targets if task else ())) or 1
+        limit = (task.time_limit if task else None) or 1000
+        eval_steps = len(ds) * len(left) * targets * episodes * limit
+        groups.append(Group(ds, model, left, step_setting(cfg), cfg.steps, eval_steps, cfg))
+    return groups
+
+
+@functools.cache
+def _precision(precision: str, device: str, d_model: int) -> str:
+    from dt_primal.machine import resolve_device
+    from dt_primal.precision import resolve_precision
+
+    return resolve_precision(precision, resolve_device(device), d_model)[0]
+
+
+def step_setting(cfg) -> Setting:
+    """How ``cfg``'s training step runs on its device, as its throughput is measured."""
+    from dt_primal.machine import resolve_device
+
+    cuda = resolve_device(cfg.device).type == "cuda"
+    mode = "+".join(m for m, on in (("compiled", cfg.compile), ("captured", cuda and cfg.cuda_graph)) if on)
+    precision = _precision(cfg.precision, cfg.device, cfg.d_model)
+    return Setting(cfg.model, cfg.d_model, cfg.n_head, mode or "eager", precision)
+
+
 def python_path() -> str:
     """``$PYTHONPATH`` with this checkout first: what the trainers' processes import (on every node of a cluster)."""
     return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
-def in_subprocess(threads: int) -> Trainer:
+def in_subprocess(threads: int, deadline: float | None = None) -> Trainer:
     """The local pool's trainer: ``python -m commands.train`` in a child process with ``threads`` CPU threads, in
-    the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout."""
+    the sweep's folder (relative paths mean what they mean to the sweep), importing this checkout. At
+    ``deadline`` (``time.time()``), a command still running is sent SIGTERM: it checkpoints and exits 143."""
 
     def trainer(argv: list[str], log: TextIO) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": python_path()}
-        return subprocess.run([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        proc = subprocess.Popen([*COMMAND, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            return proc.wait(None if deadline is None else max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            return proc.wait()
 
     return trainer
 
@@ -171,13 +240,12 @@ def in_process(load_dataset: Loader, threads: int) -> Trainer:
     return trainer
 
 
-def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[str]):
-    """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process."""
+def run_groups_locally(groups: list[tuple[list[str], str]], args, extra: list[str], deadline: float | None = None):
+    """Yield ``run_group``'s result for each group, ``--jobs`` groups at once, each in a child process
+    (stopped at ``deadline``, ``in_subprocess``)."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    trainer = in_subprocess(threads, deadline)
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [
-            pool.submit(run_group, d, m, args.seeds, args.out, extra, in_subprocess(threads), args.recorded)
-            for d, m in groups
-        ]
+        futures = [pool.submit(run_group, d, m, args.seeds, args.out, extra, trainer, args.recorded) for d, m in groups]
         for f in futures:
             yield f.result()

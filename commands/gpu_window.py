@@ -1,0 +1,277 @@
+"""Table 4 on a GPU machine held for a short time (about 15 minutes, docs/gpu.md): two commands.
+
+  python -m commands.gpu_window start --out OUT --window 760   # at once when the machine is up
+  python -m commands.gpu_window wait --out OUT                  # the next command, at once
+
+``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), checks what imports,
+builds the datasets the first groups need side by side in the background, runs the CUDA tests, measures
+the training step's throughput at 1 and 18 members (captured; compiled + captured if compiling works in
+time) and profiles it (model-FLOPs utilisation, largest kernels), then starts detached the sweep of
+Table 4 with a time budget that ends with the window (``--window`` seconds from now, less a margin to
+pack), the paper's largest claimed gains first, with the fastest setting that passed. Until its own
+``--seconds`` are spent it packs, every 20 s, the records of the finished runs, the measurements, the
+sweep's log and this file's account of every phase (``window.json``) into OUT, the folder that comes
+back. ``wait`` packs the same way until the sweep has ended or the window is over. A failed phase is
+written down and the next one goes on with what passed. Only the standard library runs in this process:
+every phase is a child process, with a time limit.
+
+Back on the CPU machine: ``python -m commands.sweep.records OUT/records.tgz results/table4``, then
+``python -m commands.tables``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = ROOT / "runs" / "gpu-window"  # this machine's side: the sweep, its log, the window's end
+SWEEP = ROOT / "runs" / "table4"
+PACK_EVERY = 20.0
+MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
+IMPORTS = "torch numpy gymnasium mujoco minari h5py tqdm tensorboard matplotlib pytest".split()
+PROBE = f"""import importlib, json
+versions = {{}}
+for name in {IMPORTS!r}:
+    try:
+        versions[name] = getattr(importlib.import_module(name), "__version__", "?")
+    except Exception as exc:
+        versions[name] = "missing: " + type(exc).__name__
+print(json.dumps(versions))"""
+COMPILE_GAIN = 1.25  # compile the training step when compiled + captured is at least this much faster
+
+
+class Window:
+    """The account of the window: phases with their seconds, the measurements and the notes, as JSON."""
+
+    def __init__(self, out: Path, end: float):
+        self.out, self.end = out, end
+        self.doc = json.loads((STATE / "window.json").read_text()) if (STATE / "window.json").exists() else {}
+        self.doc.setdefault("phases", [])
+        self.doc["window_end"] = end
+
+    def left(self) -> float:
+        return self.end - time.time()
+
+    def run(self, name: str, cmd: list[str], limit: float, reserve: float = 0.0) -> bool:
+        """``cmd`` as a phase of at most ``limit`` seconds, less where it would leave under ``reserve``
+        seconds of the window (then skipped below 10 s); whether it passed."""
+        limit, t0 = min(limit, self.left() - MARGIN - reserve), time.time()
+        if limit < 10:
+            self.phase(name, t0, "skipped", f"{reserve:.0f} s of the window are kept for training")
+            return False
+        log = STATE / f"{name.replace(' ', '-')}.log"
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timed out"
+        tail = log.read_text(errors="replace")[-600:]
+        self.phase(name, t0, "passed" if rc == 0 else f"failed ({rc})", tail if rc else "")
+        return rc == 0
+
+    def phase(self, name: str, t0: float, status: str, note: str = "") -> None:
+        self.doc["phases"].append(dict(name=name, seconds=round(time.time() - t0, 1), status=status, note=note))
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {time.time() - t0:.0f} s", flush=True)
+        self.save()
+
+    def save(self) -> None:
+        text = json.dumps(self.doc, indent=1)
+        (STATE / "window.json").write_text(text)
+        (self.out / "window.json").write_text(text)
+
+
+def install_wheels() -> str:
+    """Install ``.whl/*.whl`` into ``.whl/site`` and put it first on the children's PYTHONPATH."""
+    wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    site = ROOT / ".whl" / "site"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("MINARI_DATASETS_PATH", str(ROOT / ".whl" / "minari"))
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    if wheels:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        subprocess.run([*cmd, "--upgrade", "--target", str(site), *map(str, wheels)], check=True, capture_output=True)
+    return f"{len(wheels)} wheels"
+
+
+def build_order(datasets: list[str], count: int) -> dict[str, list[str]]:
+    """The levels to build per task: the first ``count`` datasets, and every medium-replay (seconds to build)."""
+    levels: dict[str, list[str]] = {}
+    for i, d in enumerate(datasets):
+        _, env, level = d.split("/")
+        if i < count or level.startswith("medium-replay"):
+            levels.setdefault(env, []).append(level.rsplit("-v", 1)[0])
+    return levels
+
+
+def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) -> list[subprocess.Popen]:
+    """One ``python -m datasets build`` per task, all at once, in the background."""
+    procs = []
+    for env, levels in build_order(datasets, count).items():
+        log = open(STATE / f"build-{env}.log", "w")
+        cmd = [sys.executable, "-m", "datasets", "build", "--env", env, "--level", *levels, "--jobs", str(len(levels))]
+        cmd += ["--steps", str(steps)] if steps else []
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+    w.doc["builds"] = {env: levels for env, levels in build_order(datasets, count).items()}
+    return procs
+
+
+def bench(w: Window, name: str, mode: str, members: list[int], limit: float, *more: str) -> dict | None:
+    """``bench/ensemble_speed.py`` at the paper's size in bf16 for ``mode``; its records, or None."""
+    out = STATE / f"{name}.json"
+    cmd = [sys.executable, "bench/ensemble_speed.py", "--device", w.doc["device"], "--precisions", "bf16"]
+    cmd += ["--modes", mode, "--members", *map(str, members), "--json", str(out), "--updates", "50", *more]
+    if not w.run(name, cmd, limit, w.doc["reserve"]) or not out.exists():
+        return None
+    return json.loads(out.read_text())
+
+
+def choose_mode(w: Window, captured: dict | None, compiled: dict | None) -> str:
+    """compiled+captured where it measured COMPILE_GAIN faster at the most members, else captured."""
+    best = lambda doc: max(doc["records"], key=lambda r: r["members"])["member_updates_per_s"] if doc else 0.0
+    mode = "compiled+captured" if compiled and best(compiled) >= COMPILE_GAIN * best(captured) else "captured"
+    w.doc["mode"] = mode
+    records = [r for doc in (captured, compiled) if doc for r in doc["records"]]
+    if records:  # else the sweep measures in its first seconds
+        (w.out / "throughput.json").write_text(json.dumps({"records": records, "device": w.doc["device"]}, indent=1))
+    return mode
+
+
+def pack(w: Window) -> None:
+    """The records of the finished runs, the sweep's log and the measurements into OUT."""
+    if SWEEP.exists():
+        cmd = [sys.executable, "-m", "commands.sweep.records", str(SWEEP), str(w.out / "records.tgz")]
+        subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60)
+    logs = [*sorted(STATE.glob("*.log")), *sorted(SWEEP.glob("*/*/train.log"))]
+    text = "".join(f"==> {p.relative_to(ROOT)}\n{p.read_text(errors='replace')[-20_000:]}\n" for p in logs)
+    (w.out / "logs.txt").write_text(text)
+    w.doc["finished_runs"] = len(list(SWEEP.glob("*/*/seed_*/eval.json")))
+    w.save()
+
+
+def start_sweep(w: Window, mode: str, sweep_args: list[str]) -> None:
+    """The budgeted sweep of Table 4, detached, in this machine's runs/table4."""
+    budget = w.left() - MARGIN
+    cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", "dt", "primal"]
+    cmd += ["--seeds", "0", "1", "2", "--out", str(SWEEP), "--recorded", "results/table4"]
+    cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(w.out / "throughput.json"), "--"]
+    cmd += ["--device", w.doc["device"], *(["--compile"] if "compiled" in mode else []), *sweep_args]
+    if not (w.out / "throughput.json").exists():  # no measurement passed: the sweep measures in its first seconds
+        i = cmd.index("--throughput")
+        del cmd[i : i + 2]
+    log = open(STATE / "sweep.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    w.doc.update(sweep_pid=proc.pid, sweep_command=" ".join(cmd[1:]), sweep_budget_s=round(budget))
+    w.phase("sweep started", time.time(), "passed", f"budget {budget:.0f} s")
+
+
+def sweep_running(w: Window) -> bool:
+    pid = w.doc.get("sweep_pid")
+    if not pid:
+        return False
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap it when this process started it
+    except ChildProcessError:
+        pass
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def keep_packing(w: Window, until: float) -> None:
+    """Pack every PACK_EVERY seconds until ``until``, the sweep's end or the window's end."""
+    while sweep_running(w) and time.time() < min(until, w.end):
+        time.sleep(min(PACK_EVERY, max(0.0, min(until, w.end) - time.time())))
+        pack(w)
+    pack(w)
+
+
+def start(args) -> None:
+    t_start = time.time()
+    shutil.rmtree(STATE, ignore_errors=True)
+    STATE.mkdir(parents=True)
+    w = Window(args.out, t_start + args.window)
+    w.doc.update(device=args.device, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    t0 = time.time()
+    try:
+        w.phase("wheels", t0, "passed", install_wheels())
+    except subprocess.CalledProcessError as exc:
+        w.phase("wheels", t0, "failed", (exc.stderr or b"")[-600:].decode(errors="replace"))
+    w.run("imports", [sys.executable, "-c", PROBE], 60)
+    w.doc["versions"] = (STATE / "imports.log").read_text()[-2000:]
+    from_priority = subprocess.run(
+        [sys.executable, "-c", "from commands.sweep.grid import TABLE4_BY_GAIN as t; print(' '.join(t))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    t0 = time.time()
+    builds = start_builds(w, from_priority, args.build, args.build_steps)
+    captured = compiled = None
+    if args.device.startswith("cuda"):
+        w.doc["reserve"] = args.least_training
+        w.run(
+            "cuda tests",
+            [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", "tests/test_ensemble.py"],
+            60,
+            args.least_training,
+        )
+        captured = bench(w, "throughput captured", "captured", [1, 18], 120)
+        if captured:
+            compiled = bench(w, "throughput compiled+captured", "compiled+captured", [1, 18], args.compile_limit)
+        mode = choose_mode(w, captured, compiled)
+        bench(w, "profile", "captured", [18], 90, "--profile")
+        shutil.copy(ROOT / "docs" / "benchmarks.md", args.out / "benchmarks.md")
+    else:
+        mode = "eager"
+    for p in builds:
+        try:
+            p.wait(max(1.0, w.left() - MARGIN - args.least_training))
+        except subprocess.TimeoutExpired:
+            p.terminate()  # the training needs the rest of the window
+            p.wait()
+    rcs = [p.returncode for p in builds]
+    w.phase("datasets", t0, "passed" if not any(rcs) else f"exit statuses {rcs}, -15: stopped to leave time to train")
+    start_sweep(w, mode, args.sweep_args)
+    keep_packing(w, t_start + args.seconds)
+
+
+def wait(args) -> None:
+    w = Window(args.out, json.loads((STATE / "window.json").read_text())["window_end"])
+    t0 = time.time()
+    keep_packing(w, w.end)
+    w.phase("waited for the sweep", t0, "sweep ended" if not sweep_running(w) else "window over")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m commands.gpu_window",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    p.add_argument("what", choices=["start", "wait"])
+    p.add_argument("--out", type=Path, required=True, help="the folder that comes back (8 files at most)")
+    p.add_argument("--window", type=float, default=760, help="start: seconds from now until the machine goes")
+    p.add_argument("--seconds", type=float, default=560, help="start: seconds this command may take")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--build", type=int, default=4, help="start: datasets built, from the first in priority order")
+    p.add_argument("--build-steps", type=int, default=None, help="start: transitions per dataset (a rehearsal's)")
+    p.add_argument("--compile-limit", type=float, default=150, help="start: seconds for the compiled measurement")
+    p.add_argument(
+        "--least-training", type=float, default=240, help="start: seconds of training the dataset builds may not eat"
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.sweep_args = argv[cut + 1 :]  # after --: train.py options for every run
+    args.out.mkdir(parents=True, exist_ok=True)
+    (start if args.what == "start" else wait)(args)
+
+
+if __name__ == "__main__":
+    main()

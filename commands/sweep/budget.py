@@ -1,0 +1,204 @@
+"""A sweep's time budget (``--time-budget``): which groups to start so that they finish, final evaluation
+included, before the budget ends.
+
+The training step's throughput (member-updates/s by number of members, and the seconds of its warm-up:
+capture, compilation) is measured on this device in the sweep's first seconds, or read from a file of
+such measurements (``bench/ensemble_speed.py --json``). Groups run all at once, each in its own
+process; processes share a GPU (or the cores) by turns, so their times add up:
+
+    start-up + slowest warm-up + Σ_groups (member-updates / rate(its members) + evaluation)
+
+where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
+evaluation's time is its episodes' environment steps at most (members × targets × episodes × the
+episode limit) over ``eval_steps_per_s``. (dataset, model) pairs are taken in priority order (both models of a
+dataset, then the next dataset); one with which the groups would not fit is left out, with the
+estimate that ruled it out, and later (smaller) ones are still tried.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dt_primal.errors import UserError
+
+START_S = 30.0  # a group's process start, imports, dataset load and model build
+# environment steps per second of one group's evaluations: hopper medium-replay's final evaluation on a
+# 16-core H100 machine, 2026-11-23 (results/gpu-hopper-medium-replay: 2 x 100 episodes in 22 s, six runs at once)
+EVAL_STEPS_PER_S = 10_000.0
+UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of '90', '90s', '11m', '1.5h'; a UserError otherwise."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(s|m|min|h)?\s*", str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise UserError(f"--time-budget must be a positive duration such as 600, 90s, 11m or 1.5h (got {text!r}).")
+    return float(m.group(1)) * UNITS[m.group(2) or ""]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the training step's speed depends on: the model, its size, how the step runs and its precision."""
+
+    model: str
+    d_model: int
+    n_head: int
+    mode: str  # eager | captured | compiled | compiled+captured
+    precision: str
+
+    def label(self) -> str:
+        return f"{self.model} d_model {self.d_model}, {self.n_head} heads, {self.mode}, {self.precision}"
+
+
+@dataclass
+class Throughput:
+    """Measured member-updates/s by member count, and warm-up seconds, per ``Setting``."""
+
+    rates: dict[Setting, dict[int, float]] = field(default_factory=dict)
+    warmups: dict[Setting, float] = field(default_factory=dict)
+    eval_steps_per_s: float = EVAL_STEPS_PER_S
+
+    def add(self, record: dict) -> None:
+        """One measurement: a record of ``dt_primal.training.throughput.time_updates`` with its setting's fields."""
+        s = Setting(record["model"], record["d_model"], record["n_head"], record["mode"], record["precision"])
+        self.rates.setdefault(s, {})[int(record["members"])] = float(record["member_updates_per_s"])
+        self.warmups[s] = max(self.warmups.get(s, 0.0), float(record["warmup_s"]))
+
+    def find(self, s: Setting) -> Setting | None:
+        """``s`` if measured, else the same setting of Primal.+DT (which the benchmark measures: DT's step,
+        without the KSVD branch, is no slower), else None."""
+        for key in (s, Setting("primal", s.d_model, s.n_head, s.mode, s.precision)):
+            if key in self.rates:
+                return key
+        return None
+
+    def rate(self, s: Setting, members: int) -> float:
+        """member-updates/s of ``members`` members: linear between the measured counts, flat beyond them."""
+        pts = sorted(self.rates[s].items())
+        if members <= pts[0][0]:
+            return pts[0][1]
+        for (m0, r0), (m1, r1) in zip(pts, pts[1:]):
+            if members <= m1:
+                return r0 + (r1 - r0) * (members - m0) / (m1 - m0)
+        return pts[-1][1]
+
+    def records(self) -> list[dict]:
+        return [
+            dict(vars(s), members=m, member_updates_per_s=r, warmup_s=self.warmups[s])
+            for s, pts in self.rates.items()
+            for m, r in sorted(pts.items())
+        ]
+
+    def save(self, path: Path, about: dict) -> None:
+        path.write_text(
+            json.dumps({"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, **about}, indent=1)
+        )
+
+
+def load_throughput(path: Path) -> Throughput:
+    """A file of measurements: ``{"records": [...], "eval_steps_per_s": ...}`` (this module's or
+    ``bench/ensemble_speed.py --json``'s); a UserError naming what is wrong with it."""
+    from dt_primal.untrusted import read_record
+
+    try:
+        doc = read_record(path, reports=False)
+        t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", EVAL_STEPS_PER_S)))
+        for r in doc["records"]:
+            t.add(r)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"{path} is not a file of throughput measurements ({type(exc).__name__}: {exc}).") from None
+    bad = [r for pts in t.rates.values() for r in pts.values() if not 0 < r < 1e9]
+    if bad or not 0 < t.eval_steps_per_s < 1e9 or not all(0 <= w < 1e5 for w in t.warmups.values()):
+        raise UserError(f"{path}: rates and warm-ups must be positive, finite numbers.")
+    return t
+
+
+@dataclass
+class Group:
+    """One ensemble to train: its datasets, model, the seeds left, its setting, steps and evaluation."""
+
+    datasets: list[str]
+    model: str
+    seeds: list[int]
+    setting: Setting
+    steps: int
+    eval_steps: int  # environment steps of all its evaluations at most
+    cfg: object = None  # its first dataset's Config, to measure the setting with
+
+    @property
+    def members(self) -> int:
+        return len(self.datasets) * len(self.seeds)
+
+
+def estimate(groups: list[Group], tp: Throughput) -> float:
+    """Seconds until the last of ``groups``, started at once, has finished (module docstring)."""
+    if not groups:
+        return 0.0
+    train = sum(g.members * g.steps / tp.rate(tp.find(g.setting), g.members) for g in groups)
+    warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
+    return START_S + warmup + train + sum(g.eval_steps for g in groups) / tp.eval_steps_per_s
+
+
+Pair = tuple[str, str]  # (dataset, model)
+
+
+def choose(
+    priority: list[Pair], plan: Callable[[list[Pair]], list[Group]], tp: Throughput, budget_s: float
+) -> tuple[list[Group], list[tuple[Pair, str]]]:
+    """The groups of the (dataset, model) pairs of ``priority`` (in its order) that fit ``budget_s``
+    together, and (pair, why) for each left out. ``plan(pairs)`` gives the groups that train them."""
+    chosen: list[Pair] = []
+    left: list[tuple[Pair, str]] = []
+    for pair in priority:
+        groups = plan(chosen + [pair])
+        unmeasured = [g.setting.label() for g in groups if tp.find(g.setting) is None]
+        if unmeasured:
+            left.append((pair, f"no throughput measured for {unmeasured[0]}"))
+            continue
+        need = estimate(groups, tp)
+        if need <= budget_s:
+            chosen.append(pair)
+        else:
+            left.append((pair, f"with it the groups would need about {need / 60:.1f} min of {budget_s / 60:.1f}"))
+    return plan(chosen), left
+
+
+MOST_MEMBERS = 18  # the largest ensemble measured
+
+
+def measure(groups: list[Group], load: Callable[[str], object], device: str, updates: int = 10) -> Throughput:
+    """Each setting of ``groups`` measured on its first group's first dataset (``load(dataset)``) at one
+    member and at the members of all its groups (at most MOST_MEMBERS): five untimed updates (the capture,
+    the compilation), then ``updates`` timed ones; and the evaluation's environment steps per second,
+    from one episode per target of every member of that largest ensemble, fresh (their episodes are
+    short: fewer environments at once than a trained model's, so a slower rate)."""
+    import time
+
+    from dt_primal.evaluation.policy import Policy
+    from dt_primal.evaluation.rollout import rollout
+    from dt_primal.training.throughput import fresh_step, time_updates
+
+    tp, rates = Throughput(), []
+    for s in dict.fromkeys(g.setting for g in groups):
+        mine = [g for g in groups if g.setting == s]
+        data, cfg = load(mine[0].datasets[0]), mine[0].cfg
+        for m in sorted({1, min(MOST_MEMBERS, sum(g.members for g in mine))}):
+            step = fresh_step(cfg, data, range(m), device, capture="captured" in s.mode)
+            r = time_updates(step, 5, updates)
+            tp.add(dict(vars(s), **r))
+            print(
+                f"measured {s.label()}, {m} members: {r['member_updates_per_s']:.0f} member-updates/s "
+                f"(warm-up {r['warmup_s']:.1f} s)",
+                flush=True,
+            )
+        policy = Policy(step.model, *data.state_stats(), cfg.reward_scale, cfg.context, s.precision)
+        t0 = time.perf_counter()
+        reports = rollout(policy, data.task, list(data.task.targets or [0.0]), 1)
+        rates.append(sum(int(sum(r["lengths"])) for rs in reports for r in rs) / (time.perf_counter() - t0))
+        print(f"measured the evaluation: {rates[-1]:.0f} environment steps/s", flush=True)
+    tp.eval_steps_per_s = min(rates, default=EVAL_STEPS_PER_S)
+    return tp

@@ -1,0 +1,51 @@
+"""Training throughput: the library's training step for new members, timed. What the benchmarks and a
+sweep's time budget (``commands.sweep.budget``) measure."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dt_primal.config import Config
+from dt_primal.data import Trajectories, WindowSampler
+from dt_primal.training.members import fresh_model
+from dt_primal.training.step import TrainStep
+
+
+def fresh_step(cfg: Config, data: Trajectories, seeds, device="cpu", capture: bool = True, phase=None) -> TrainStep:
+    """The training step of ``train.py --seeds ...`` for new members ``seeds`` on ``data``: each initialised
+    and drawing batches from its seed. ``capture``: on CUDA, replay it as a CUDA graph; ``phase(name)``
+    labels its parts (``TrainStep``)."""
+    device = torch.device(device)
+    model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), device)
+    gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
+    return TrainStep(cfg, model, sampler, gens, device, capture=capture, phase=phase)
+
+
+def time_updates(step: TrainStep, warmup: int, updates: int) -> dict:
+    """``warmup`` untimed updates (the capture and the compilation happen there), then ``updates`` timed
+    ones, the device synchronised before and after: wall and CPU ms per update, updates/s,
+    member-updates/s and the warm-up's seconds."""
+    cuda = step.step.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    members = len(step.generators)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    first = time.perf_counter() - t0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(updates):
+        step()
+    sync()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "members": members,
+        "ms_per_update": 1e3 * wall / updates,
+        "updates_per_s": updates / wall,
+        "member_updates_per_s": members * updates / wall,
+        "cpu_ms_per_update": 1e3 * cpu / updates,
+        "warmup_s": first,
+    }
