@@ -82,6 +82,7 @@ def machine() -> dict:
     import gymnasium
 
     return {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -259,9 +260,10 @@ def write_section(key: str, title: str, body: str, quick: bool, info: dict | Non
     smoke run) and print ``body``. ``info``: run_info() of the measurement when it was taken
     earlier (default: now)."""
     m = info or run_info()
+    gpu = f"{m['gpu']} · " if m.get("gpu") else ""
     head = (
         f"## {title}\n\n"
-        f"*{m['date']}* · {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
+        f"*{m['date']}* · {gpu}{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads · "
         f"torch {m['torch']}, gymnasium {m['gymnasium']}, Python {m['python']} · "
         f"OMP_WAIT_POLICY={m['omp_wait_policy']} · 1-min load average at the end: {m['load']:.2f}\n\n"
         f"```\n{m['command']}\n```\n\n"

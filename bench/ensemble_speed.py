@@ -136,6 +136,21 @@ def settings(args):
                     yield size, precision, mode, m, max(args.warmup, 5 if "captured" in mode else 1)
 
 
+def measure(args, data) -> list[dict]:
+    """Time every setting asked for, printing each."""
+    records = []
+    for size, precision, mode, m, warmup in settings(args):
+        r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates)
+        records.append(r)
+        print(
+            f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
+            f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
+            f"(load {common.load_avg():.2f})",
+            flush=True,
+        )
+    return records
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -178,33 +193,42 @@ def main() -> None:
         default=None,
         help="also write the measurements to this file (what python -m commands.sweep --throughput reads)",
     )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="write the section from these --json files (measurements made elsewhere, e.g. on a GPU machine) "
+        "instead of measuring",
+    )
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 1 and 2 members, 2 updates")
     args = p.parse_args()
     if args.quick:
         args.members, args.sizes, args.updates, args.warmup, args.precisions = [1, 2], ["dt"], 2, 1, ["fp32"]
-    data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
+    data = (
+        None
+        if args.from_json
+        else load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
+    )
     if args.count_ops:
         return ops_section(args, data)
     if args.profile:
         return profile_section(args, data)
-    records = []
-    for size, precision, mode, m, warmup in settings(args):
-        r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates)
-        records.append(r)
-        print(
-            f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
-            f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
-            f"(load {common.load_avg():.2f})",
-            flush=True,
-        )
-    if args.json:
-        args.json.write_text(json.dumps({"records": records, "info": common.run_info()}, indent=1, default=str))
+    if args.from_json:
+        docs = [json.loads(path.read_text()) for path in args.from_json]
+        records, info = [r for doc in docs for r in doc["records"]], docs[0]["info"]
+    else:
+        records, info = measure(args, data), common.run_info()
+        if args.json:
+            args.json.write_text(json.dumps({"records": records, "info": info}, indent=1, default=str))
+    gpu = info.get("gpu") and info["gpu"].lower().replace("nvidia ", "").split()[0]  # h200, h100, ...
     section = (
         "ensemble_speed"
         + ("" if args.device == "cpu" else "_" + args.device.replace(":", ""))
+        + (f"_{gpu}" if gpu else "")
         + ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     )
-    if not args.quick:
+    if not args.quick and not args.from_json:
         common.save_results(section, {"records": records, "args": vars(args)})
     rows = [
         [
@@ -231,12 +255,9 @@ def main() -> None:
     body = "\n".join(
         [
             f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, "
-            f"Primal.+DT "
-            f"(3 layers, K 20, batch 64 per member, s 64), {args.updates} timed updates after {max(args.warmup, 1)} "
-            f"untimed "
-            "ones (capture and compilation happen there: see the warm-up column). The members are one tensor "
-            f"dimension "
-            f"of the model (docs/ensembles.md).",
+            "Primal.+DT (3 layers, K 20, batch 64 per member, s 64): the command's timed updates after its "
+            "untimed ones (capture and compilation happen there: see the warm-up column). The members are one "
+            "tensor dimension of the model (docs/ensembles.md).",
             "",
             common.md_table(
                 [
@@ -258,9 +279,11 @@ def main() -> None:
     )
     common.write_section(
         section,
-        f"Ensembles: training throughput ({args.device}, {', '.join(SIZES[s][0] for s in args.sizes)})",
+        f"Ensembles: training throughput ({info.get('gpu') or args.device}, "
+        f"{', '.join(SIZES[s][0] for s in args.sizes)})",
         body,
         args.quick,
+        info,
     )
 
 

@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE = ROOT / "runs" / "gpu-window"  # this machine's side: the sweep, its log, the window's end
-SWEEP = ROOT / "runs" / "table4"
+STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
+SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
+MEMBERS = [1, 3, 6, 9, 18]  # member counts measured: the step's time is far from linear in them
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
 IMPORTS = "torch numpy gymnasium mujoco minari h5py tqdm tensorboard matplotlib pytest".split()
@@ -44,7 +45,6 @@ for name in {IMPORTS!r}:
     except Exception as exc:
         versions[name] = "missing: " + type(exc).__name__
 print(json.dumps(versions))"""
-COMPILE_GAIN = 1.25  # compile the training step when compiled + captured is at least this much faster
 
 
 class Window:
@@ -124,7 +124,7 @@ def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) 
 
 def bench(w: Window, name: str, mode: str, members: list[int], limit: float, *more: str) -> dict | None:
     """``bench/ensemble_speed.py`` at the paper's size in bf16 for ``mode``; its records, or None."""
-    out = STATE / f"{name}.json"
+    out = STATE / f"{name.replace(' ', '-')}.json"
     cmd = [sys.executable, "bench/ensemble_speed.py", "--device", w.doc["device"], "--precisions", "bf16"]
     cmd += ["--modes", mode, "--members", *map(str, members), "--json", str(out), "--updates", "50", *more]
     if not w.run(name, cmd, limit, w.doc["reserve"]) or not out.exists():
@@ -132,14 +132,21 @@ def bench(w: Window, name: str, mode: str, members: list[int], limit: float, *mo
     return json.loads(out.read_text())
 
 
-def choose_mode(w: Window, captured: dict | None, compiled: dict | None) -> str:
-    """compiled+captured where it measured COMPILE_GAIN faster at the most members, else captured."""
-    best = lambda doc: max(doc["records"], key=lambda r: r["members"])["member_updates_per_s"] if doc else 0.0
-    mode = "compiled+captured" if compiled and best(compiled) >= COMPILE_GAIN * best(captured) else "captured"
+def measure(w: Window, args) -> str:
+    """The training step's throughput in the setting to train with, written to OUT/throughput.json: compiled
+    + captured, else (compiling failed or took too long) captured; or the measurements of ``--throughput``."""
+    if args.throughput:  # the sweep checks it (commands.sweep.budget.load_throughput)
+        doc = json.loads(args.throughput.read_text())
+        modes = {r.get("mode") for r in doc.get("records", []) if isinstance(r, dict)}
+        mode = "compiled+captured" if "compiled+captured" in modes else "captured"
+    else:
+        doc = bench(w, "throughput compiled+captured", "compiled+captured", MEMBERS, args.compile_limit)
+        doc = doc or bench(w, "throughput captured", "captured", MEMBERS, 90)
+        mode = doc["records"][0]["mode"] if doc else "captured"
+    if doc:  # else the sweep measures in its first seconds
+        for folder in (STATE, w.out):
+            (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
     w.doc["mode"] = mode
-    records = [r for doc in (captured, compiled) if doc for r in doc["records"]]
-    if records:  # else the sweep measures in its first seconds
-        (w.out / "throughput.json").write_text(json.dumps({"records": records, "device": w.doc["device"]}, indent=1))
     return mode
 
 
@@ -149,7 +156,7 @@ def pack(w: Window) -> None:
         cmd = [sys.executable, "-m", "commands.sweep.records", str(SWEEP), str(w.out / "records.tgz")]
         subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60)
     logs = [*sorted(STATE.glob("*.log")), *sorted(SWEEP.glob("*/*/train.log"))]
-    text = "".join(f"==> {p.relative_to(ROOT)}\n{p.read_text(errors='replace')[-20_000:]}\n" for p in logs)
+    text = "".join(f"==> {p}\n{p.read_text(errors='replace')[-20_000:]}\n" for p in logs)
     (w.out / "logs.txt").write_text(text)
     w.doc["finished_runs"] = len(list(SWEEP.glob("*/*/seed_*/eval.json")))
     w.save()
@@ -160,9 +167,9 @@ def start_sweep(w: Window, mode: str, sweep_args: list[str]) -> None:
     budget = w.left() - MARGIN
     cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", "dt", "primal"]
     cmd += ["--seeds", "0", "1", "2", "--out", str(SWEEP), "--recorded", "results/table4"]
-    cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(w.out / "throughput.json"), "--"]
+    cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(STATE / "throughput.json"), "--"]
     cmd += ["--device", w.doc["device"], *(["--compile"] if "compiled" in mode else []), *sweep_args]
-    if not (w.out / "throughput.json").exists():  # no measurement passed: the sweep measures in its first seconds
+    if not (STATE / "throughput.json").exists():  # no measurement passed: the sweep measures in its first seconds
         i = cmd.index("--throughput")
         del cmd[i : i + 2]
     log = open(STATE / "sweep.log", "w")
@@ -192,6 +199,7 @@ def keep_packing(w: Window, until: float) -> None:
 
 def start(args) -> None:
     t_start = time.time()
+    os.chdir(ROOT)
     shutil.rmtree(STATE, ignore_errors=True)
     STATE.mkdir(parents=True)
     w = Window(args.out, t_start + args.window)
@@ -211,7 +219,6 @@ def start(args) -> None:
     ).stdout.split()
     t0 = time.time()
     builds = start_builds(w, from_priority, args.build, args.build_steps)
-    captured = compiled = None
     if args.device.startswith("cuda"):
         w.doc["reserve"] = args.least_training
         w.run(
@@ -220,12 +227,10 @@ def start(args) -> None:
             60,
             args.least_training,
         )
-        captured = bench(w, "throughput captured", "captured", [1, 18], 120)
-        if captured:
-            compiled = bench(w, "throughput compiled+captured", "compiled+captured", [1, 18], args.compile_limit)
-        mode = choose_mode(w, captured, compiled)
-        bench(w, "profile", "captured", [18], 90, "--profile")
-        shutil.copy(ROOT / "docs" / "benchmarks.md", args.out / "benchmarks.md")
+        mode = measure(w, args)
+        if args.profile:
+            bench(w, "profile", mode, [18], 120, "--profile")
+            shutil.copy(ROOT / "docs" / "benchmarks.md", args.out / "benchmarks.md")
     else:
         mode = "eager"
     for p in builds:
@@ -241,6 +246,7 @@ def start(args) -> None:
 
 
 def wait(args) -> None:
+    os.chdir(ROOT)
     w = Window(args.out, json.loads((STATE / "window.json").read_text())["window_end"])
     t0 = time.time()
     keep_packing(w, w.end)
@@ -261,13 +267,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--build", type=int, default=4, help="start: datasets built, from the first in priority order")
     p.add_argument("--build-steps", type=int, default=None, help="start: transitions per dataset (a rehearsal's)")
-    p.add_argument("--compile-limit", type=float, default=150, help="start: seconds for the compiled measurement")
+    p.add_argument(
+        "--compile-limit", type=float, default=150, help="start: seconds for the compiled measurement (then captured)"
+    )
+    p.add_argument(
+        "--throughput",
+        type=Path,
+        default=None,
+        help="start: measurements made before on this kind of GPU (a window's throughput.json) instead of measuring",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="start: also profile 18 members (MFU, largest kernels: about 60 s)"
+    )
     p.add_argument(
         "--least-training", type=float, default=240, help="start: seconds of training the dataset builds may not eat"
     )
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
+    args.out = args.out.resolve()
+    args.throughput = args.throughput and args.throughput.resolve()
     args.sweep_args = argv[cut + 1 :]  # after --: train.py options for every run
     args.out.mkdir(parents=True, exist_ok=True)
     (start if args.what == "start" else wait)(args)

@@ -15,9 +15,10 @@ LIBRARIES = ("torch", "numpy", "gymnasium", "mujoco", "minari")
 
 
 def commit() -> str | None:
-    """The checkout's commit, with ``-dirty`` when tracked files differ from it; outside a git checkout
-    (a copy of the tree on another machine) ``$DT_PRIMAL_COMMIT`` when set, else None."""
-    if os.environ.get("DT_PRIMAL_COMMIT") and not (Path(__file__).resolve().parents[1] / ".git").exists():
+    """``$DT_PRIMAL_COMMIT`` when set (a copy of the tree on another machine, whose .git, if any, need not
+    be its own), else the checkout's commit, with ``-dirty`` when tracked files differ from it; None
+    outside a git checkout."""
+    if os.environ.get("DT_PRIMAL_COMMIT"):
         return os.environ["DT_PRIMAL_COMMIT"][:80]
     root = Path(__file__).resolve().parents[1]
     try:

@@ -167,8 +167,10 @@ def budget_groups(
 
     preset, given = train_options(extra)
     groups = []
-    for ds, model in ensemble_groups(datasets, models, extra):
-        left = sorted({s for d in ds for s in seeds if not finished(d, model, s, out, recorded)})
+    for all_ds, model in ensemble_groups(datasets, models, extra):
+        todo = {d: [s for s in seeds if not finished(d, model, s, out, recorded)] for d in all_ds}
+        ds = [d for d in all_ds if todo[d]]
+        left = sorted({s for d in ds for s in todo[d]})
         if not left:
             continue
         cfg = make_config(preset, **{**given, "dataset": ds[0], "model": model})

@@ -43,6 +43,7 @@ def time_updates(step: TrainStep, warmup: int, updates: int) -> dict:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {
         "members": members,
+        "updates": updates,
         "ms_per_update": 1e3 * wall / updates,
         "updates_per_s": updates / wall,
         "member_updates_per_s": members * updates / wall,

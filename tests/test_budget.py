@@ -1,0 +1,124 @@
+"""The sweep's time budget: durations, the throughput it reads, its estimate and which groups it starts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_analysis import TINY
+from test_train import ROOT, hopper_file
+
+from commands.sweep.budget import START_S, Group, Setting, Throughput, choose, estimate, load_throughput, parse_duration
+from commands.sweep.grid import group_dir, run_dir
+from dt_primal.errors import UserError
+
+PRIMAL = Setting("primal", 256, 4, "captured", "bf16")
+
+
+def throughput(eval_rate=1000.0) -> Throughput:
+    t = Throughput(eval_steps_per_s=eval_rate)
+    t.add(dict(vars(PRIMAL), members=1, member_updates_per_s=100.0, warmup_s=5.0))
+    t.add(dict(vars(PRIMAL), members=9, member_updates_per_s=500.0, warmup_s=4.0))
+    return t
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("11m", 660), ("1.5h", 5400), (" 2 min", 120)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-5m", "eleven", "5d", ""])
+def test_a_duration_that_is_not_one_is_refused(text):
+    with pytest.raises(UserError, match="--time-budget must be a positive duration"):
+        parse_duration(text)
+
+
+def test_the_rate_interpolates_between_measured_counts_and_is_flat_beyond_them():
+    t = throughput()
+    assert [t.rate(PRIMAL, m) for m in (1, 5, 9, 18)] == [100.0, 300.0, 500.0, 500.0]
+    assert t.warmups[PRIMAL] == 5.0  # the longest warm-up measured
+    dt = Setting("dt", 256, 4, "captured", "bf16")
+    assert t.find(dt) == PRIMAL  # DT's step is timed by Primal.+DT's of the same size
+    assert t.find(Setting("dt", 128, 1, "captured", "bf16")) is None
+
+
+def test_the_estimate_adds_the_groups_training_and_evaluations():
+    a = Group(["a"], "primal", [0, 1, 2], PRIMAL, steps=1000, eval_steps=6000)
+    b = Group(["b", "c"], "dt", [0], Setting("dt", 256, 4, "captured", "bf16"), steps=500, eval_steps=2000)
+    # a: 3 members at 200 member-updates/s; b: 2 members at 150; evaluations at 1000 steps/s
+    assert estimate([a, b], throughput()) == pytest.approx(START_S + 5 + 3000 / 200 + 1000 / 150 + 8)
+    assert estimate([], throughput()) == 0
+
+
+def test_pairs_are_taken_in_priority_order_and_smaller_ones_still_tried_after_one_that_does_not_fit():
+    steps = {"first": 1000, "huge": 10**7, "second": 1000, "other-size": 10}
+
+    def plan(pairs):
+        size = lambda d: 128 if d == "other-size" else 256
+        return [
+            Group([d], m, [0, 1, 2], Setting(m, size(d), 4, "captured", "bf16"), steps[d], eval_steps=0)
+            for d, m in pairs
+        ]
+
+    priority = [("first", "dt"), ("huge", "primal"), ("other-size", "dt"), ("second", "primal")]
+    groups, left = choose(priority, plan, throughput(), budget_s=START_S + 5 + 2 * 3000 / 200)
+    assert [(g.datasets, g.model) for g in groups] == [(["first"], "dt"), (["second"], "primal")]
+    assert [pair for pair, _ in left] == [("huge", "primal"), ("other-size", "dt")]
+    assert "would need about" in left[0][1] and "no throughput measured for dt d_model 128" in left[1][1]
+    nothing, left = choose(priority, plan, throughput(), budget_s=START_S)
+    assert nothing == [] and len(left) == 4
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        '{"records": [{"model": "primal"}]}',
+        '{"records": [{"model": "primal", "d_model": 256, "n_head": 4, "mode": "captured", "precision": "bf16", '
+        '"members": 1, "member_updates_per_s": -3, "warmup_s": 1}]}',
+        '{"records": [], "eval_steps_per_s": "fast"}',
+    ],
+)
+def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content):
+    path = tmp_path / "throughput.json"
+    path.write_text(content)
+    with pytest.raises(UserError, match="throughput.json"):
+        load_throughput(path)
+
+
+def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committed_runs(tmp_path):
+    """One (dataset, model) pair fits the budget, the second does not; a third dataset's runs are already
+    recorded in --recorded and are not trained again."""
+    data = hopper_file(tmp_path)
+    done = tmp_path / "other.hdf5"
+    done.write_bytes(data.read_bytes())
+    recorded = tmp_path / "results"
+    for model in ("dt", "primal"):
+        for seed in (0, 1):
+            folder = run_dir(recorded, str(done), model, seed)
+            folder.mkdir(parents=True)
+            (folder / "eval.json").write_text("{}")
+    # each pair: 2 seeds x 2 targets x (2 + 1) episodes x 1000 steps = 12000 evaluation steps, 60 s at 200/s;
+    # training is instant at 1e6 member-updates/s: one pair needs START_S + 60 s, two START_S + 120 s
+    records = [
+        dict(model="primal", d_model=32, n_head=2, mode="eager", precision="fp32", members=1)
+        | dict(member_updates_per_s=1e6, warmup_s=0.0)
+    ]
+    measured = tmp_path / "throughput.json"
+    measured.write_text(json.dumps({"records": records, "eval_steps_per_s": 200}))
+    out = tmp_path / "sweep"
+    res = subprocess.run(
+        [sys.executable, "-m", "commands.sweep", "--datasets", str(done), str(data), "--models", "dt", "primal"]
+        + ["--seeds", "0", "1", "--out", str(out), "--recorded", str(recorded), "--time-budget", "2.5m"]
+        + ["--throughput", str(measured), "--", *TINY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"starting {data} (dt): 2 members, seeds [0, 1]" in res.stdout
+    assert f"left out: {data} (primal): with it the groups would need about 2.5 min of 2.5" in res.stdout
+    assert all((run_dir(out, str(data), "dt", s) / "eval.json").exists() for s in (0, 1))
+    assert not group_dir(out, str(data), "primal").exists()
+    assert not group_dir(out, str(done), "dt").exists()  # recorded: nothing to train
