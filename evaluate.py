@@ -31,7 +31,7 @@ from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.policy import policy_from_checkpoints
-from dt_primal.evaluation.reports import normalized_text, run_record, scoring
+from dt_primal.evaluation.reports import across_text, run_record, scoring
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
@@ -116,7 +116,7 @@ def main() -> None:
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:
-        print(f"target {r['target']:g}: normalised score {normalized_text(r)}")
+        print(f"target {r['target']:g}: normalised score {across_text(r)}")
 
 
 if __name__ == "__main__":

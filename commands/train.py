@@ -32,7 +32,7 @@ from dt_primal.cli import run_main, write_report
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation.reports import normalized_text, scoring
+from dt_primal.evaluation.reports import across_text, normalized_text, scoring
 from dt_primal.training.checks import check_run_inputs
 from dt_primal.training.loop import Interrupted, distributed, train
 from dt_primal.training.run_folder import CHECKPOINT, hold_run_folder, member_folders
@@ -132,7 +132,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
                 for r in summary["across_checkpoints"]:
                     print(
                         f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "
-                        f"{normalized_text(r)} across {len(seeds)} seeds"
+                        f"{across_text(r)} across {len(seeds)} seeds"
                     )
                 print(f"report: {out / 'report.md'}")
 

@@ -262,7 +262,12 @@ def test_stats_and_the_sweep_take_any_task(tmp_path, pendulum, ant):
                 )
             )
     md = write_tables(collect(tmp_path, [pendulum, ant], ["dt"], [0, 1]), tmp_path)
-    assert f"| {pendulum} (returns) | dt |" in md and "| 5.5 ± 0.5 (10) |" in md and "| 40.5 ± 0.5 (10) |" in md
+    # two seeds, 5 and 6 (40 and 41): the mean with its bootstrap interval over them
+    assert (
+        f"| {pendulum} (returns) | dt |" in md
+        and "| 5.5 [5.0, 6.0] (10) |" in md
+        and "| 40.5 [40.0, 41.0] (10) |" in md
+    )
     assert "| **average (1 dataset)** | dt |" in md and "Datasets marked (returns)" in md
 
 

@@ -168,7 +168,8 @@ def test_the_sweeps_table4_is_each_levels_newest_version_that_the_tree_can_build
         f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v0", "medium-expert-v1")
     ]
     trained = []
-    monkeypatch.setattr(command, "run_groups_locally", lambda groups, args, extra: trained.extend(groups) or [])
+    run = lambda groups, args, extra, deadline: trained.extend(groups) or []
+    monkeypatch.setattr(command, "run_groups_locally", run)
     with pytest.raises(SystemExit, match="no finished run"):
         command.main(["--datasets", "table4", "--models", "dt", "--out", str(tmp_path)])
     assert sorted(d for datasets, _ in trained for d in datasets) == sorted(d for d in TABLE4 if "hopper" in d)

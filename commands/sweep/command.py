@@ -39,7 +39,7 @@ from commands.sweep.grid import (
     run_groups_locally,
     train_options,
 )
-from commands.sweep.plots import plot_bars, plot_curves
+from commands.sweep.plots import plot_bars, plot_curves, plot_intervals
 from commands.sweep.ray_cluster import run_groups_on_ray
 from commands.sweep.results import DT_PAPER, collect
 from commands.sweep.tables import write_tables
@@ -221,4 +221,5 @@ def main(argv: list[str] | None = None) -> None:
     print(write_tables(rows, report))
     plot_bars(rows, report)
     plot_curves(args.out, rows, report)
-    print(f"wrote {report}/results.md, results.csv, results.png, curves.png")
+    drew = plot_intervals(rows, report)
+    print(f"wrote {report}/results.md, results.csv, results.png, curves.png{', intervals.png' * drew}")

@@ -1,12 +1,17 @@
-"""A sweep's rows as pictures: results.png (a bar per row and dataset) and curves.png (learning curves)."""
+"""A sweep's rows as pictures: results.png (a bar per row and dataset), curves.png (learning curves) and
+intervals.png (95 % bootstrap intervals: per dataset, aggregates, probability of improvement, performance
+profiles)."""
 
 from __future__ import annotations
 
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
 from commands.sweep.results import curve_points
+from commands.sweep.tables import comparable, seed_scores, short
+from dt_primal.evaluation import intervals as iv
 from dt_primal.training.run_folder import group_dir, seed_folder
 
 
@@ -93,3 +98,55 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
     fig.savefig((plot_dir or out) / "curves.png", dpi=120)
     plt.close(fig)
     return drawn
+
+
+def plot_intervals(rows: list[dict], out: Path, name: str = "intervals.png") -> bool:
+    """The high target's last-checkpoint scores with 95 % bootstrap intervals (``dt_primal.evaluation.intervals``):
+    per dataset, the aggregates across the datasets every model has, the probability of improvement of
+    every pair of models and the performance profiles. False (nothing drawn) when no dataset has every model."""
+    labels, datasets = comparable(rows)
+    if not datasets:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    row = {(r["dataset"], r["label"]): r for r in rows}
+    scores = {lab: [seed_scores(row[d, lab], 0, "last") for d in datasets] for lab in labels}
+    fig, ax = plt.subplots(1, 4, figsize=(20, max(3.5, 0.45 * len(datasets) * len(labels))), squeeze=True)
+    colour = {lab: f"C{i}" for i, lab in enumerate(labels)}
+    whisker = lambda e: [[e.value - (e.low if e.low is not None else e.value)], [(e.high or e.value) - e.value]]
+    for i in range(len(datasets)):
+        for j, lab in enumerate(labels):
+            e = iv.interval(scores[lab][i])
+            ax[0].errorbar(e.value, i + 0.8 * j / len(labels), xerr=whisker(e), fmt="o", color=colour[lab], capsize=3)
+    ax[0].set_yticks(range(len(datasets)), [short(d) for d in datasets], fontsize=8)
+    ax[0].set_title("per dataset: mean over seeds")
+    for k, metric in enumerate(iv.AGGREGATES):
+        for j, lab in enumerate(labels):
+            e = iv.aggregates(scores[lab])[metric]
+            ax[1].errorbar(e.value, k + 0.8 * j / len(labels), xerr=whisker(e), fmt="o", color=colour[lab], capsize=3)
+    ax[1].set_yticks(range(len(iv.AGGREGATES)), list(iv.AGGREGATES))
+    ax[1].set_title(f"across {len(datasets)} datasets")
+    pairs = list(combinations(labels[::-1], 2))
+    for k, (a, b) in enumerate(pairs):
+        e = iv.probability_of_improvement(scores[a], scores[b])
+        ax[2].errorbar(e.value, k, xerr=whisker(e), fmt="o", color="k", capsize=3)
+    ax[2].axvline(0.5, color="grey", ls=":")
+    ax[2].set_yticks(range(len(pairs)), [f"P({a}\n> {b})" for a, b in pairs], fontsize=8)
+    ax[2].set_xlim(0, 1)
+    ax[2].set_title("probability of improvement")
+    taus = np.linspace(0, 120, 121)
+    for lab in labels:
+        ax[3].plot(taus, iv.performance_profile(scores[lab], taus), color=colour[lab], label=lab)
+    ax[3].set_xlabel("normalised score τ")
+    ax[3].set_ylabel("fraction of runs above τ")
+    ax[3].set_title("performance profile")
+    ax[3].legend(fontsize=8)
+    for a in ax[:2]:
+        a.set_xlabel("normalised score (high target, last checkpoint)")
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return True

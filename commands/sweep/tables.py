@@ -4,12 +4,14 @@ standard errors."""
 from __future__ import annotations
 
 import csv
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
 from commands.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
-from dt_primal.evaluation.reports import pm, table
+from dt_primal.evaluation import intervals as iv
+from dt_primal.evaluation.reports import table
 
 
 def short(dataset: str) -> str:
@@ -17,7 +19,69 @@ def short(dataset: str) -> str:
 
 
 def cell(t: dict | None) -> str:
-    return "–" if t is None else pm(t["mean"], t["std"])
+    """The mean over seeds with its 95 % bootstrap interval over them."""
+    return "–" if t is None else iv.interval(t["seeds"]).text()
+
+
+KINDS = (("last", "last checkpoint"), ("last3", "mean of last 3 evaluations"))
+
+
+def seed_scores(row: dict, ti: int, kind: str) -> list[float] | None:
+    """The seeds' scores of ``row`` at target ``ti``: at the last checkpoint (``kind`` "last") or each
+    seed's mean of its last three evaluations ("last3")."""
+    t = row["targets"][ti] if ti < len(row["targets"]) else None
+    t = t if kind == "last" or t is None else t.get("last3")
+    return None if t is None else t["seeds"]
+
+
+def comparable(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """The row labels and the datasets of normalised scores that every label has (like with like)."""
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    norm = [r for r in rows if r.get("unit") != "return"]
+    datasets = [
+        d
+        for d in dict.fromkeys(r["dataset"] for r in norm)
+        if all(any(r["dataset"] == d and r["label"] == lab for r in norm) for lab in labels)
+    ]
+    return labels, datasets
+
+
+def interval_sections(rows: list[dict]) -> str:
+    """Markdown: across the datasets every label has, each label's IQM, mean, median and optimality gap,
+    and the probability of improvement of every pair of labels, all with 95 % stratified-bootstrap
+    intervals, per target, at the last checkpoint and for the mean of the last three evaluations."""
+    labels, datasets = comparable(rows)
+    if not datasets:
+        return ""
+    n_t = max(len(r["targets"]) for r in rows)
+    which = lambda i: ["high", "low"][i] if n_t == 2 else f"{i + 1}"
+    row = {(r["dataset"], r["label"]): r for r in rows}
+    scores = lambda lab, ti, kind: [seed_scores(row[d, lab], ti, kind) for d in datasets]
+    settings = [(ti, kind, name) for ti in range(n_t) for kind, name in KINDS]
+    agg_lines, poi_lines = [], []
+    for ti, kind, name in settings:
+        for lab in labels:
+            if all(x is not None for x in scores(lab, ti, kind)):
+                est = iv.aggregates(scores(lab, ti, kind))
+                agg_lines.append([lab, which(ti), name, *[f"**{est[k].text()}**" for k in iv.AGGREGATES]])
+        for a, b in combinations(labels[::-1], 2):  # the later model over the earlier: Primal.+DT over DT
+            xa, xb = scores(a, ti, kind), scores(b, ti, kind)
+            if all(x is not None for x in xa + xb):
+                poi_lines.append([f"P({a} > {b})", which(ti), name, iv.probability_of_improvement(xa, xb).text(2)])
+    n = f"{len(datasets)} dataset{'s' * (len(datasets) != 1)}"
+    md = (
+        f"\nAcross the {n} every model has, all runs (95 % stratified-bootstrap intervals: each dataset's seeds "
+        f"resampled within it; IQM: the mean of the middle half of all runs; mean and median: of the datasets' "
+        f"means; optimality gap: how far runs fall short of {iv.GAMMA:g} on average, lower is better):\n\n"
+    )
+    md += table(["model", "target", "score", *iv.AGGREGATES], agg_lines) + "\n"
+    if poi_lines:
+        md += (
+            "\nProbability of improvement: the chance that a run of the first model scores above a run of the "
+            "second on a dataset (ties count half), averaged over the datasets, with its 95 % interval; 0.5 is "
+            "no difference:\n\n" + table(["", "target", "score", "P"], poi_lines) + "\n"
+        )
+    return md
 
 
 def gap_rows(rows: list[dict], a: str, b: str) -> list[dict]:
@@ -177,8 +241,9 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     notes = [f"- **{lab}**: {LABEL_NOTES[lab]}." for lab in labels if lab in LABEL_NOTES]
     md = table(head, lines) + (
         "\n\nNormalised score of the **last checkpoint** of each run (not the best; the headline, as "
-        "the paper reports it), mean ± std (ddof 0) across seeds of the per-seed mean over the final "
-        "evaluation episodes. Beside it, the mean over seeds of each seed's **mean of its last three "
+        "the paper reports it): the mean across seeds of the per-seed mean over the final evaluation "
+        "episodes, with its 95 % bootstrap interval over the seeds (seeded: the same records give the same "
+        "interval). Beside it, the same for each seed's **mean of its last three "
         "evaluations** (the final one and the two intermediate ones before it, which use fewer "
         "episodes): how much the last-checkpoint number owes to where training stopped.\n"
     )
@@ -189,6 +254,7 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
         )
     if notes:
         md += "\n" + "\n".join(notes) + "\n"
+    md += interval_sections(rows)
     primal = LABELS["primal"]
     for dt in (DT_PAPER, DT_MATCHED):
         if primal in labels and dt in labels:

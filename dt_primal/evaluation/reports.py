@@ -102,6 +102,15 @@ def normalized_text(r: dict) -> str:
     return "–" if r["normalized_mean"] is None else pm(r["normalized_mean"], r["normalized_std"])
 
 
+def across_text(r: dict, key: str = "normalized") -> str:
+    """An across-checkpoints mean with its 95 % interval, "mean [low, high]" (``aggregate``); "–" without
+    reference scores."""
+    if r[f"{key}_mean"] is None:
+        return "–"
+    low, high = r.get(f"{key}_interval") or (None, None)
+    return f"{r[f'{key}_mean']:.1f}" + ("" if low is None else f" [{low:.1f}, {high:.1f}]")
+
+
 def score(report: dict) -> float:
     """A target's normalised score, or its mean return for a task without reference scores."""
     return report["return_mean"] if report["normalized_mean"] is None else report["normalized_mean"]
@@ -114,7 +123,10 @@ def headline(report: dict) -> str:
 
 def aggregate(results: list[dict]) -> dict:
     """Per-checkpoint results plus, per target, the mean ± std (ddof 0) across checkpoints (seeds)
-    of each checkpoint's mean return and mean normalised score."""
+    of each checkpoint's mean return and mean normalised score, with the 95 % bootstrap interval of
+    each mean over the checkpoints (``dt_primal.evaluation.intervals``; None for one checkpoint)."""
+    from dt_primal.evaluation.intervals import interval
+
     targets = [r["target"] for r in results[0]["targets"]]
     if any([r["target"] for r in res["targets"]] != targets for res in results):
         raise ValueError("the checkpoints were evaluated on different targets")
@@ -123,13 +135,16 @@ def aggregate(results: list[dict]) -> dict:
         norm = [res["targets"][i]["normalized_mean"] for res in results]
         norm = None if None in norm else mean_std(norm)
         ret = mean_std([res["targets"][i]["return_mean"] for res in results])
+        bounds = lambda values: None if len(values) < 2 else [interval(values).low, interval(values).high]
         across.append(
             {
                 "target": target,
                 "return_mean": ret["mean"],
                 "return_std": ret["std"],
+                "return_interval": bounds(ret["seeds"]),
                 "normalized_mean": None if norm is None else norm["mean"],
                 "normalized_std": None if norm is None else norm["std"],
+                "normalized_interval": None if norm is None else bounds(norm["seeds"]),
                 "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
                 "checkpoints": len(results),
             }
@@ -156,16 +171,16 @@ def markdown(summary: dict) -> str:
     ]
     rows += [
         [
-            f"**mean ± std over {r['checkpoints']} checkpoints**",
+            f"**mean over {r['checkpoints']} checkpoints [95 % interval]**",
             f"{r['target']:g}",
             r["episodes"],
-            pm(r["return_mean"], r["return_std"]),
-            f"**{normalized_text(r)}**",
+            across_text(r, "return"),
+            f"**{across_text(r)}**",
         ]
         for r in summary["across_checkpoints"]
     ]
     return (
         table(REPORT_COLUMNS, rows)
-        + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: mean ± std "
-        "(ddof 0) of the per-checkpoint means.\n"
+        + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: the mean of the "
+        "per-checkpoint means with its 95 % bootstrap interval over the checkpoints (seeds).\n"
     )
