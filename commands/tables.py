@@ -293,7 +293,7 @@ def compare(parts: list[tuple[str, list[str], str, str]], datasets: list[str], a
         ]
         for r in rows
     ]
-    md = table(head, lines) + "\n\n" + gap_table(gap_rows(rows, a, b), a, b)
+    md = table(head, lines) + "\n" + interval_sections(rows) + "\n" + gap_table(gap_rows(rows, a, b), a, b)
     folders = list(dict.fromkeys(f for f, *_ in parts))
     return (
         md
