@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,20 +35,14 @@ SCALED_RETURN_LIMIT = 1e9
 ENV_BYTES = 2 << 20
 
 
-def check_targets(targets: list[float], reward_scale: float | None, flag: str = "--targets") -> None:
-    """Targets the model can be conditioned on: finite, and within ±SCALED_RETURN_LIMIT once divided by
-    --reward-scale (beyond that the return embedding overflows float32 and every return is NaN);
-    ``reward_scale`` None: only finite."""
-    bad = [t for t in targets if not math.isfinite(t)]
-    if bad:
-        raise UserError(
-            f"{flag} must be finite returns (got {' '.join(f'{t:g}' for t in targets)}). Give the "
-            f"returns to condition on, e.g. the task's usual targets."
-        )
-    huge = [t for t in targets if reward_scale is not None and not abs(t / reward_scale) <= SCALED_RETURN_LIMIT]
+def check_targets(targets: list[float], reward_scale: float) -> None:
+    """Targets the model can be conditioned on (finite ones: ``Config.validate``, ``envs.Task``): within
+    ±SCALED_RETURN_LIMIT once divided by --reward-scale (beyond that the return embedding overflows
+    float32 and every return is NaN)."""
+    huge = [t for t in targets if not abs(t / reward_scale) <= SCALED_RETURN_LIMIT]
     if huge:
         raise UserError(
-            f"{flag} {' '.join(f'{t:g}' for t in huge)} divided by --reward-scale {reward_scale:g} gives "
+            f"--targets {' '.join(f'{t:g}' for t in huge)} divided by --reward-scale {reward_scale:g} gives "
             f"a conditioning return of {huge[0] / reward_scale:.3g}, beyond the ±{SCALED_RETURN_LIMIT:.0e} "
             f"the model's float32 arithmetic handles safely (from about 1e19 on its return embedding "
             f"overflows and every result is NaN). Give targets near the returns the task can reach."
@@ -108,11 +101,10 @@ def check_evaluate_args(args) -> None:
         raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
     if args.env_workers is not None and args.env_workers < 1:
         raise UserError(f"--env-workers must be at least 1 (got {args.env_workers}); leave it out for the default.")
-    given = {k: getattr(args, k) for k in ("device", "precision", "seed") if getattr(args, k, None) is not None}
-    Config(**given).validate()  # the options' one check, as train.py's
+    names = ("device", "precision", "seed", "targets")
+    given = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    Config(**given).validate()  # the options' one check, as train.py's (the targets' scaled bound: per checkpoint)
     device = given.get("device")
-    if getattr(args, "targets", None):
-        check_targets(args.targets, None)  # finite; the scaled bounds are checked with each checkpoint's scale
     if device is not None:
         check_device(device)
     check_report_path(Path(args.out), [Path(c) for c in args.checkpoints])
