@@ -1,7 +1,10 @@
 """Evaluate one or more checkpoints (e.g. one per seed) with batched rollouts and write a JSON
-report and a Markdown table (per checkpoint and target, then mean ± std across checkpoints).
+report and a Markdown table (per checkpoint and target, then the mean across checkpoints with its
+95 % interval). A policy exported to ONNX (``python -m dt_primal.export``) evaluates like its
+checkpoint, on onnxruntime.
 
   python evaluate.py runs/hopper/seed_*/last.pt --episodes 100 --out runs/hopper/eval100.json
+  python evaluate.py runs/hopper/policy.onnx --episodes 100 --out runs/hopper/eval-onnx.json
 """
 
 from __future__ import annotations
@@ -18,6 +21,18 @@ def resolved_precision(given: str | None, cfg: dict, model_config: dict, device,
     return done[key]
 
 
+def policy_of(ckpts: list[dict], given: str | None, device, done: dict):
+    """One policy of ``ckpts`` (one architecture): an exported .onnx one on onnxruntime (fp32), else the
+    checkpoints' as one ensemble at the precision ``resolved_precision`` gives."""
+    from dt_primal.evaluation.onnx_policy import load_onnx_policy
+    from dt_primal.evaluation.policy import policy_from_checkpoints
+
+    if "onnx" in ckpts[0]:
+        return load_onnx_policy(ckpts[0]["onnx"])
+    precision = resolved_precision(given, ckpts[0]["config"], ckpts[0]["model_config"], device, done)
+    return policy_from_checkpoints(ckpts, device, precision)
+
+
 if __name__ == "__main__":
     configure_process()  # a command: its process-wide settings, before torch loads
 
@@ -30,7 +45,7 @@ from dt_primal.cli import run_main, write_report
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
-from dt_primal.evaluation.policy import policy_from_checkpoints
+from dt_primal.evaluation.onnx_policy import onnx_run
 from dt_primal.evaluation.reports import across_text, run_record, scoring
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.machine import resolve_device
@@ -59,7 +74,7 @@ def main() -> None:
     given = overrides(args)
     refs = Config(ref_min=given.get("ref_min"), ref_max=given.get("ref_max")).validate().ref_scores
     device = resolve_device(given.get("device", "auto"))
-    ckpts = [load_checkpoint(path) for path in args.checkpoints]
+    ckpts = [onnx_run(path) if path.suffix == ".onnx" else load_checkpoint(path) for path in args.checkpoints]
     check_evaluate_run(args, ckpts)
     tasks = [Task.from_record(c["task"]) for c in ckpts]
     if refs is not None:
@@ -76,21 +91,20 @@ def main() -> None:
         cfg = ckpt["config"]
         targets = tuple(given.get("targets") or cfg["targets"] or tasks[i].targets)
         # checkpoints of one architecture and reward scale run as one ensemble (one batched forward pass for all)
-        groups.setdefault((targets, tuple(ckpt["model_config"].items()), cfg["reward_scale"]), []).append(i)
+        one = ckpt.get("onnx")  # an exported policy acts alone
+        groups.setdefault((targets, tuple(ckpt["model_config"].items()), cfg["reward_scale"], one), []).append(i)
     print(scoring(task, given.get("targets")))
     made = provenance(device)
     results, precisions = [None] * len(ckpts), {}
     for (targets, *_), members in groups.items():
         cfgs = [ckpts[i]["config"] for i in members]
-        precision = resolved_precision(
-            given.get("precision"), cfgs[0], ckpts[members[0]]["model_config"], device, precisions
-        )
         for i, cfg in zip(members, cfgs):
             print(
                 f"{args.checkpoints[i]}: {cfg['model']} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
                 f"{args.episodes} episodes x {len(targets)} targets"
             )
-        policy = policy_from_checkpoints([ckpts[i] for i in members], device, precision)
+        policy = policy_of([ckpts[i] for i in members], given.get("precision"), device, precisions)
+        precision = policy.precision
         seed = given.get("seed")
         with phase("evaluate.py"):
             per_member = rollout(

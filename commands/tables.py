@@ -24,7 +24,7 @@ import numpy as np
 from commands.sweep.grid import TABLE4
 from commands.sweep.plots import plot_intervals
 from commands.sweep.results import DT_MATCHED, LABELS, collect
-from commands.sweep.tables import cell, gap_rows, gap_table, interval_sections, seed_scores, short
+from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interval_sections, seed_scores, short
 from dt_primal.checkpoint import UNRECORDED
 from dt_primal.cli import run_main
 from dt_primal.config import Config
@@ -241,10 +241,8 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
     md += f"Missing (no record): {', '.join(missing)}.\n\n" if missing else "All 18 rows are present.\n\n"
     md += f"Records: [`{folder.relative_to(ROOT)}/`](../{folder.relative_to(ROOT)}/). Made with: {made_with(rows)}\n"
     md += interval_sections(rows) + resolution(rows)
-    figure = f"{folder.name}-intervals.png"
-    (ROOT / "docs").mkdir(exist_ok=True)
-    if folder.parent.name != "legacy" and plot_intervals(rows, ROOT / "docs", figure):
-        md += f"\n![95 % intervals, {folder.name}]({figure})\n"
+    if folder.parent.name != "legacy" and comparable(rows)[1]:  # drawn by main (draw_figures)
+        md += f"\n![95 % intervals, {folder.name}]({folder.name}-intervals.png)\n"
     gaps = gap_rows(rows, PRIMAL, DT_MATCHED)
     if gaps:
         md += f"\n{PRIMAL} − {DT_MATCHED}, per dataset:\n\n" + gap_table(gaps, PRIMAL, DT_MATCHED)
@@ -440,6 +438,12 @@ def render(text: str) -> str:
     return BLOCK.sub(lambda m: m.group(1) + SECTIONS[m.group("name")]().rstrip("\n") + "\n" + m.group(3), text)
 
 
+def draw_figures() -> None:
+    """The intervals figure of the current and the full-protocol Table 4 (``table4``'s links), into docs/."""
+    for folder in (ROOT / CURRENT, ROOT / FULL):
+        plot_intervals(collect(folder, TABLE4, ["dt", "primal"], [0, 1, 2]), DOC.parent, f"{folder.name}-intervals.png")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m commands.tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -454,7 +458,8 @@ def main(argv: list[str] | None = None) -> None:
         print("docs/results.md matches the records")
         return
     DOC.write_text(new)
-    print(f"wrote {DOC.relative_to(ROOT)}")
+    draw_figures()
+    print(f"wrote {DOC.relative_to(ROOT)} and its figures")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ settings themselves (``dt_primal.process.configure_process``)."""
 
 
 def __getattr__(name: str):
-    """``dt_primal.load_policy`` (dt_primal.evaluation.policy), imported on first use: torch loads only when needed."""
+    """``dt_primal.load_policy`` (dt_primal.evaluation.acting), imported on first use: torch loads only for a
+    checkpoint, not for an ONNX export."""
     if name == "load_policy":
-        from dt_primal.evaluation.policy import load_policy
+        from dt_primal.evaluation.acting import load_policy
 
         return load_policy
     raise AttributeError(f"module 'dt_primal' has no attribute {name!r}")

@@ -19,6 +19,8 @@ allocate. Each kind of file, and what is admitted from it:
   ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong.
 - records archive (``.tgz``), ``commands.sweep.records``: run records under relative ``seed_N`` paths,
   regular files of at most ``MAX_RECORD`` bytes.
+- ONNX policies (``check_onnx_policy``): loaded from their bytes (no external weight files), standard
+  operators only, metadata checked against the graph's inputs.
 
 A file that breaks a rule is a ``UserError`` that names the rule; nothing named in it was called.
 """
@@ -475,3 +477,81 @@ def read_curve(path) -> list[dict]:
             file=sys.stderr,
         )
     return curve
+
+
+MAX_ONNX = 2**31  # an exported policy: its weights (the paper's model: a few MB) and graph in one file
+ONNX_FORMAT = "dt-primal policy 1"  # dt_primal.export.FORMAT
+ONNX_META = ("format", "state_mean", "state_std", "reward_scale", "context", "max_ep_len", "action_bounds")
+ONNX_META += ("model_config", "config", "task", "step", "dataset")
+
+
+def _onnx_meta(meta: dict, path) -> dict:
+    """The metadata of an exported policy, parsed and checked: numbers where numbers belong."""
+    try:
+        values = {k: json.loads(meta[k]) for k in ONNX_META}
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path} is not a policy exported by python -m dt_primal.export (metadata: {exc}).") from None
+    if values["format"] != ONNX_FORMAT:
+        raise UserError(f"{path} is in format {str(values['format'])[:40]!r}, not {ONNX_FORMAT!r}: export it again.")
+    mean, std = (
+        np.asarray(values[k], dtype=float) if _numbers(values[k]) else None for k in ("state_mean", "state_std")
+    )
+    bounds = values["action_bounds"]
+    ok = (
+        mean is not None
+        and std is not None
+        and mean.ndim == 1
+        and mean.shape == std.shape
+        and 0 < len(mean) <= 100_000
+        and bool(np.all(std > 0))
+        and _is_number(values["reward_scale"])
+        and values["reward_scale"] > 0
+        and _is_count(values["context"])
+        and 1 <= values["context"] <= 100_000
+        and _is_count(values["max_ep_len"])
+        and 1 <= values["max_ep_len"] <= 10_000_000
+        and isinstance(bounds, list)
+        and len(bounds) == 2
+        and all(_numbers(b) for b in bounds)
+        and 0 < len(bounds[0]) == len(bounds[1]) <= 100_000
+        and isinstance(values["config"], dict)
+        and isinstance(values["task"], dict)
+    )
+    if not ok:
+        raise UserError(f"{path}: the policy's metadata (normalisation, reward scale, context, bounds) is damaged.")
+    return values
+
+
+def _numbers(x) -> bool:
+    return isinstance(x, list) and all(_is_number(v) for v in x)
+
+
+def check_onnx_policy(path):
+    """(an onnxruntime CPU session, the checked metadata) of the exported policy at ``path``: a regular file of
+    at most MAX_ONNX bytes, loaded from its bytes (a graph that names external weight files cannot load),
+    run by onnxruntime's standard operators only, with the inputs the export writes and metadata that
+    agrees with them."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise UserError("An .onnx policy runs on onnxruntime: pip install onnxruntime.") from None
+    if regular_file(path, "The ONNX policy") > MAX_ONNX:
+        raise UserError(f"{path} is larger than {MAX_ONNX >> 30} GiB; an exported policy is a few MB.")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(open(path, "rb").read(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # not ONNX, external data, an operator onnxruntime lacks
+        raise UserError(
+            f"{path} is not a policy onnxruntime can load ({type(exc).__name__}: {str(exc)[:200]})."
+        ) from None
+    meta = _onnx_meta(session.get_modelmeta().custom_metadata_map, path)
+    shapes = {i.name: i.shape for i in session.get_inputs()}
+    expect = {"states": len(meta["state_mean"]), "actions": len(meta["action_bounds"][0]), "returns_to_go": 1}
+    if (
+        set(shapes) != {"states", "actions", "returns_to_go", "timesteps"}
+        or any(len(shapes[k]) != 3 or shapes[k][2] != n for k, n in expect.items())
+        or [o.name for o in session.get_outputs()] != ["action"]
+    ):
+        raise UserError(f"{path}: its graph's inputs {shapes} are not those of an exported policy.")
+    return session, meta

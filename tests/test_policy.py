@@ -8,8 +8,9 @@ import pytest
 import torch
 from test_files import ENV, FORMAT1, ROOT, one_thread, run_dir  # noqa: F401 (fixtures)
 
+from dt_primal import load_policy
 from dt_primal.checkpoint import load_checkpoint
-from dt_primal.evaluation.policy import Policy, load_policy, policy_from_checkpoints
+from dt_primal.evaluation.policy import Policy, policy_from_checkpoints
 from dt_primal.evaluation.rollout import rollout
 from envs import TASKS
 

@@ -18,6 +18,9 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
   # only the rows not committed:
   python -m commands.sweep --datasets table4 --jobs 6 --recorded results/table4 --out runs/table4
   python -m commands.sweep --datasets table4 --models dt --jobs 3 --out runs/table4-dt-paper -- --preset dt-paper
+  # on a machine held for 11 minutes: only what is expected to finish in them (docs/sweeps.md)
+  python -m commands.sweep --datasets table4 --recorded results/table4 --out runs/table4 --time-budget 11m \\
+      -- --device cuda --compile
   python -m commands.sweep --datasets table4 --out runs/table4 --baseline runs/table4-dt-paper --aggregate-only
   python -m commands.sweep --datasets table4 --backend ray --ray-address auto --gpus-per-task 0.25 --out /shared/table4
 """
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     groups = ensemble_groups(args.datasets, args.models, extra)
     if budget:
         groups = budgeted_groups(priority, args, extra, budget - (time.time() - t0))
-        args.jobs = max(args.jobs, len(groups))  # the estimate has them share the device at once
+        args.jobs = max(args.jobs, len(groups))  # all at once, as the estimate has them
     if not args.aggregate_only:
         failed = []
         results = (

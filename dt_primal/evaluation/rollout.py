@@ -38,9 +38,10 @@ def rollout(
     and action sizes, as many targets each). Returns per member one report per target with the keys
     ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
     lengths)."""
-    model = policy.model
-    was_training = model.training
-    model.train(False)
+    model = getattr(policy, "model", None)  # an exported policy (OnnxPolicy) has none to switch
+    was_training = model is not None and model.training
+    if model is not None:
+        model.train(False)
     M = policy.members
     tasks = task if isinstance(task, list) else [task] * M
     targets = targets if isinstance(targets[0], list) else [targets] * M
@@ -52,9 +53,9 @@ def rollout(
     rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
     bar = tqdm(
-        total=model.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2
+        total=policy.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2
     )
-    for _ in range(model.max_ep_len):
+    for _ in range(policy.max_ep_len):
         actions = policy.act(obs.reshape(M, n, -1), rewards, live=alive)
         obs, rewards, terms, truncs = env.step(actions.reshape(M * n, -1), alive.reshape(-1))
         rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
@@ -66,7 +67,8 @@ def rollout(
             break
     bar.close()
     env.close()
-    model.train(was_training)
+    if model is not None:
+        model.train(was_training)
     return [
         [
             report(

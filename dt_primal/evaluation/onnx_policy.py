@@ -1,0 +1,71 @@
+"""Acting with a policy exported to ONNX (``python -m dt_primal.export``) on onnxruntime and NumPy: no
+torch. The bookkeeping is ``Acting``'s, as the PyTorch ``Policy``'s; the forward pass is the file's graph.
+
+  policy = dt_primal.load_policy("policy.onnx")
+  policy.reset(target_return=3600.0)
+  action = policy.act(obs)                   # then policy.act(obs, reward=reward) each later step
+
+An .onnx file is read as untrusted (``dt_primal.untrusted.check_onnx_policy``): from its bytes, so that
+it cannot name other files (external weights are refused), with onnxruntime's standard operators only,
+and its metadata checked against the graph's inputs before anything acts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dt_primal.evaluation.acting import Acting
+
+
+class OnnxPolicy(Acting):
+    """One exported model acting (members 1): ``session`` an onnxruntime session of the graph, ``meta``
+    its checked metadata (``check_onnx_policy``)."""
+
+    device = "cpu"
+    precision = "fp32"
+
+    def __init__(self, session, meta: dict):
+        self.session, self.meta = session, meta
+        self.max_ep_len = meta["max_ep_len"]
+        self.action_bounds = np.asarray(meta["action_bounds"], np.float32)
+        act_dim = len(meta["action_bounds"][0])
+        super().__init__(1, act_dim, meta["state_mean"], meta["state_std"], meta["reward_scale"], meta["context"])
+        self.run_config = meta["config"]
+
+    def _predict(self, states, actions, rtg, timesteps, live: np.ndarray | None) -> np.ndarray:
+        """The newest step's action (1, N, act_dim) of the live episodes, zeros for the others."""
+        n = states.shape[1]
+        live = np.ones((1, n), bool) if live is None else live
+        rows, width = self.live_rows(live)
+        out = np.zeros((1, n, self.act_dim), np.float32)
+        if width == 0:
+            return out
+        r = rows[0]
+        feed = {
+            "states": np.ascontiguousarray(states[0, r]),
+            "actions": np.ascontiguousarray(actions[0, r]),
+            "returns_to_go": np.ascontiguousarray(rtg[0, r]),
+            "timesteps": np.ascontiguousarray(np.broadcast_to(timesteps, (width, len(timesteps)))),
+        }
+        out[0, r] = self.session.run(["action"], feed)[0]
+        return out * live[..., None]
+
+
+def load_onnx_policy(path: str | os.PathLike) -> OnnxPolicy:
+    """The policy of the ONNX export at ``path``, on onnxruntime's CPU."""
+    from dt_primal.untrusted import check_onnx_policy
+
+    session, meta = check_onnx_policy(path)
+    return OnnxPolicy(session, meta)
+
+
+def onnx_run(path: str | os.PathLike) -> dict:
+    """What evaluate.py reads of a checkpoint, from an exported policy's metadata: its config, model
+    config, task, step, dataset and normalisation (and ``onnx``: the file)."""
+    from dt_primal.untrusted import check_onnx_policy
+
+    _, meta = check_onnx_policy(path)
+    keys = ("config", "model_config", "task", "step", "dataset", "state_mean", "state_std")
+    return {k: meta[k] for k in keys} | {"onnx": str(path)}

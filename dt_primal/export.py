@@ -1,0 +1,138 @@
+"""``python -m dt_primal.export CKPT OUT.onnx``: a trained policy as an ONNX graph that runs without PyTorch.
+
+The graph is one step of acting: the last K steps of normalised states (B, K, obs_dim), actions (B, K,
+act_dim), returns-to-go (B, K, 1) and timesteps (B, K) → the newest step's action (B, act_dim), with the
+batch B and the steps K (1..context) dynamic; DT, Primal.+DT (Causal Primal-Attention with its causal
+running means) and PrimalFormer alike, in fp32. The file's metadata holds what acting needs beside it:
+the normalisation statistics, reward scale, context length, episode limit, the task's action bounds,
+and the run's config and task. ``dt_primal.load_policy("policy.onnx")`` acts with it on onnxruntime and
+NumPy (docs/policy.md). Exporting needs torch, onnx and onnxscript (``pip install onnx onnxscript``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
+from dt_primal.errors import UserError
+
+FORMAT = "dt-primal policy 1"
+INPUTS = ("states", "actions", "returns_to_go", "timesteps")
+
+
+class NextAction(torch.nn.Module):
+    """One member's newest action from the last K steps of one batch of episodes (the acting forward pass)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, states, actions, returns_to_go, timesteps):
+        pred, _ = self.model(states[None], actions[None], returns_to_go[None], timesteps[None], last_only=True)
+        return pred[0, :, -1]
+
+
+def metadata(ckpt: dict) -> dict[str, str]:
+    """What acting needs beside the graph, as the ONNX file's metadata (JSON values)."""
+    from dt_primal.evaluation.checks import task_limits
+    from envs import Task
+
+    arch, run = ckpt["model_config"], ckpt["config"]
+    try:
+        limits = task_limits(Task.from_record(ckpt["task"]))
+        bounds = [limits.low.tolist(), limits.high.tolist()]
+    except Exception:  # the task's environment cannot be made here: the model's own range
+        bounds = [[-1.0] * arch["act_dim"], [1.0] * arch["act_dim"]]
+    values = {
+        "format": FORMAT,
+        "state_mean": np.asarray(ckpt["state_mean"], float).tolist(),
+        "state_std": np.asarray(ckpt["state_std"], float).tolist(),
+        "reward_scale": run["reward_scale"],
+        "context": arch["context"],
+        "max_ep_len": arch["max_ep_len"],
+        "action_bounds": bounds,
+        "model_config": arch,
+        "config": run,
+        "task": ckpt["task"],
+        "step": ckpt["step"],
+        "dataset": ckpt["dataset"],
+    }
+    return {k: json.dumps(v) for k, v in values.items()}
+
+
+def export(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write the ONNX policy of the checkpoint ``checkpoint`` (read as train.py's, safely) to ``out``, one file."""
+    import onnx
+
+    ckpt = read_checkpoint(checkpoint)
+    model = model_from_checkpoints([ckpt], "cpu").train(False)
+    cfg, K = model.config, model.config.context
+    example = (
+        torch.zeros(2, K, cfg.state_dim),
+        torch.zeros(2, K, cfg.act_dim),
+        torch.zeros(2, K, 1),
+        torch.arange(K).repeat(2, 1),
+    )
+    dynamic = {name: {0: "batch", 1: "steps"} for name in INPUTS} | {"action": {0: "batch"}}
+    quiet = logging.getLogger("torch.onnx"), logging.getLogger("torch._dynamo")
+    levels = [log.level for log in quiet]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+        warnings.simplefilter("ignore")
+        for log in quiet:
+            log.setLevel(logging.ERROR)
+        program = torch.onnx.export(
+            NextAction(model),
+            example,
+            input_names=list(INPUTS),
+            output_names=["action"],
+            dynamic_axes=dynamic,
+            dynamo=True,
+            verbose=False,
+        )
+    for log, level in zip(quiet, levels):
+        log.setLevel(level)
+    proto = program.model_proto
+    onnx.helper.set_model_props(proto, metadata(ckpt))
+    out = Path(out)
+    onnx.save_model(proto, out)  # weights inside the file: a policy is one file
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dt_primal.cli import run_main
+
+    p = argparse.ArgumentParser(
+        prog="python -m dt_primal.export",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("checkpoint", help="a train.py checkpoint (last.pt)")
+    p.add_argument("out", help="the ONNX file to write (.onnx)")
+    args = p.parse_args(argv)
+
+    def run():
+        if Path(args.out).suffix != ".onnx":
+            raise UserError(f"{args.out}: the policy is written as an .onnx file; name it so.")
+        try:
+            import onnx  # noqa: F401
+            import onnxscript  # noqa: F401
+        except ImportError as exc:
+            raise UserError(f"Exporting needs onnx and onnxscript ({exc}): pip install onnx onnxscript.") from None
+        path = export(args.checkpoint, args.out)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+
+    run_main(run)
+
+
+if __name__ == "__main__":
+    main()

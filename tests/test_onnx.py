@@ -1,0 +1,127 @@
+"""A policy exported to ONNX acts as its checkpoint does, on onnxruntime and NumPy, where torch cannot be imported."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_episodes
+from test_files import ENV, ROOT, SMALL
+
+from dt_primal.checkpoint import load_checkpoint
+from dt_primal.config import make_config
+from dt_primal.errors import UserError
+from dt_primal.evaluation.policy import policy_from_checkpoints
+from dt_primal.evaluation.rollout import rollout
+from dt_primal.training.loop import train
+from envs import TASKS
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+TARGETS = [3600.0, 1800.0, 900.0]
+
+# a process in which torch cannot be imported: the ONNX policy of argv[1] replays the observations, rewards and
+# live flags of argv[2] (one environment per target) and writes its actions to argv[3]
+ACT_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # import torch fails
+import numpy as np
+import dt_primal
+steps = np.load(sys.argv[2])
+policy = dt_primal.load_policy(sys.argv[1])
+policy.reset(steps["targets"])
+actions = [policy.act(steps["obs"][0], live=steps["live"][0])]
+actions += [policy.act(o, reward=r, live=lv) for o, r, lv in zip(steps["obs"][1:], steps["rewards"], steps["live"][1:])]
+assert "torch" not in {m for m, v in sys.modules.items() if v is not None}
+np.save(sys.argv[3], np.stack(actions))
+"""
+
+
+@pytest.fixture(scope="module", params=["dt", "primal"])
+def exported(request, tmp_path_factory):
+    """A 2-step run of a tiny model (context 4) on tiny hopper data, and its ONNX export."""
+    from datasets.loaders import load_dataset
+    from datasets.synthetic import write_d4rl
+    from dt_primal.export import export
+
+    tmp = tmp_path_factory.mktemp(request.param)
+    write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
+    data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
+    cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5"), "model": request.param, "context": 4}
+    train(make_config(**cfg, env="hopper", steps=2, max_ep_len=60, out=str(tmp / "run"), precision="fp32"), data)
+    return tmp / "run" / "last.pt", export(tmp / "run" / "last.pt", tmp / "policy.onnx")
+
+
+def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exported, tmp_path):
+    checkpoint, onnx_file = exported
+    policy = policy_from_checkpoints([load_checkpoint(checkpoint)])
+    seen, act = [], policy.act
+
+    def record(obs, reward, live):
+        action = act(obs, reward, live)
+        seen.append((obs.copy(), np.array(reward), live.copy(), action))
+        return action
+
+    policy.act = record
+    rollout(policy, TASKS["hopper"], TARGETS, 1, seeds=[100_000])  # one environment per target, one episode each
+    live = np.stack([lv.reshape(-1) for _, _, lv, _ in seen])
+    assert len(seen) > policy.context  # an episode longer than the context
+    np.savez(
+        tmp_path / "steps.npz",
+        obs=np.stack([o.reshape(len(TARGETS), -1) for o, _, _, _ in seen]),
+        rewards=np.stack([np.broadcast_to(r, (1, len(TARGETS))).reshape(-1) for _, r, _, _ in seen[1:]]),
+        live=live,
+        targets=np.array(TARGETS),
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", ACT_WITHOUT_TORCH, str(onnx_file), str(tmp_path / "steps.npz"), str(tmp_path / "a.npy")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
+    assert res.returncode == 0, res.stderr
+    got = np.load(tmp_path / "a.npy")
+    want = np.stack([a.reshape(len(TARGETS), -1) for _, _, _, a in seen])
+    np.testing.assert_allclose(got[live], want[live], atol=1e-4)
+    assert not got[~live].any()
+
+
+@pytest.mark.parametrize("exported", ["primal"], indirect=True)  # evaluate.py reads every export alike
+def test_evaluate_scores_the_onnx_policy_as_its_checkpoint(exported, tmp_path):
+    checkpoint, onnx_file = exported
+    scores = []
+    for path in (checkpoint, onnx_file):
+        out = tmp_path / f"{path.suffix[1:]}.json"
+        cmd = [sys.executable, "evaluate.py", str(path), "--episodes", "2", "--out", str(out), "--device", "cpu"]
+        res = subprocess.run(
+            cmd + ["--precision", "fp32"] * (path.suffix == ".pt"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=ENV,
+        )
+        assert res.returncode == 0, res.stderr
+        scores.append([t["return_mean"] for t in json.loads(out.read_text())["checkpoints"][0]["targets"]])
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-4)
+
+
+def test_a_file_that_is_not_an_exported_policy_is_refused(exported, tmp_path):
+    import onnx
+
+    from dt_primal import load_policy
+
+    (tmp_path / "junk.onnx").write_bytes(b"not a graph")
+    with pytest.raises(UserError, match="is not a policy onnxruntime can load"):
+        load_policy(tmp_path / "junk.onnx")
+    model = onnx.load(str(exported[1]))
+    for prop in model.metadata_props:
+        if prop.key == "state_std":
+            prop.value = json.dumps([0.0] * len(json.loads(prop.value)))  # a zero std: every state infinite
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(UserError, match="metadata .* is damaged"):
+        load_policy(tmp_path / "bad.onnx")
