@@ -24,8 +24,8 @@ import torch
 
 from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
 from dt_primal.errors import UserError
+from dt_primal.untrusted import ONNX_FORMAT as FORMAT  # what a reader of the file accepts
 
-FORMAT = "dt-primal policy 1"
 INPUTS = ("states", "actions", "returns_to_go", "timesteps")
 
 

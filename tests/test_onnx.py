@@ -39,23 +39,33 @@ np.save(sys.argv[3], np.stack(actions))
 """
 
 
-@pytest.fixture(scope="module", params=["dt", "primal"])
-def exported(request, tmp_path_factory):
-    """A 2-step run of a tiny model (context 4) on tiny hopper data, and its ONNX export."""
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """``exports(model)``: a 2-step run of a tiny model (context 4) on tiny hopper data, and its ONNX export;
+    each model trained and exported once for the module."""
     from datasets.loaders import load_dataset
     from datasets.synthetic import write_d4rl
     from dt_primal.export import export
 
-    tmp = tmp_path_factory.mktemp(request.param)
-    write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
-    data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
-    cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5"), "model": request.param, "context": 4}
-    train(make_config(**cfg, env="hopper", steps=2, max_ep_len=60, out=str(tmp / "run"), precision="fp32"), data)
-    return tmp / "run" / "last.pt", export(tmp / "run" / "last.pt", tmp / "policy.onnx")
+    made = {}
+
+    def make(model: str):
+        if model not in made:
+            tmp = tmp_path_factory.mktemp(model)
+            write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
+            data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
+            cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5"), "model": model, "context": 4}
+            run = make_config(**cfg, env="hopper", steps=2, max_ep_len=60, out=str(tmp / "run"), precision="fp32")
+            train(run, data)
+            made[model] = tmp / "run" / "last.pt", export(tmp / "run" / "last.pt", tmp / "policy.onnx")
+        return made[model]
+
+    return make
 
 
-def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exported, tmp_path):
-    checkpoint, onnx_file = exported
+@pytest.mark.parametrize("model", ["dt", "primal"])
+def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exports, model, tmp_path):
+    checkpoint, onnx_file = exports(model)
     policy = policy_from_checkpoints([load_checkpoint(checkpoint)])
     seen, act = [], policy.act
 
@@ -90,9 +100,8 @@ def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exported, tmp_path
     assert not got[~live].any()
 
 
-@pytest.mark.parametrize("exported", ["primal"], indirect=True)  # evaluate.py reads every export alike
-def test_evaluate_scores_the_onnx_policy_as_its_checkpoint(exported, tmp_path):
-    checkpoint, onnx_file = exported
+def test_evaluate_scores_the_onnx_policy_as_its_checkpoint(exports, tmp_path):
+    checkpoint, onnx_file = exports("primal")  # evaluate.py reads every export alike
     scores = []
     for path in (checkpoint, onnx_file):
         out = tmp_path / f"{path.suffix[1:]}.json"
@@ -110,7 +119,7 @@ def test_evaluate_scores_the_onnx_policy_as_its_checkpoint(exported, tmp_path):
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-4)
 
 
-def test_a_file_that_is_not_an_exported_policy_is_refused(exported, tmp_path):
+def test_a_file_that_is_not_an_exported_policy_is_refused(exports, tmp_path):
     import onnx
 
     from dt_primal import load_policy
@@ -118,7 +127,7 @@ def test_a_file_that_is_not_an_exported_policy_is_refused(exported, tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"not a graph")
     with pytest.raises(UserError, match="is not a policy onnxruntime can load"):
         load_policy(tmp_path / "junk.onnx")
-    model = onnx.load(str(exported[1]))
+    model = onnx.load(str(exports("primal")[1]))
     for prop in model.metadata_props:
         if prop.key == "state_std":
             prop.value = json.dumps([0.0] * len(json.loads(prop.value)))  # a zero std: every state infinite
