@@ -22,13 +22,13 @@ def resolved_precision(given: str | None, cfg: dict, model_config: dict, device,
 
 
 def policy_of(ckpts: list[dict], given: str | None, device, done: dict):
-    """One policy of ``ckpts`` (one architecture): an exported .onnx one on onnxruntime (fp32), else the
-    checkpoints' as one ensemble at the precision ``resolved_precision`` gives."""
-    from dt_primal.evaluation.onnx_policy import load_onnx_policy
+    """One policy of ``ckpts`` (one architecture): an exported .onnx one on onnxruntime (fp32), loaded with
+    its record (``onnx_run``), else the checkpoints' as one ensemble at the precision ``resolved_precision``
+    gives."""
     from dt_primal.evaluation.policy import policy_from_checkpoints
 
     if "onnx" in ckpts[0]:
-        return load_onnx_policy(ckpts[0]["onnx"])
+        return ckpts[0]["onnx"]
     precision = resolved_precision(given, ckpts[0]["config"], ckpts[0]["model_config"], device, done)
     return policy_from_checkpoints(ckpts, device, precision)
 

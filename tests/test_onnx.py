@@ -1,13 +1,12 @@
 """A policy exported to ONNX acts as its checkpoint does, on onnxruntime and NumPy, where torch cannot be imported."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import make_episodes
-from test_files import ENV, ROOT, SMALL
+from test_files import ENV, SMALL
+from test_train import run
 
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.config import make_config
@@ -85,14 +84,7 @@ def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exports, model, tm
         live=live,
         targets=np.array(TARGETS),
     )
-    res = subprocess.run(
-        [sys.executable, "-c", ACT_WITHOUT_TORCH, str(onnx_file), str(tmp_path / "steps.npz"), str(tmp_path / "a.npy")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-    )
+    res = run("-c", ACT_WITHOUT_TORCH, str(onnx_file), str(tmp_path / "steps.npz"), str(tmp_path / "a.npy"), env=ENV)
     assert res.returncode == 0, res.stderr
     got = np.load(tmp_path / "a.npy")
     want = np.stack([a.reshape(len(TARGETS), -1) for _, _, _, a in seen])
@@ -105,15 +97,8 @@ def test_evaluate_scores_the_onnx_policy_as_its_checkpoint(exports, tmp_path):
     scores = []
     for path in (checkpoint, onnx_file):
         out = tmp_path / f"{path.suffix[1:]}.json"
-        cmd = [sys.executable, "evaluate.py", str(path), "--episodes", "2", "--out", str(out), "--device", "cpu"]
-        res = subprocess.run(
-            cmd + ["--precision", "fp32"] * (path.suffix == ".pt"),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=ENV,
-        )
+        cmd = ["evaluate.py", str(path), "--episodes", "2", "--out", str(out), "--device", "cpu"]
+        res = run(*cmd, *["--precision", "fp32"] * (path.suffix == ".pt"), env=ENV)
         assert res.returncode == 0, res.stderr
         scores.append([t["return_mean"] for t in json.loads(out.read_text())["checkpoints"][0]["targets"]])
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-4)

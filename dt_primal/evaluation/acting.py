@@ -11,6 +11,7 @@ forward pass. No torch here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -85,6 +86,10 @@ class Acting:
         self.history[1][:, :, -1] = action
         self.t += 1
         return xp.numpy(action).reshape(*lead, self.act_dim)
+
+    def evaluating(self):
+        """A context in which the model acts as evaluation wants it (no dropout); nothing to switch here."""
+        return contextlib.nullcontext()
 
     def _predict(self, states, actions, rtg, timesteps, live: np.ndarray | None):
         raise NotImplementedError

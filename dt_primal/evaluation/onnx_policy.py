@@ -63,9 +63,7 @@ def load_onnx_policy(path: str | os.PathLike) -> OnnxPolicy:
 
 def onnx_run(path: str | os.PathLike) -> dict:
     """What evaluate.py reads of a checkpoint, from an exported policy's metadata: its config, model
-    config, task, step, dataset and normalisation (and ``onnx``: the file)."""
-    from dt_primal.untrusted import check_onnx_policy
-
-    _, meta = check_onnx_policy(path)
+    config, task, step, dataset and normalisation, and ``onnx``: the policy itself, loaded once."""
+    policy = load_onnx_policy(path)
     keys = ("config", "model_config", "task", "step", "dataset", "state_mean", "state_std")
-    return {k: meta[k] for k in keys} | {"onnx": str(path)}
+    return {k: policy.meta[k] for k in keys} | {"onnx": policy}

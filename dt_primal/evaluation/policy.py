@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -74,6 +75,17 @@ class Policy(Acting):
     @property
     def max_ep_len(self) -> int:
         return self.model.max_ep_len
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """The model in evaluation mode (no dropout) inside, as it was after (training's periodic evaluation
+        acts with the model it trains)."""
+        was_training = self.model.training
+        self.model.train(False)
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
 
     @torch.no_grad()
     def act(self, obs, reward=0.0, live=None) -> np.ndarray:

@@ -105,10 +105,11 @@ def normalized_text(r: dict) -> str:
 def across_text(r: dict, key: str = "normalized") -> str:
     """An across-checkpoints mean with its 95 % interval, "mean [low, high]" (``aggregate``); "–" without
     reference scores."""
+    from dt_primal.evaluation.intervals import Estimate
+
     if r[f"{key}_mean"] is None:
         return "–"
-    low, high = r.get(f"{key}_interval") or (None, None)
-    return f"{r[f'{key}_mean']:.1f}" + ("" if low is None else f" [{low:.1f}, {high:.1f}]")
+    return Estimate(r[f"{key}_mean"], *(r.get(f"{key}_interval") or (None, None))).text()
 
 
 def score(report: dict) -> float:
@@ -127,6 +128,10 @@ def aggregate(results: list[dict]) -> dict:
     each mean over the checkpoints (``dt_primal.evaluation.intervals``; None for one checkpoint)."""
     from dt_primal.evaluation.intervals import interval
 
+    def bounds(values) -> list[float] | None:
+        e = interval(values)
+        return None if e.low is None else [e.low, e.high]
+
     targets = [r["target"] for r in results[0]["targets"]]
     if any([r["target"] for r in res["targets"]] != targets for res in results):
         raise ValueError("the checkpoints were evaluated on different targets")
@@ -135,7 +140,6 @@ def aggregate(results: list[dict]) -> dict:
         norm = [res["targets"][i]["normalized_mean"] for res in results]
         norm = None if None in norm else mean_std(norm)
         ret = mean_std([res["targets"][i]["return_mean"] for res in results])
-        bounds = lambda values: None if len(values) < 2 else [interval(values).low, interval(values).high]
         across.append(
             {
                 "target": target,

@@ -23,33 +23,10 @@ def default_env_workers(device: torch.device | str, num_envs: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_envs // 8))
 
 
-def rollout(
-    policy: Policy,
-    task: Task | list[Task],
-    targets: list[float] | list[list[float]],
-    episodes: int,
-    seeds: list[int] | None = None,
-    env_workers: int | None = None,
-    progress: bool = False,
-) -> list[list[dict]]:
-    """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
-    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
-    ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
-    and action sizes, as many targets each). Returns per member one report per target with the keys
-    ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
-    lengths)."""
-    model = getattr(policy, "model", None)  # an exported policy (OnnxPolicy) has none to switch
-    was_training = model is not None and model.training
-    if model is not None:
-        model.train(False)
-    M = policy.members
-    tasks = task if isinstance(task, list) else [task] * M
-    targets = targets if isinstance(targets[0], list) else [targets] * M
-    n = episodes * len(targets[0])
-    workers = env_workers or default_env_workers(policy.device, M * n)
-    env = Episodes([t for t in tasks for _ in range(n)], M * n, workers)
-    obs = env.reset([s + j for s in seeds or [0] * M for j in range(n)])
-    policy.reset(np.repeat(targets, episodes, axis=1))
+def _play(policy, env, obs, shape: tuple[int, int], progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Step every episode of ``env`` (started at ``obs``) with ``policy`` until all have ended or reached
+    ``policy.max_ep_len`` steps: each episode's return and length, shaped (members, episodes)."""
+    M, n = shape
     rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
     alive = np.ones((M, n), dtype=bool)
     bar = tqdm(
@@ -66,9 +43,35 @@ def rollout(
         if not alive.any():
             break
     bar.close()
+    return returns, lengths
+
+
+def rollout(
+    policy: Policy,
+    task: Task | list[Task],
+    targets: list[float] | list[list[float]],
+    episodes: int,
+    seeds: list[int] | None = None,
+    env_workers: int | None = None,
+    progress: bool = False,
+) -> list[list[dict]]:
+    """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
+    seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
+    ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
+    and action sizes, as many targets each). Returns per member one report per target with the keys
+    ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
+    lengths)."""
+    M = policy.members
+    tasks = task if isinstance(task, list) else [task] * M
+    targets = targets if isinstance(targets[0], list) else [targets] * M
+    n = episodes * len(targets[0])
+    workers = env_workers or default_env_workers(policy.device, M * n)
+    env = Episodes([t for t in tasks for _ in range(n)], M * n, workers)
+    obs = env.reset([s + j for s in seeds or [0] * M for j in range(n)])
+    policy.reset(np.repeat(targets, episodes, axis=1))
+    with policy.evaluating():
+        returns, lengths = _play(policy, env, obs, (M, n), progress)
     env.close()
-    if model is not None:
-        model.train(was_training)
     return [
         [
             report(
