@@ -132,12 +132,29 @@ def bench(w: Window, name: str, mode: str, members: list[int], limit: float, *mo
     return json.loads(out.read_text())
 
 
+MAX_MEASUREMENTS = 16 * 2**20  # as the sweep reads it (dt_primal.untrusted.MAX_RECORD)
+
+
+def read_measurements(path: Path) -> dict:
+    """``--throughput``: a JSON object with a list of records, of at most MAX_MEASUREMENTS bytes; else exit 2."""
+    try:
+        if path.stat().st_size > MAX_MEASUREMENTS:
+            raise ValueError(f"larger than {MAX_MEASUREMENTS >> 20} MiB")
+        doc = json.loads(path.read_bytes())
+        if not (isinstance(doc, dict) and isinstance(doc.get("records"), list)):
+            raise ValueError("no list of records")
+    except (OSError, ValueError, RecursionError) as exc:
+        print(f"--throughput {path} is not a file of throughput measurements ({exc}).", file=sys.stderr)
+        sys.exit(2)
+    return doc
+
+
 def measure(w: Window, args) -> str:
     """The training step's throughput in the setting to train with, written to OUT/throughput.json: compiled
     + captured, else (compiling failed or took too long) captured; or the measurements of ``--throughput``."""
-    if args.throughput:  # the sweep checks it (commands.sweep.budget.load_throughput)
-        doc = json.loads(args.throughput.read_text())
-        modes = {r.get("mode") for r in doc.get("records", []) if isinstance(r, dict)}
+    if args.throughput:  # read by read_measurements; the sweep checks it in full (budget.load_throughput)
+        doc = read_measurements(args.throughput)
+        modes = {r.get("mode") for r in doc["records"] if isinstance(r, dict)}
         mode = "compiled+captured" if "compiled+captured" in modes else "captured"
     else:
         doc = bench(w, "throughput compiled+captured", "compiled+captured", MEMBERS, args.compile_limit)
@@ -287,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv[:cut])
     args.out = args.out.resolve()
     args.throughput = args.throughput and args.throughput.resolve()
+    if args.throughput:
+        read_measurements(args.throughput)  # before the window's time is spent
     args.sweep_args = argv[cut + 1 :]  # after --: train.py options for every run
     args.out.mkdir(parents=True, exist_ok=True)
     (start if args.what == "start" else wait)(args)
