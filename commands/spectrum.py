@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commands.train import Loader, load_dataset
+from datasets.loaders import load_dataset
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
+from dt_primal.training.command import Loader
 from envs import Task
 
 

@@ -107,11 +107,11 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m dt_primal.export") -> None:
     from dt_primal.cli import run_main
 
     p = argparse.ArgumentParser(
-        prog="python -m dt_primal.export",
+        prog=prog,
         description=__doc__,
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,

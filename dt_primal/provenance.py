@@ -11,19 +11,22 @@ from pathlib import Path
 
 import torch
 
-LIBRARIES = ("torch", "numpy", "gymnasium", "mujoco", "minari")
+# dt-primal's own version is None in a checkout (not installed), where the commit names the code instead
+LIBRARIES = ("dt-primal", "torch", "numpy", "gymnasium", "mujoco", "minari")
 
 
 def commit() -> str | None:
     """``$DT_PRIMAL_COMMIT`` when set (a copy of the tree on another machine, whose .git, if any, need not
     be its own), else the checkout's commit, with ``-dirty`` when tracked files differ from it; None
-    outside a git checkout."""
+    outside a checkout of dt-primal (an installed copy, even inside another project's repository)."""
     if os.environ.get("DT_PRIMAL_COMMIT"):
         return os.environ["DT_PRIMAL_COMMIT"][:80]
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if head.returncode:
+        head = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode or Path(head.stdout.splitlines()[0]).resolve() != root:
             return None
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
@@ -34,7 +37,7 @@ def commit() -> str | None:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return head.stdout.strip() + ("-dirty" if dirty else "")
+    return head.stdout.splitlines()[1] + ("-dirty" if dirty else "")
 
 
 def device_name(device: torch.device | str) -> str:

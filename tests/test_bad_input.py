@@ -20,7 +20,6 @@ from test_data import write_minari
 from test_reliability import ENV, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 
-from commands.train import train_command
 from datasets import suite
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
@@ -31,6 +30,7 @@ from dt_primal.data import Trajectories
 from dt_primal.errors import phase
 from dt_primal.evaluation import checks as evaluate_checks
 from dt_primal.training import checks, run_folder
+from dt_primal.training.command import train_command
 
 QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
 

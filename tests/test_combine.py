@@ -79,8 +79,8 @@ def test_a_medium_expert_that_is_not_local_says_how_to_make_it():
         UserError,
         match="mujoco/walker2d/medium-expert-v0 is not a local Minari dataset. Minari's hosted "
         "MuJoCo datasets have no medium-expert level: make it from its parts with minari "
-        "download mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0, then python -m "
-        "datasets combine mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0 --into "
+        "download mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0, then, in a checkout of dt-primal, "
+        "python -m datasets combine mujoco/walker2d/medium-v0 mujoco/walker2d/expert-v0 --into "
         "mujoco/walker2d/medium-expert-v0",
     ):
         load_dataset("mujoco/walker2d/medium-expert-v0")

@@ -10,20 +10,21 @@ import torch
 from test_reliability import ENV, SMALL, assert_user_error, raises
 from test_train import ROOT, TINY, hopper_file
 
-import evaluate
-from commands import train as run
 from commands.sweep import command as sweep
 from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision
 from dt_primal.config import Config, make_config
+from dt_primal.evaluation.command import evaluate_command
 from dt_primal.training import checks
+from dt_primal.training import command as run
 from dt_primal.training import loop as training
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
 LIBRARY = (
-    "dt_primal, commands.train, commands.sweep.command, commands.spectrum, dt_primal.training.loop, "
+    "dt_primal, dt_primal.console, dt_primal.training.command, dt_primal.evaluation.command, dt_primal.loaders, "
+    "commands.train, commands.sweep.command, commands.spectrum, dt_primal.training.loop, "
     "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
     "dt_primal.cli, dt_primal.precision, dt_primal.process, "
     "datasets.loaders, envs"
@@ -66,6 +67,9 @@ print("unchanged")""")
         "module:commands.sweep",
         "module:commands.spectrum",
         "module:datasets",
+        "console:train",
+        "console:evaluate",
+        "console:export",
     ],
 )
 def test_every_command_sets_the_wait_policy_before_torch_loads(command):
@@ -81,7 +85,11 @@ class Spy(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Spy())
 sys.argv = ["{name}", "--help"]
 try:
-    runpy.run_{kind}("{name}", run_name="__main__")
+    if "{kind}" == "console":  # an installed command line: pyproject.toml's [project.scripts]
+        import dt_primal.console
+        dt_primal.console.{name}()
+    else:
+        runpy.run_{kind}("{name}", run_name="__main__")
 except SystemExit:
     pass
 print("policy at torch import:", seen)""")
@@ -150,21 +158,9 @@ def test_a_run_records_the_resolved_precision(tmp_path, monkeypatch, capsys, sha
     for share_now, used in ((share, chosen), (2.5, "fp32")):
         monkeypatch.setattr(precision, "bf16_share", lambda d_model, share_now=share_now: share_now)
         report = tmp_path / f"ev{share_now}.json"
-        monkeypatch.setattr(
-            sys,
-            "argv",
-            [
-                "evaluate.py",
-                str(tmp_path / "run" / "last.pt"),
-                "--episodes",
-                "1",
-                "--device",
-                "cpu",
-                "--out",
-                str(report),
-            ],
+        evaluate_command(
+            [str(tmp_path / "run" / "last.pt"), "--episodes", "1", "--device", "cpu", "--out", str(report)]
         )
-        evaluate.main()
         assert f"precision: {used} (auto: " in capsys.readouterr().out
         assert json.loads(report.read_text())["checkpoints"][0]["precision"] == used
 

@@ -2,12 +2,13 @@
 than 80 lines), and installs as a library."""
 
 import ast
+import json
 import shutil
 import subprocess
 import sys
 import zipfile
 
-from test_train import ROOT
+from test_train import ROOT, TINY, hopper_file
 
 LIMIT = 80
 
@@ -23,31 +24,43 @@ def test_no_function_is_longer_than_80_lines():
     assert len(files) > 20 and not long, f"longer than {LIMIT} lines: " + "; ".join(long)
 
 
-def test_the_wheel_holds_the_library_and_never_a_top_level_datasets(tmp_path):
-    """``pip install .`` installs dt_primal and envs (a top-level ``datasets`` would shadow Hugging Face's),
-    and the library imports from the wheel alone, in a folder outside the checkout."""
+def test_the_wheel_installs_the_library_and_its_commands_and_never_a_top_level_datasets(tmp_path):
+    """``pip install`` of the wheel installs dt_primal and envs (a top-level ``datasets`` would shadow Hugging
+    Face's) and the console scripts, which train, evaluate and export in a folder outside the checkout."""
     src = tmp_path / "src"  # a copy: building in the checkout would leave build/ and *.egg-info there
     for name in ("dt_primal", "envs"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    res = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)]
+    assert subprocess.run(pip, capture_output=True, text=True, timeout=600).returncode == 0
     wheel = next(tmp_path.glob("dt_primal-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"dt_primal", "envs"}
-    script = (
-        f"import sys; sys.path.insert(0, {str(wheel)!r}); import dt_primal.evaluation.policy; print(dt_primal.__file__)"
-    )
-    res = subprocess.run(
-        [sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0 and res.stdout.strip().startswith(str(wheel)), res.stderr
+    git = ["git", "-c", "user.name=a", "-c", "user.email=a@b", "-C", str(tmp_path)]  # the user's own repository
+    subprocess.run(git + ["init", "-q"], check=True, timeout=60)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "theirs"], check=True, timeout=60)
+    venv = tmp_path / "venv"  # the dependencies are this environment's: nothing is downloaded
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    install = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    home = tmp_path / "elsewhere"
+    home.mkdir()
+
+    def command(name, *args):
+        return subprocess.run([venv / "bin" / name, *map(str, args)], cwd=home, capture_output=True, text=True)
+
+    res = command("dt-primal-train", "--steps", "1", *TINY, "--out", "runs/suite")
+    assert res.returncode == 2 and "in a checkout of dt-primal, a dataset of its offline suite" in res.stderr
+    data = hopper_file(tmp_path)
+    res = command("dt-primal-train", "--dataset", data, "--steps", "3", "--eval-episodes", "1", *TINY, "--out", "run")
+    assert res.returncode == 0 and (home / "run" / "eval.json").exists(), res.stderr
+    made = json.loads((home / "run" / "eval.json").read_text())["provenance"]  # the version, not their commit
+    assert made["versions"]["dt-primal"] == "0.1.0" and made["commit"] is None
+    res = command("dt-primal-evaluate", "run/last.pt", "--episodes", "1", "--device", "cpu", "--out", "ev.json")
+    assert res.returncode == 0 and "normalised score" in res.stdout, res.stderr
+    res = command("dt-primal-export", "--help")
+    assert res.returncode == 0 and res.stdout.startswith("usage: dt-primal-export"), res.stderr
 
 
 LAYERS = {"envs": 0, "dt_primal": 1, "datasets": 2, "commands": 3, "train": 3, "evaluate": 3}

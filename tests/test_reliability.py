@@ -82,7 +82,7 @@ def tiny(tmp_path_factory):
 
 def test_unknown_dataset_id_says_how_to_get_one(tmp_path):
     res = run("train.py", "--dataset", "nobody/hopper/nothing-v0", "--out", str(tmp_path))
-    assert_user_error(res, "nobody/hopper/nothing-v0", "python -m datasets build", "--download", ".hdf5")
+    assert_user_error(res, "nobody/hopper/nothing-v0", "dt-primal/<env>/<level>-v0", "--download", ".hdf5")
 
 
 def test_impossible_configs_are_all_named_at_once(tmp_path):
@@ -151,6 +151,8 @@ def test_unknown_suite_dataset_and_unknown_env(tmp_path):
         load_dataset("dt-primal/ant/medium-v0")
     with raises("python -m datasets build --env hopper --level medium"):
         load_dataset("dt-primal/hopper/medium-v0", build=False)  # as in a multi-process run
+    with raises("a multi-process (torchrun) run does not download datasets. Download it first with minari download"):
+        load_dataset("mujoco/hopper/medium-v0", download=True, build=False)  # before any network access
     write_d4rl(tmp_path / "d.hdf5", make_episodes())
     with raises(
         "--env ant is not an environment Gymnasium knows (Environment `ant` doesn't exist. Did you mean: `Ant`?)"

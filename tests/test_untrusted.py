@@ -289,7 +289,7 @@ def exit_of(main, capsys, *phrases):
 
 def train_py(capsys, *argv, phrase):
     """``train.py argv``, in this process (it stops before training), refused naming ``phrase``."""
-    from commands.train import train_command
+    from dt_primal.training.command import train_command
 
     exit_of(lambda: train_command([str(a) for a in argv], load_dataset), capsys, phrase)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from commands.sweep.budget import Group, Setting
-from commands.train import Loader, train_command
 from datasets.suite import suite_id
 from dt_primal.cli import run_main
 from dt_primal.process import configure_process
+from dt_primal.training.command import Loader, train_command
 from dt_primal.training.run_folder import CHECKPOINT, RECORD, group_dir, run_dir, try_lock
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,9 @@ import socket
 from pathlib import Path
 
 from commands.sweep.grid import group_dir, in_process, python_path, run_group
-from commands.train import Loader, load_dataset
+from datasets.loaders import load_dataset
 from dt_primal.errors import UserError
+from dt_primal.training.command import Loader
 
 
 class Stopped(Exception):

@@ -4,16 +4,11 @@ return-to-go that drops by each reward / ``reward_scale``, and the timesteps (th
 past its episode limit). ``Policy`` (PyTorch, dt_primal.evaluation.policy) and ``OnnxPolicy``
 (onnxruntime and NumPy, dt_primal.evaluation.onnx_policy) are this class with their own arrays and
 forward pass. No torch here.
-
-``load_policy(path)``: a ``last.pt`` checkpoint as a PyTorch ``Policy``, a ``.onnx`` export
-(``python -m dt_primal.export``) as an ``OnnxPolicy``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-from pathlib import Path
 
 import numpy as np
 
@@ -101,17 +96,3 @@ class Acting:
         rows = [np.flatnonzero(a) for a in live]
         width = max(map(len, rows))
         return np.stack([np.resize(r if len(r) else [0], width) for r in rows]), width
-
-
-def load_policy(path: str | os.PathLike, device="cpu", precision: str | None = None):
-    """The policy of ``path``: a checkpoint (``last.pt`` of train.py) as a PyTorch ``Policy`` on ``device``
-    at the run's precision unless ``precision`` is given; an ONNX export (``.onnx``, ``python -m
-    dt_primal.export``) as an ``OnnxPolicy`` on onnxruntime's CPU, which needs no torch. Both read the
-    file without running any code from it."""
-    if Path(path).suffix == ".onnx":
-        from dt_primal.evaluation.onnx_policy import load_onnx_policy
-
-        return load_onnx_policy(path)
-    from dt_primal.evaluation.policy import load_checkpoint_policy
-
-    return load_checkpoint_policy(path, device, precision)

@@ -1,0 +1,134 @@
+"""The training command as a function, ``train_command(argv, load_dataset)``: what ``train.py``, the
+installed ``dt-primal-train`` (``dt_primal.console``) and a sweep's workers run. The installed command reads
+the standard formats (``dt_primal.loaders``); a checkout passes ``datasets.loaders.load_dataset``, which
+also builds its offline suite's datasets."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from dt_primal.checkpoint import load_checkpoint
+from dt_primal.cli import write_report
+from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
+from dt_primal.data import Trajectories
+from dt_primal.errors import UserError
+from dt_primal.evaluation.reports import across_text, normalized_text, scoring
+from dt_primal.training.checks import check_run_inputs
+from dt_primal.training.loop import Interrupted, distributed, train
+from dt_primal.training.run_folder import CHECKPOINT, hold_run_folder, member_folders
+
+# load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from
+# (dt_primal.loaders.load_dataset, or a checkout's datasets.loaders.load_dataset; a test may pass another)
+Loader = Callable[..., Trajectories]
+
+DESCRIPTION = """Train a Decision Transformer (dt), Primal.+DT (primal, default) or PrimalFormer on an offline
+dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard events.
+
+  python train.py --preset quick                       # a checkout: minutes on a CPU, on its offline suite
+  python train.py --dataset dt-primal/hopper/medium-replay-v0 --model primal --seeds 0 1 2 --out runs/hmr
+  python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
+  python train.py --dataset dt-primal/hopper/medium-v0 dt-primal/hopper/medium-replay-v0 --seeds 0 1 2 --out runs/h
+  dt-primal-train --dataset mujoco/hopper/medium-v0 --download --out runs/hm   # installed: the same options
+  (--seeds, and several --dataset of one task, train in one process as one ensemble, each member as it
+  would train alone; several datasets write OUT/DATASET/MODEL/seed_N: docs/ensembles.md)
+  torchrun --nproc_per_node 4 --standalone train.py ...  # data-parallel on 4 GPUs (docs/sweeps.md)
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default="paper",
+        help="paper: the Primal.+DT paper's settings (default); quick: d_model 128, 2000 steps, 10 final "
+        "episodes per target (minutes on a CPU); dt-paper: the original DT paper's baseline (--model dt, "
+        "d_model 128, 1 head, lr 1e-4; the rest as paper). Options given on the command line override "
+        "the preset",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="train these seeds at once, as one ensemble, into OUT/seed_N and write OUT/report.json",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/last.pt where a run stopped, with its settings (--steps and the evaluation "
+        "and checkpoint options may be changed)",
+    )
+    p.add_argument(
+        "--rescale-actions",
+        action="store_true",
+        help="scale dataset actions that lie outside the task's action space into its bounds (else refused)",
+    )
+    add_config_args(p)
+    return p
+
+
+def train_command(argv: list[str], load_dataset: Loader) -> None:
+    """``train.py argv``: parse, check, hold the run folder, load the data with ``load_dataset``, train,
+    evaluate and print the results. Bad input raises UserError; a SIGINT/SIGTERM that stopped training
+    exits with 128 + the signal (SystemExit). Run it under ``dt_primal.cli.run_main`` for the messages
+    and exit statuses of the command line."""
+    args = parser().parse_args(argv)
+    given = overrides(args)
+    if args.seeds and "seed" in given:
+        raise UserError(
+            f"--seed {given['seed']} and --seeds {' '.join(map(str, args.seeds))} were both given: --seeds "
+            f"trains each of its seeds as --seed N alone would; leave out --seed."
+        )
+    cfg = make_config(args.preset, **given)
+    specs = list(dict.fromkeys(args.dataset)) if args.dataset else None  # else the checkpoint's, or the default
+    seeds = args.seeds or ([cfg.seed] if specs and len(specs) > 1 else None)
+    first = member_folders(Path(cfg.out), seeds, specs, cfg.model)[0] / CHECKPOINT
+    if args.resume and first.exists():  # the checkpoint's settings, except those given now
+        cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
+    specs = specs or [cfg.dataset]
+    with (
+        distributed(cfg.device) as (rank, world),
+        hold_run_folder(cfg.out, seeds, rank == 0, specs, cfg.model) as folder,
+    ):
+        datas = {}
+        for spec in specs:
+            data = datas[spec] = load_dataset(spec, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
+            if rank == 0:
+                print(scoring(data.task, cfg.targets))
+            check_run_inputs(
+                data,
+                dataclasses.replace(cfg, dataset=spec),
+                seeds,
+                rescale_actions=args.rescale_actions,
+                notes=rank == 0,
+            )
+        folder.check_dataset(list(datas.values()), resume=args.resume)
+        try:
+            results = train(cfg, datas, resume=args.resume, seeds=seeds)
+        except Interrupted as exc:
+            print(f"\n{exc}", file=sys.stderr)
+            sys.exit(128 + exc.signum)
+        if rank != 0:  # only rank 0 evaluates and reports
+            return
+        for result in results:
+            for r in result["targets"]:
+                print(
+                    f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± "
+                    f"{r['return_std']:.1f}, "
+                    f"normalised score {normalized_text(r)} ({r['episodes']} episodes)"
+                )
+        if args.seeds:
+            for k, (spec, out) in enumerate(zip(specs, folder.datasets)):  # the members come dataset by dataset
+                summary = write_report(results[k * len(seeds) : (k + 1) * len(seeds)], out / "report.json")
+                for r in summary["across_checkpoints"]:
+                    print(
+                        f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "
+                        f"{across_text(r)} across {len(seeds)} seeds"
+                    )
+                print(f"report: {out / 'report.md'}")
