@@ -29,7 +29,7 @@ from dt_primal.checkpoint import UNRECORDED
 from dt_primal.cli import run_main
 from dt_primal.config import Config
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.training.run_folder import RECORD, seed_folder
+from dt_primal.training.run_folder import RECORD, run_dir, seed_folder
 from dt_primal.untrusted import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -348,7 +348,7 @@ def ablation() -> str:
 def reference() -> Path:
     """The Table-4 records the ablation's runs differ from by η or s only: the current ones if they match, else
     the legacy one that does."""
-    probe = "dt-primal_halfcheetah_medium-replay-v0/primal/seed_0/eval.json"
+    probe = run_dir(Path(), "dt-primal/halfcheetah/medium-replay-v0", "primal", 0) / RECORD
     abl = json.loads((ROOT / "results/ablation/eta0" / probe).read_text())["config"]
     keys = ("d_model", "steps", "activation", "embed_init", "timestep_init", "precision")
     same = lambda c: all(setting(c, k) == setting(abl, k) for k in keys)

@@ -68,7 +68,7 @@ def from_archive(src: Path) -> dict[str, bytes]:
         raise UserError(f"{src} is not a readable .tgz archive ({exc}).") from None
     if left:
         print(f"left out of {src}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} (not a run record)")
-    finished = {str(PurePosixPath(n).parent) for n in files if n.endswith("/eval.json")}
+    finished = {str(PurePosixPath(n).parent) for n in files if PurePosixPath(n).name == RECORD}
     return {n: b for n, b in files.items() if str(PurePosixPath(n).parent) in finished}
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.src} does not exist: give a sweep folder (--out of python -m commands.sweep) or a .tgz."
         )
     records = from_archive(args.src) if archive(args.src) else from_folder(args.src)
-    n = sum(name.endswith("/eval.json") for name in records)
+    n = sum(PurePosixPath(name).name == RECORD for name in records)
     runs = f"{n} finished run{'s' * (n != 1)}"
     if archive(args.dst):
         into_archive(records, args.dst)

@@ -27,7 +27,7 @@ from dt_primal.evaluation.checks import (
     task_limits,
 )
 from dt_primal.machine import available_bytes, check_device, gib
-from dt_primal.training.run_folder import CHECKPOINT, SEED_FOLDERS
+from dt_primal.training.run_folder import CHECKPOINT, SEED_FOLDERS, seed_of
 from envs import Task
 
 # A target counts as far above the data when it exceeds the best episode's return by more than this
@@ -311,9 +311,10 @@ def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resum
             f"({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
             f"resume those with --seeds listing them, and train the others in another run."
         )
-    listed = sorted(Path(cfg.out).glob(f"{SEED_FOLDERS}/{CHECKPOINT}"))
+    listed = [seed_of(p.parent) for p in Path(cfg.out).glob(f"{SEED_FOLDERS}/{CHECKPOINT}")]
+    listed = sorted(s for s in listed if s is not None)
     if resume and not seeds and not any(found) and listed:
-        names = " ".join(sorted((p.parent.name.removeprefix("seed_") for p in listed), key=int))
+        names = " ".join(map(str, listed))
         raise UserError(f"{cfg.out} holds the seeds {names} of an ensemble; resume them with --seeds {names}.")
     if resume and not any(found):
         print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")

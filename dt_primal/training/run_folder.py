@@ -186,6 +186,12 @@ def seed_folder(folder: Path, seed: int) -> Path:
 SEED_FOLDERS = "seed_*"
 
 
+def seed_of(folder: Path) -> int | None:
+    """The seed of a ``seed_folder``; None for another folder that ``SEED_FOLDERS`` matches."""
+    seed = folder.name.removeprefix("seed_")
+    return int(seed) if seed.isdecimal() else None
+
+
 def group_dir(out: Path, dataset: str, model: str) -> Path:
     """A sweep's folder of one dataset and model in ``out``: OUT/DATASET/MODEL."""
     return out / dataset_slug(dataset) / model
