@@ -430,18 +430,25 @@ def _reports_ok(reports: object) -> bool:
     )
 
 
+def read_json(path, what: str, remedy: str) -> object:
+    """The JSON value of the regular file ``path``, of at most ``MAX_RECORD`` bytes; ``what`` names the file in
+    the messages ("The run record"), ``remedy`` says what to do with one that is not JSON."""
+    if regular_file(path, what) > MAX_RECORD:
+        raise UserError(f"{what} {path} is larger than {MAX_RECORD >> 20} MiB; such a file holds a few kB.")
+    try:
+        return json.loads(open(path, "rb").read())
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{what} {path} is not JSON ({str(exc)[:100]}); it is damaged. {remedy}") from None
+
+
 def read_record(path, reports: bool = True) -> dict:
     """A finished run's ``eval.json``, a JSON object checked for what the tables read: its step and its
     reports (``reports`` False: only that it is an object, for its config)."""
-    if regular_file(path, "The run record") > MAX_RECORD:
-        raise UserError(f"The run record {path} is larger than {MAX_RECORD >> 20} MiB; train.py writes a few kB.")
-    try:
-        record = json.loads(open(path, "rb").read())
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise UserError(
-            f"The run record {path} is not JSON ({str(exc)[:100]}); it is damaged. Restore it from "
-            f"the run's folder or from git, or evaluate its checkpoint again."
-        ) from None
+    record = read_json(
+        path,
+        "The run record",
+        "Restore it from the run's folder or from git, or evaluate its checkpoint again.",
+    )
     if not (
         isinstance(record, dict)
         and (not reports or _is_count(record.get("step")) and _reports_ok(record.get("targets")))

@@ -82,8 +82,9 @@ def test_pairs_are_taken_in_priority_order_and_smaller_ones_still_tried_after_on
 def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content):
     path = tmp_path / "throughput.json"
     path.write_text(content)
-    with pytest.raises(UserError, match="throughput.json"):
+    with pytest.raises(UserError, match="throughput.json") as refused:
         load_throughput(path)
+    assert "run record" not in str(refused.value)  # named as what it is
 
 
 def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committed_runs(tmp_path):

@@ -102,10 +102,10 @@ class Throughput:
 def load_throughput(path: Path) -> Throughput:
     """A file of measurements: ``{"records": [...], "eval_steps_per_s": ...}`` (this module's or
     ``bench/ensemble_speed.py --json``'s); a UserError naming what is wrong with it."""
-    from dt_primal.untrusted import read_record
+    from dt_primal.untrusted import read_json
 
     try:
-        doc = read_record(path, reports=False)
+        doc = read_json(path, "The throughput file", "Measure again (bench/ensemble_speed.py --json).")
         t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", EVAL_STEPS_PER_S)))
         for r in doc["records"]:
             t.add(r)
