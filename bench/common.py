@@ -146,14 +146,6 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
 # ----------------------------------------------------------------------- training step
 
 
-def make_train_step(cfg, data, seeds=(0,), device: str = "cpu", phase=None, capture: bool = True):
-    """The library's training step (``dt_primal.training.throughput.fresh_step``, what ``train.py`` runs) for
-    ``cfg`` on ``data`` (Trajectories): the seeds ``seeds`` as one ensemble."""
-    from dt_primal.training.throughput import fresh_step
-
-    return fresh_step(cfg, data, seeds, device, capture=capture, phase=phase)
-
-
 def short_run_args(steps: int, eval_episodes: int, precision: str, device: str = "cpu") -> list[str]:
     """train.py options of a short measured run on Hopper data: ``steps`` training steps, no
     intermediate evaluation, one checkpoint, then the final evaluation."""

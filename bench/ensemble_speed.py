@@ -33,7 +33,7 @@ import dt_primal.model.attention
 import dt_primal.model.dropout
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
-from dt_primal.training.throughput import time_updates
+from dt_primal.training.throughput import fresh_step, time_updates
 
 MODES = ("eager", "captured", "compiled", "compiled+captured")
 SIZES = {
@@ -85,7 +85,7 @@ def library_step(
     cfg = make_config(
         "paper", model="primal", s=64, device=device, precision=precision, compile=compile, **SIZES[size][1]
     )
-    return common.make_train_step(cfg, data, seeds=range(members), device=device, capture=capture)
+    return fresh_step(cfg, data, range(members), device, capture=capture)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
   python bench/profile_step.py            # profile + variants, writes the "Profile" section
   python bench/profile_step.py --quick    # smoke check, < 1 min
 
-1. torch.profiler over a few steps of the library's training step (bench/common.py:make_train_step,
+1. torch.profiler over a few steps of the library's training step (dt_primal.training.throughput.fresh_step,
    Primal.+DT, d_model 256, 4 heads, 3 layers, K 20, batch 64), in fp32 and in bf16 autocast: time
    per part of the step (record_function labels) and the top operators by self CPU time.
 2. The same step timed in a fresh process per variant (OpenMP reads its settings at start-up):
@@ -28,8 +28,9 @@ import torch
 
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
+from dt_primal.training.throughput import fresh_step
 
-# name: (environment changes, make_train_step options, config changes, description)
+# name: (environment changes, fresh_step options, config changes, description)
 VARIANTS = {
     "baseline": ({}, {}, {}, "as the training loop runs it (fp32, 2 threads), OMP_WAIT_POLICY=PASSIVE"),
     "omp-default": (
@@ -69,7 +70,7 @@ def profile(steps: int, precision: str) -> tuple[str, str, str]:
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    step = common.make_train_step(spec_config(precision=precision), load_data(), phase=record_function)
+    step = fresh_step(spec_config(precision=precision), load_data(), [0], phase=record_function)
     for _ in range(3):
         step()
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -122,7 +123,7 @@ def matmul_floor(precision: str) -> tuple[float, float]:
     this CPU's GEMM reaches in ``precision`` on the MLP's first product, 3840×256 @ 256×1024."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    step = common.make_train_step(spec_config(precision=precision), load_data())
+    step = fresh_step(spec_config(precision=precision), load_data(), [0])
     step()
     with FlopCounterMode(display=False) as counter:
         step()
@@ -140,7 +141,7 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
         import dt_primal.model.dropout
 
         dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
-    step = common.make_train_step(spec_config(**changes), load_data(), **options)
+    step = fresh_step(spec_config(**changes), load_data(), [0], **options)
     t0 = time.perf_counter()
     for _ in range(warmup):
         step()
@@ -247,7 +248,7 @@ def main() -> None:
         [
             f"Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
             "training step (`dt_primal.training.step.TrainStep`, what `train.py` runs, through "
-            f"`bench/common.py:make_train_step`), on "
+            f"`dt_primal.training.throughput.fresh_step`), on "
             f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
             f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own "
             f"overhead "

@@ -6,7 +6,7 @@ Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransfo
   python bench/train_speed.py --quick         # smoke check, < 1 min
 
 One update = sample a batch of 64 windows of K = 20 steps + one optimisation step. For dt-primal it
-is the library's training step (dt_primal.training.step.TrainStep, through bench/common.py:make_train_step):
+is the library's training step (dt_primal.training.throughput.fresh_step: the TrainStep train.py runs):
 WindowSampler.sample, dt_loss (under bf16 autocast when asked), backward, gradient clipping at 0.25,
 warm-up learning rate, fused AdamW, loss bookkeeping. The data are a D4RL-style hdf5 of Hopper-shaped random data
 (obs 11, act 3, 100k steps), read by datasets.loaders like any dataset, and given to the peers too.
@@ -31,6 +31,7 @@ import common
 
 from datasets.loaders import load_dataset
 from dt_primal.config import make_config
+from dt_primal.training.throughput import fresh_step
 
 PEERS_PYTHON = Path(os.environ.get("DT_PRIMAL_PEERS_PYTHON", Path.home() / ".venvs/peers/bin/python"))
 PEERS_SCRIPT = common.ROOT / "bench" / "peers.py"
@@ -40,7 +41,7 @@ DATA = common.SCRATCH / "hopper-random-100k.hdf5"
 
 def time_dt_primal(data, model: str, d_model: int, heads: int, precision: str, warmup: int, updates: int) -> dict:
     cfg = make_config("paper", model=model, d_model=d_model, n_head=heads, precision=precision, s=64, device="cpu")
-    step = common.make_train_step(cfg, data)
+    step = fresh_step(cfg, data, [0])
     for _ in range(warmup):
         step()
     wall, cpu = time.perf_counter(), time.process_time()
