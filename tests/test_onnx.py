@@ -21,6 +21,8 @@ pytest.importorskip("onnxscript")
 
 TARGETS = [3600.0, 1800.0, 900.0]
 
+pytestmark = pytest.mark.xdist_group("onnx")  # one test process runs them all: each model is exported once
+
 # a process in which torch cannot be imported: the ONNX policy of argv[1] replays the observations, rewards and
 # live flags of argv[2] (one environment per target) and writes its actions to argv[3]
 ACT_WITHOUT_TORCH = """

@@ -152,7 +152,7 @@ def test_unknown_suite_dataset_and_unknown_env(tmp_path):
     with raises("python -m datasets build --env hopper --level medium"):
         load_dataset("dt-primal/hopper/medium-v0", build=False)  # as in a multi-process run
     with raises("a multi-process (torchrun) run does not download datasets. Download it first with minari download"):
-        load_dataset("mujoco/hopper/medium-v0", download=True, build=False)  # before any network access
+        load_dataset("mujoco/hopper/never-made-v0", download=True, build=False)  # before any network access
     write_d4rl(tmp_path / "d.hdf5", make_episodes())
     with raises(
         "--env ant is not an environment Gymnasium knows (Environment `ant` doesn't exist. Did you mean: `Ant`?)"

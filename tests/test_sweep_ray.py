@@ -42,6 +42,8 @@ TINY = [
     "fp32",
 ]
 
+pytestmark = pytest.mark.xdist_group("ray")  # one test process runs them all, with one Ray instance
+
 
 @pytest.fixture(scope="module")
 def ray():
