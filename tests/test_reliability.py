@@ -146,7 +146,8 @@ def test_impossible_config(change, phrase):
         make_config(**change)
 
 
-def test_unknown_suite_dataset_and_unknown_env(tmp_path):
+def test_unknown_suite_dataset_and_unknown_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))  # empty, whatever other tests made
     with raises("suite ids are dt-primal/<env>/<level>-v<N>"):
         load_dataset("dt-primal/ant/medium-v0")
     with raises("python -m datasets build --env hopper --level medium"):
