@@ -3,13 +3,22 @@ import pytest
 
 
 @pytest.fixture(autouse=True, scope="session")
-def minari_home(tmp_path_factory):
-    """Every Minari dataset a test writes or reads lives in a temporary folder."""
+def session_minari_home(tmp_path_factory):
+    """The Minari datasets that module-wide fixtures write or read live in a temporary folder."""
     path = tmp_path_factory.mktemp("minari")
     mp = pytest.MonkeyPatch()
     mp.setenv("MINARI_DATASETS_PATH", str(path))
     yield path
     mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def minari_home(tmp_path_factory, monkeypatch):
+    """Every Minari dataset a test writes or reads lives in a temporary folder of its own: no test sees what
+    another made, whichever test process runs it and in whatever order."""
+    path = tmp_path_factory.mktemp("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(path))
+    return path
 
 
 def make_episodes(lengths=(7, 3, 12), obs_dim=11, act_dim=3, seed=0):

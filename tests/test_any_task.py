@@ -78,6 +78,13 @@ def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed
     env.close()
 
 
+@pytest.fixture(autouse=True)
+def minari_home(session_minari_home, monkeypatch):
+    """This module's tests read the datasets its module-wide fixtures record once, in the session's folder."""
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(session_minari_home))
+    return session_minari_home
+
+
 @pytest.fixture(scope="module")
 def pendulum():
     record("tests/invertedpendulum/random-v0", "InvertedPendulum-v5", max_steps=40)

@@ -146,8 +146,7 @@ def test_impossible_config(change, phrase):
         make_config(**change)
 
 
-def test_unknown_suite_dataset_and_unknown_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))  # empty, whatever other tests made
+def test_unknown_suite_dataset_and_unknown_env(tmp_path):
     with raises("suite ids are dt-primal/<env>/<level>-v<N>"):
         load_dataset("dt-primal/ant/medium-v0")
     with raises("python -m datasets build --env hopper --level medium"):
