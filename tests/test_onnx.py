@@ -121,3 +121,21 @@ def test_a_file_that_is_not_an_exported_policy_is_refused(exports, tmp_path):
     onnx.save(model, str(tmp_path / "bad.onnx"))
     with pytest.raises(UserError, match="metadata .* is damaged"):
         load_policy(tmp_path / "bad.onnx")
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("model_config", {}), ("model_config", {"context": [4]}), ("config", {"seed": 0}), ("task", {}), ("step", -1)],
+)
+def test_evaluate_refuses_an_export_whose_run_record_is_damaged(exports, tmp_path, key, value):
+    """What evaluate.py reads of an export beside acting (its run's config, architecture, task, step) is checked
+    as a checkpoint's is: a message and status 2, never a traceback."""
+    import onnx
+
+    model = onnx.load(str(exports("dt")[1]))
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = json.dumps(value)
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    res = run("evaluate.py", str(tmp_path / "bad.onnx"), "--episodes", "1", "--out", str(tmp_path / "e.json"), env=ENV)
+    assert res.returncode == 2 and "run record in its metadata is damaged" in res.stderr, res.stderr
