@@ -203,7 +203,7 @@ def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
     if resume:
         _check_training_state(ckpt, path)
     try:
-        Config(**ckpt["config"]).validate()
+        Config.from_record(ckpt["config"])
         Task.from_record(ckpt["task"])
     except (TypeError, ValueError, KeyError, UserError, GymError) as exc:
         raise UserError(

@@ -108,6 +108,15 @@ class Config:
             self, s=self.resolved_s(), max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN
         )
 
+    @classmethod
+    def from_record(cls, record: object) -> Config:
+        """The run config a checkpoint or an exported policy stored: exactly this class's fields (the readers
+        take the dict's values), valid; ValueError or UserError when it is not one."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(record, dict) or set(record) != names:
+            raise ValueError(f"a run config needs exactly the fields {', '.join(sorted(names))}")
+        return cls(**record).validate()
+
     def model_config(self, state_dim: int, act_dim: int) -> ModelConfig:
         """The architecture this run trains for observations of size ``state_dim`` and actions of size
         ``act_dim`` (``s`` and ``max_ep_len`` as ``resolved`` gives them, else their defaults)."""

@@ -419,6 +419,7 @@ def test_a_pickle_holding_a_huge_integer(tmp_path):
         (lambda c: c["model"][next(iter(c["model"]))].fill_(float("nan")), "holds NaN or infinite weights", True),
         (lambda c: c.update(state_std=torch.zeros(11)), "a spread that is not positive", True),
         (lambda c: c["task"].update(ref_min=5.0, ref_max=5.0), "cannot normalise a score", False),
+        (lambda c: c["config"].pop("targets"), "a run config needs exactly the fields", False),
     ],
 )
 def test_values_that_would_make_every_score_or_action_nan(run_dir, tmp_path, change, phrase, acting):  # noqa: F811

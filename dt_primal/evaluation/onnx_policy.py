@@ -65,10 +65,8 @@ def load_onnx_policy(path: str | os.PathLike) -> OnnxPolicy:
 def onnx_run(path: str | os.PathLike) -> dict:
     """What evaluate.py reads of a checkpoint, from an exported policy's metadata: its config, model
     config, task, step, dataset and normalisation, and ``onnx``: the policy itself, loaded once. The run's
-    parts are checked as a checkpoint's are (``Config``, ``ModelConfig.from_record``, ``Task.from_record``)
+    parts are checked as a checkpoint's are (``Config.from_record``, ``ModelConfig.from_record``, ``Task.from_record``)
     and against the graph's sizes."""
-    from dataclasses import fields
-
     from gymnasium.error import Error as GymError
 
     from dt_primal.config import Config
@@ -79,11 +77,10 @@ def onnx_run(path: str | os.PathLike) -> dict:
     meta = policy.meta
     try:
         arch = ModelConfig.from_record(meta["model_config"])
-        ok = set(meta["config"]) == {f.name for f in fields(Config)}  # export writes every field
-        Config(**meta["config"]).validate()
+        Config.from_record(meta["config"])
         Task.from_record(meta["task"])
         sizes = (arch.state_dim, arch.act_dim, arch.context, arch.max_ep_len)
-        ok = ok and sizes == (len(meta["state_mean"]), policy.act_dim, meta["context"], meta["max_ep_len"])
+        ok = sizes == (len(meta["state_mean"]), policy.act_dim, meta["context"], meta["max_ep_len"])
         ok = ok and type(meta["step"]) is int and meta["step"] >= 0 and isinstance(meta["dataset"], str)
     except (TypeError, ValueError, KeyError, UserError, GymError):
         ok = False
