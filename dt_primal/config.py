@@ -11,7 +11,14 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
-from dt_primal.model.architecture import ACTIVATIONS, EMBED_INITS, MODELS, TIMESTEP_INITS, ModelConfig
+from dt_primal.model.architecture import (
+    ACTIVATIONS,
+    ATTENTION_KERNELS,
+    EMBED_INITS,
+    MODELS,
+    TIMESTEP_INITS,
+    ModelConfig,
+)
 
 if TYPE_CHECKING:
     from envs import Task
@@ -24,6 +31,9 @@ CHOICES = {
     "timestep_init": TIMESTEP_INITS,
     "activation": ACTIVATIONS,
     "precision": PRECISIONS,
+    "compile_mode": ("default", "max-autotune"),
+    "optimizer": ("fused", "compiled"),
+    "attention_kernel": ATTENTION_KERNELS,
 }
 
 # KSVD rank s of the paper's run script, per D4RL dataset (docs/method.md, "Hyper-parameters"; hopper-medium: 64).
@@ -40,6 +50,8 @@ PAPER_S = {
 }
 DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
+# fields newer than some records, at the value every record before them had: how the step runs, not what it computes
+ADDED_LATER = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa"}
 OWN_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")  # the ModelConfig fields that are not a Config field as it is
 
 
@@ -71,7 +83,10 @@ class Config:
     grad_clip: float = 0.25
     precision: str = "auto"  # auto | fp32 | tf32 (TF32 matrix products on CUDA) | bf16 (autocast); runs record
     #                          the one auto resolved to (dt_primal.precision)
-    compile: bool = False  # torch.compile the members' loss (forward; its backward follows)
+    compile: bool = False  # torch.compile the windows' gather and the members' loss (its backward follows)
+    compile_mode: str = "default"  # default | max-autotune: the compiler times its kernels' configurations
+    optimizer: str = "fused"  # AdamW: fused (PyTorch's kernel) | compiled (with the clipping, one compiled function)
+    attention_kernel: str = "sdpa"  # softmax attention: sdpa (PyTorch's fused kernels) | math (written out)
     cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
     # returns and evaluation (docs/method.md, "Evaluation protocol")
     reward_scale: float = 1000.0
@@ -113,6 +128,7 @@ class Config:
         """The run config a checkpoint or an exported policy stored: exactly this class's fields (the readers
         take the dict's values), valid; ValueError or UserError when it is not one."""
         names = {f.name for f in fields(cls)}
+        record = {**ADDED_LATER, **record} if isinstance(record, dict) else record
         if not isinstance(record, dict) or set(record) != names:
             raise ValueError(f"a run config needs exactly the fields {', '.join(sorted(names))}")
         return cls(**record).validate()

@@ -91,6 +91,43 @@ def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
     assert_same(member_state(step.model, 0), member_state(reference, 0), atol=1e-6)
 
 
+def test_the_compiled_update_trains_as_the_eager_step(data):
+    """--compile --optimizer compiled --attention-kernel math (the gather and loss compiled, the clipping, AdamW
+    and bookkeeping compiled as one function, attention written out) gives the eager step's weights, losses and
+    optimizer state, for every member; outside its compiled regions only the members' draws run."""
+    from torch._dynamo.utils import counters
+
+    cfg = dataclasses.replace(CFG, dropout=0.0, warmup_steps=3)
+    fast = dataclasses.replace(cfg, compile=True, optimizer="compiled", attention_kernel="math")
+    steps = []
+    for c in (cfg, fast):
+        torch.manual_seed(0)
+        model = DecisionTransformer(c.model_config(data.obs_dim, data.act_dim), members=2)
+        sampler = data_module.WindowSampler(data, c.context, c.reward_scale, *data.state_stats())
+        gens = [torch.Generator().manual_seed(s) for s in (0, 1)]
+        steps.append(TrainStep(c, model, sampler, gens, torch.device("cpu")))
+    counters.clear()
+    for _ in range(5):
+        for step in steps:
+            step()
+    assert counters["stats"]["unique_graphs"] >= 2  # the loss and the optimizer each ran compiled
+    eager, compiled = steps
+    for i in (0, 1):
+        assert_same(member_state(eager.model, i), member_state(compiled.model, i), atol=1e-5)
+        a, b = eager.member_optimizer_state(i), compiled.member_optimizer_state(i)
+        assert a["step"] == b["step"] == 5
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert_same(a[k], b[k], atol=1e-6)
+    torch.testing.assert_close(eager.sums, compiled.sums, rtol=1e-5, atol=1e-6)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from step_kernels import outside_compiled  # what bench/step_kernels.py reports
+
+    with torch.profiler.profile() as prof:
+        compiled()
+    outside = outside_compiled(prof.events())
+    assert outside["aten::randint"] == 2 and sum(outside.values()) <= 4, outside  # the draws, their stack, the seed
+
+
 @pytest.mark.parametrize("model", ["primal", "dt"])
 def test_each_member_ends_with_the_weights_of_its_seed_trained_alone(data, tmp_path, model):
     cfg = dataclasses.replace(CFG, model=model, dropout=0.0)

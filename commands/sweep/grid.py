@@ -194,11 +194,10 @@ def _precision(precision: str, device: str, d_model: int) -> str:
 def step_setting(cfg) -> Setting:
     """How ``cfg``'s training step runs on its device, as its throughput is measured."""
     from dt_primal.machine import resolve_device
+    from dt_primal.training.step import step_mode
 
-    cuda = resolve_device(cfg.device).type == "cuda"
-    mode = "+".join(m for m, on in (("compiled", cfg.compile), ("captured", cuda and cfg.cuda_graph)) if on)
     precision = _precision(cfg.precision, cfg.device, cfg.d_model)
-    return Setting(cfg.model, cfg.d_model, cfg.n_head, mode or "eager", precision)
+    return Setting(cfg.model, cfg.d_model, cfg.n_head, step_mode(cfg, resolve_device(cfg.device)), precision)
 
 
 def python_path() -> str:

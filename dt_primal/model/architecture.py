@@ -10,6 +10,7 @@ MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last blo
 EMBED_INITS = ("torch", "gpt2")
 TIMESTEP_INITS = ("torch", "gpt2")
 ACTIVATIONS = ("relu", "gelu")
+ATTENTION_KERNELS = ("sdpa", "math")  # how softmax attention runs (not the architecture: same function)
 
 
 @dataclass(frozen=True)

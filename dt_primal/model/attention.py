@@ -8,6 +8,8 @@ all tokens — None for softmax attention and when ``ksvd`` is False (inference,
 layer then works at ``rows`` alone). No output at a real token depends on padding or on a later
 token. The members' sequences are one batch of M·B sequences wherever the weights are shared (the
 attention itself), so that SDPA runs its fused kernels for all members at once.
+Softmax attention can also be written out (``use_attention_kernel(model, "math")``), for a compiler to
+fuse; both compute the same function.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class SoftmaxAttention(nn.Module):
     def __init__(self, members: int, d_model: int, n_head: int, dropout: float):
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
+        self.sdpa = True  # False: the math written out (``use_attention_kernel``)
         self.qkv = MemberLinear(members, d_model, 3 * d_model)
         self.proj = MemberLinear(members, d_model, d_model)
         self.resid_drop = Dropout(dropout)
@@ -43,7 +46,7 @@ class SoftmaxAttention(nn.Module):
         q, k, v = self.qkv(x).view(M * B, L, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         valid = None if valid is None else valid.reshape(M * B, L)
         p = self.dropout if self.training else 0.0
-        sdpa = p == 0.0 or not cheap_masks(x)
+        sdpa = self.sdpa and (p == 0.0 or not cheap_masks(x))
         if valid is None and rows is None and sdpa:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # causal and key-padding mask; every token sees itself so no row is empty
@@ -65,6 +68,15 @@ class SoftmaxAttention(nn.Module):
         M, B, L, D = x.shape
         q, k, _ = self.qkv(x).view(M, B, L, 3, self.n_head, D // self.n_head).permute(3, 0, 1, 4, 2, 5)
         return attention_probs(q, k, torch.ones(L, L, dtype=torch.bool, device=x.device).tril())
+
+
+def use_attention_kernel(model: nn.Module, kernel: str) -> nn.Module:
+    """``model`` with its softmax attention run by ``kernel``: ``sdpa`` (PyTorch's fused kernels) or
+    ``math`` (q kᵀ, mask, softmax and the product with v written out)."""
+    for m in model.modules():
+        if isinstance(m, SoftmaxAttention):
+            m.sdpa = kernel == "sdpa"
+    return model
 
 
 def causal_mean(z: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

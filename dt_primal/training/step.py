@@ -8,11 +8,19 @@ moments (AdamW is element-wise, so stacked weights give every member its own opt
 It reads and writes device tensors only: no host synchronisation and no Python-side state change,
 so on CUDA it is captured once into a CUDA graph and replayed. Everything periodic (logging,
 evaluation, checkpoints, signals) stays outside, in ``dt_primal.training.loop``.
+
+How it runs (none of it changes what it computes): ``--compile`` compiles the gather of the windows
+with the loss (its backward follows); ``--optimizer compiled`` compiles the clipping, AdamW and the
+loss bookkeeping as one function (``fused``: PyTorch's fused AdamW kernel, the rest multi-tensor
+operations); ``--compile-mode max-autotune`` lets the compiler time its kernels' configurations;
+``--attention-kernel math`` writes softmax attention out instead of calling SDPA, for the compiler to
+fuse. Only the per-member draws of the window starts run outside a compiled region then.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import torch
@@ -20,10 +28,27 @@ import torch.distributed as dist
 
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
+from dt_primal.model.attention import use_attention_kernel
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.precision import autocast, resolve_precision, tf32
 
 WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs
+
+
+def no_phase(name: str):
+    return contextlib.nullcontext()
+
+
+def step_mode(cfg: Config, device: torch.device) -> str:
+    """How ``cfg``'s step runs on ``device``, as its throughput is recorded: ``eager``, ``compiled``,
+    ``captured`` or ``compiled+captured``, then the options that differ from the defaults, e.g.
+    ``compiled+captured, optimizer compiled, attention math, max-autotune``."""
+    captured = device.type == "cuda" and cfg.cuda_graph
+    mode = "+".join(m for m, on in (("compiled", cfg.compile), ("captured", captured)) if on) or "eager"
+    extra = [f"optimizer {cfg.optimizer}"] if cfg.optimizer != "fused" else []
+    extra += [f"attention {cfg.attention_kernel}"] if cfg.attention_kernel != "sdpa" else []
+    extra += [cfg.compile_mode] if cfg.compile and cfg.compile_mode != "default" else []
+    return ", ".join([mode, *extra])
 
 
 def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
@@ -44,8 +69,9 @@ class TrainStep:
     Under torchrun (``world`` > 1) every process draws the same batches, trains on its share and the
     gradients are averaged over the processes, weighted so that the update is the one-process update
     of the whole batch. ``capture``: on CUDA, replay the step as a CUDA graph (after WARMUP_CALLS
-    eager steps); ``compile``: ``torch.compile`` the members' loss. ``phase(name)``, a context manager
-    such as ``torch.profiler.record_function``, labels the parts for profiling.
+    eager steps); the config's ``compile``, ``optimizer``, ``compile_mode`` and ``attention_kernel``
+    say what is compiled (module docstring). ``phase(name)``, a context manager such as
+    ``torch.profiler.record_function``, labels the parts for profiling (a compiled part is one phase).
     """
 
     def __init__(
@@ -62,25 +88,39 @@ class TrainStep:
         datasets: list[int] | None = None,
     ):
         self.cfg, self.sampler, self.generators, self.rank, self.world = cfg, sampler, generators, rank, world
-        self.model = model.train()
+        self.model = use_attention_kernel(model.train(), cfg.attention_kernel)
         self.params = dict(model.named_parameters())
         self.datasets = datasets or [0] * len(generators)
         self.first = sampler.first_steps(self.datasets)  # (M,): where each member's dataset starts in the store
-        self.phase = phase or (lambda name: contextlib.nullcontext())
+        self.phase = phase or no_phase
         self.capture = capture and device.type == "cuda" and world == 1
         self.step = torch.zeros((), dtype=torch.int64, device=device)  # updates done
         self.lr = torch.zeros((), device=device)  # set from ``step`` before every update
+        compiled = cfg.optimizer == "compiled"  # foreach AdamW, which the compiler fuses with the clipping
         self.opt = torch.optim.AdamW(
-            list(self.params.values()), lr=self.lr, weight_decay=cfg.weight_decay, fused=True, capturable=self.capture
+            list(self.params.values()),
+            lr=self.lr,
+            weight_decay=cfg.weight_decay,
+            fused=not compiled,
+            foreach=compiled,
+            capturable=self.capture or compiled,
         )
         self.sums = torch.zeros(len(generators), 3, device=device)  # per member: loss, action loss, mean J² since reset
         self.precision = resolve_precision(cfg.precision, device, cfg.d_model)[0]  # train() gives it resolved
         self.autocast = autocast(self.precision, device.type, cache_casts=False)
-        self.losses = torch.compile(self._losses) if cfg.compile else self._losses
+        mode = "max-autotune-no-cudagraphs" if cfg.compile_mode == "max-autotune" else None  # this class captures
+        self.losses = torch.compile(self._losses, mode=mode) if cfg.compile else self._losses
+        self.optimize = (
+            torch.compile(functools.partial(self._optimize, no_phase), mode=mode)
+            if compiled
+            else functools.partial(self._optimize, self.phase)
+        )
         self.graph, self.calls = None, 0
 
-    def _losses(self, batch: dict):
-        """Per member (M,): the loss this process backpropagates, the action MSE and mean J²."""
+    def _losses(self, starts: torch.Tensor):
+        """Per member (M,), for the windows starting at ``starts`` (M, B) in each member's dataset: the
+        loss this process backpropagates, the action MSE and mean J²; and the first's sum."""
+        batch = self.sampler.windows(starts + self.first[:, None])
         if self.world > 1:  # this process's share of every member's batch
             n = batch["valid"].shape[1] // self.world
             share = {k: v[:, self.rank * n : (self.rank + 1) * n] for k, v in batch.items()}
@@ -89,23 +129,22 @@ class TrainStep:
         loss, action, j2 = dt_loss(self.model, batch, self.cfg.eta)
         if self.world > 1:  # the share's action MSE weighted by its part of the batch's valid steps
             loss, action = loss + (weight - 1) * action, weight * action
-        return loss, action, j2
+        return loss.sum(), loss, action, j2
 
-    def _sample(self) -> dict:
-        """Every member's batch from its own generator and dataset, gathered at once: (M, B, K, ...) tensors."""
-        starts = torch.stack(
+    def _starts(self) -> torch.Tensor:
+        """Where every member's windows start, drawn from its own generator in its own dataset: (M, B)."""
+        return torch.stack(
             [self.sampler.starts(self.cfg.batch_size, g, d) for g, d in zip(self.generators, self.datasets)]
         )
-        return self.sampler.windows(starts + self.first[:, None])
 
     def _update(self) -> None:
         """The step itself: device work only (gradients start unset, as after ``zero_grad``)."""
         with self.phase("sample"):
-            batch = self._sample()
-        with self.phase("forward + loss"), self.autocast:
-            loss, action, j2 = self.losses(batch)
+            starts = self._starts()
+        with self.phase("gather + forward + loss"), self.autocast:
+            total, loss, action, j2 = self.losses(starts)
         with self.phase("backward"):
-            loss.sum().backward()
+            total.backward()
         grads = [p.grad for p in self.params.values()]
         if self.world > 1:
             with self.phase("all-reduce"):
@@ -113,15 +152,22 @@ class TrainStep:
                 dist.all_reduce(flat)
                 for g, f in zip(grads, flat.div_(self.world).split([g.numel() for g in grads])):
                     g.copy_(f.view_as(g))
-        with self.phase("clip gradients"):
+        with self.phase("clip + AdamW + bookkeeping" if self.cfg.optimizer == "compiled" else "optimizer"):
+            self.optimize(grads, loss.detach(), action.detach(), j2.detach())
+
+    @torch.no_grad()
+    def _optimize(self, phase, grads: list[torch.Tensor], loss, action, j2) -> None:
+        """Clip each member's gradient, set the warm-up learning rate, take the AdamW step and add the
+        losses (M,) to the running sums."""
+        with phase("clip gradients"):
             clip_per_member(grads, self.cfg.grad_clip)
-        with self.phase("AdamW"):
+        with phase("AdamW"):
             warmup = (self.step + 1) / max(1, self.cfg.warmup_steps)  # linear warm-up, then constant (docs/method.md)
             self.lr.copy_(self.cfg.lr * warmup.clamp(max=1.0))
             self.opt.step()
             self.step += 1
-        with self.phase("loss bookkeeping"), torch.no_grad():
-            self.sums += torch.stack([loss.detach().float(), action.detach().float(), j2.detach().float()], 1)
+        with phase("loss bookkeeping"):
+            self.sums += torch.stack([loss.float(), action.float(), j2.float()], 1)
 
     def __call__(self) -> None:
         if self.graph is not None:

@@ -3,7 +3,9 @@ sweep's time budget (``commands.sweep.budget``) measure."""
 
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 
 import torch
 
@@ -11,6 +13,20 @@ from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.training.members import fresh_model
 from dt_primal.training.step import TrainStep
+
+ENGINE = ("training/step.py", "model", "data.py", "precision.py")  # under dt_primal/: what makes the step
+
+
+def engine_hash() -> str:
+    """A hash of the modules that make the training step (``ENGINE``) and of torch's version: a throughput
+    measured under the same hash (on the same GPU) still holds, so it need not be measured again."""
+    root = Path(__file__).resolve().parents[1]
+    paths = [root / name for name in ENGINE]
+    files = sorted(f for p in paths for f in ([p] if p.suffix == ".py" else p.glob("*.py")))
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def fresh_step(cfg: Config, data: Trajectories, seeds, device="cpu", capture: bool = True, phase=None) -> TrainStep:
@@ -42,6 +58,7 @@ def time_updates(step: TrainStep, warmup: int, updates: int) -> dict:
     sync()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {
+        "engine": engine_hash(),
         "members": members,
         "updates": updates,
         "ms_per_update": 1e3 * wall / updates,
