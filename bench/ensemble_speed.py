@@ -32,7 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dt_primal.model.attention
 import dt_primal.model.dropout
 from datasets.loaders import load_dataset
-from dt_primal.config import make_config
+from dt_primal.config import CHOICES, make_config
+from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import fresh_step, time_updates
 
 MODES = ("eager", "captured", "compiled", "compiled+captured")
@@ -79,12 +80,12 @@ class OpCounter(TorchDispatchMode):
 
 
 def library_step(
-    data, size: str, members: int, precision: str, device: str, compile: bool = False, capture: bool = True
+    data, size: str, members: int, precision: str, device: str, compile: bool = False, capture: bool = True, **options
 ):
-    """The library's training step for one setting."""
-    cfg = make_config(
-        "paper", model="primal", s=64, device=device, precision=precision, compile=compile, **SIZES[size][1]
-    )
+    """The library's training step for one setting (Primal.+DT unless ``options`` name a ``model``); ``options``:
+    Config fields, such as those of how the step runs (``optimizer``, ``attention_kernel``, ``compile_mode``)."""
+    fixed = dict(device=device, precision=precision, compile=compile, cuda_graph=capture, **SIZES[size][1])
+    cfg = make_config("paper", **({"model": "primal", "s": 64} | options | fixed))
     return fresh_step(cfg, data, range(members), device, capture=capture)
 
 
@@ -117,13 +118,16 @@ def count_ops(data, size: str, members: int, precision: str, device: str) -> dic
 
 
 def time_setting(
-    data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int
+    data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int, **options
 ) -> dict:
     # each setting compiles afresh (else Dynamo's recompile limit silently runs later ones eagerly)
     torch._dynamo.reset()
-    step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
+    step = library_step(
+        data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode, **options
+    )
     d_model, n_head = SIZES[size][1]["d_model"], SIZES[size][1]["n_head"]
-    setting = dict(size=size, model="primal", d_model=d_model, n_head=n_head, mode=mode, precision=precision)
+    mode = step_mode(step.cfg, torch.device(device))  # with the options: what a sweep's budget looks up
+    setting = dict(size=size, model=step.cfg.model, d_model=d_model, n_head=n_head, mode=mode, precision=precision)
     return setting | time_updates(step, warmup, updates)
 
 
@@ -136,11 +140,16 @@ def settings(args):
                     yield size, precision, mode, m, max(args.warmup, 5 if "captured" in mode else 1)
 
 
+def engine_options(args) -> dict:
+    """The model and the options of how the step runs that were given (train.py's names), as Config fields."""
+    return {k: getattr(args, k) for k in ("model", "optimizer", "attention_kernel", "compile_mode") if getattr(args, k)}
+
+
 def measure(args, data) -> list[dict]:
     """Time every setting asked for, printing each."""
     records = []
     for size, precision, mode, m, warmup in settings(args):
-        r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates)
+        r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates, **engine_options(args))
         records.append(r)
         print(
             f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
@@ -166,6 +175,13 @@ def main() -> None:
         "compiled+captured (--compile)",
     )
     p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
+    for name in (
+        "model",
+        "optimizer",
+        "attention_kernel",
+        "compile_mode",
+    ):  # train.py's options: the model, how it runs
+        p.add_argument("--" + name.replace("_", "-"), choices=CHOICES[name], default=None, help="as train.py's")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
     p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (at least 5 when capturing)")

@@ -1,0 +1,176 @@
+"""Where one training update's time goes: every kernel above 1 % of the device time, named in full, with
+the phase of the step that launched it, the device time per phase, and the operators that run outside
+the compiled regions.
+
+  python bench/step_kernels.py --device cuda --members 9 -- --compile --optimizer compiled   # on a GPU, < 1 min
+  python bench/step_kernels.py --members 2 -- --compile --optimizer compiled  # on a CPU: operators, not kernels
+  python bench/step_kernels.py --quick                                         # smoke check, < 1 min
+
+The library's training step (``dt_primal.training.throughput.fresh_step``, Primal.+DT at the paper's size,
+bf16 on CUDA, fp32 on a CPU; options after ``--`` are train.py's) runs ``--warmup`` updates, then
+``--updates`` updates under ``torch.profiler``, uncaptured so that each kernel's launch names its phase
+(the step's ``record_function`` labels: sample, gather + forward + loss, backward, optimizer or, compiled,
+clip + AdamW + bookkeeping). On a CPU the "kernels" are the operators' self time. Writes a JSON file
+(``--json``) and prints the tables last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import common
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from datasets.loaders import load_dataset
+from dt_primal.config import Config, add_config_args, make_config, overrides
+from dt_primal.training.step import step_mode
+from dt_primal.training.throughput import engine_hash, fresh_step
+
+PHASES = (
+    "sample",
+    "gather + forward + loss",
+    "backward",
+    "optimizer",
+    "clip + AdamW + bookkeeping",
+    "clip gradients",
+    "AdamW",
+    "loss bookkeeping",
+)
+COMPILED = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+VIEWS = {"aten::" + v for v in ("view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand")} | {
+    "aten::" + v for v in ("unsqueeze", "squeeze", "select", "slice", "unbind", "split", "detach", "alias")
+}
+
+
+def ancestors(event):
+    while event is not None:
+        yield event
+        event = event.cpu_parent
+
+
+def phase_of(event) -> str:
+    """The innermost phase label above ``event``; the autograd engine's work (on CUDA in a thread of its
+    own, outside the labels of the thread that called backward) is the backward's."""
+    names = [e.name for e in ancestors(event)]
+    inner = next((n for n in names if n in PHASES), None)
+    if inner:
+        return inner
+    return "backward" if any("Backward" in n or n.startswith("autograd::engine") for n in names) else "unlabelled"
+
+
+def outside_compiled(events) -> collections.Counter:
+    """Operators (views aside) run by no other operator and by no compiled region: what eager Python launches."""
+    counts = collections.Counter()
+    for e in events:
+        if not e.name.startswith("aten::") or e.name in VIEWS:
+            continue
+        above = [a.name for a in ancestors(e.cpu_parent)]
+        if not any(n.startswith("aten::") or n.startswith(COMPILED) or "Backward" in n for n in above):
+            counts[e.name] += 1
+    return counts
+
+
+def kernels(events, cuda: bool) -> list[tuple[str, str, float]]:
+    """(kernel name, phase, microseconds) of every kernel launched (on a CPU: every event's self time)."""
+    if cuda:
+        return [(k.name, phase_of(e), k.duration) for e in events for k in e.kernels]
+    skip = set(PHASES) | {"ProfilerStep*"}
+    return [(e.name, phase_of(e), e.self_cpu_time_total) for e in events if e.name not in skip]
+
+
+def profile_step(cfg: Config, data, members: int, warmup: int, updates: int) -> dict:
+    """The profile of ``updates`` uncaptured updates of ``members`` members after ``warmup``."""
+    step = fresh_step(cfg, data, range(members), cfg.device, capture=False, phase=record_function)
+    for _ in range(warmup):
+        step()
+    cuda = cfg.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(updates):
+            step()
+        sync()
+    events = prof.events()
+    with profile(activities=[ProfilerActivity.CPU]) as one:
+        step()
+    by_kernel, by_phase = collections.defaultdict(float), collections.defaultdict(float)
+    launches = collections.Counter()
+    for name, phase, us in kernels(events, cuda):
+        by_kernel[name, phase] += us
+        by_phase[phase] += us
+        launches[name, phase] += 1
+    total = sum(by_phase.values()) or 1.0
+    outside = outside_compiled(one.events())
+    return {
+        "mode": step_mode(cfg, torch.device(cfg.device)),
+        "device": cfg.device,
+        "members": members,
+        "precision": step.precision,
+        "engine": engine_hash(),
+        "device_ms_per_update": total / updates / 1e3,
+        "phases": {p: us / updates / 1e3 for p, us in sorted(by_phase.items(), key=lambda kv: -kv[1])},
+        "kernels": [
+            {"name": n, "phase": p, "share": us / total, "ms_per_update": us / updates / 1e3, "per_update": c}
+            for (n, p), us in sorted(by_kernel.items(), key=lambda kv: -kv[1])
+            if us / total >= 0.01
+            for c in [launches[n, p] / updates]
+        ],
+        "outside_compiled": {"total": sum(outside.values()), "counts": dict(outside.most_common())},
+    }
+
+
+def report(r: dict) -> str:
+    time = "device ms" if r["device"].startswith("cuda") else "CPU ms (operators' self time)"
+    phases = common.md_table(
+        ["phase", f"{time} per update", "share"],
+        [[p, f"{ms:.3f}", f"{ms / r['device_ms_per_update']:.1%}"] for p, ms in r["phases"].items()],
+    )
+    rows = [
+        [f"{k['share']:.1%}", f"{k['ms_per_update']:.3f}", f"{k['per_update']:g}", k["phase"], k["name"]]
+        for k in r["kernels"]
+    ]
+    out = r["outside_compiled"]
+    return "\n\n".join(
+        [
+            f"{r['mode']}, {r['precision']}, {r['members']} members: {r['device_ms_per_update']:.2f} {time} per "
+            f"update (uncaptured); operators outside compiled regions per update: {out['total']} "
+            f"({', '.join(f'{n} {c}' for n, c in list(out['counts'].items())[:8])})",
+            phases,
+            common.md_table(["share", f"{time} per update", "launches per update", "phase", "kernel (in full)"], rows),
+        ]
+    )
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--members", type=int, default=9)
+    p.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation happens there)")
+    p.add_argument("--updates", type=int, default=5, help="profiled updates")
+    p.add_argument("--json", type=Path, default=None, help="also write the profile to this file")
+    p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 2 updates")
+    args = p.parse_args(argv[:cut])
+    train = argparse.ArgumentParser(prog="train.py options after --", allow_abbrev=False)
+    add_config_args(train)
+    changes = overrides(train.parse_args(argv[cut + 1 :]))
+    base = dict(model="primal", s=64, device=args.device, precision="bf16" if args.device != "cpu" else "fp32")
+    if args.quick:
+        args.members, args.warmup, args.updates = 2, 1, 2
+        base |= dict(d_model=128, n_head=1)
+    cfg = make_config("paper", **(base | changes))
+    data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
+    r = profile_step(cfg, data, args.members, args.warmup, args.updates) | {"info": common.run_info()}
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=1, default=str))
+    print(report(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The tools a GPU window ranks and profiles the training step with: the variants' check can fail, the
+profile names every kernel above 1 % with its phase and counts what runs outside compiled regions, and a
+committed measurement is reused only for the same engine, GPU and options."""
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_ensemble import CFG
+from test_train import ROOT, hopper_file
+
+from commands import gpu_window
+from datasets.loaders import load_dataset
+from dt_primal.model import attention
+from dt_primal.training.step import step_mode
+from dt_primal.training.throughput import engine_hash
+
+sys.path.insert(0, str(ROOT / "bench"))
+import step_kernels  # noqa: E402
+import step_variants  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return load_dataset(str(hopper_file(tmp_path_factory.mktemp("tools"))))
+
+
+def test_a_variant_passes_only_when_it_computes_the_step_of_the_defaults(data, monkeypatch):
+    math = dataclasses.replace(CFG, attention_kernel="math", model="dt")
+    good = step_variants.check(math, data)
+    assert good["passed"] and good["loss_error"] < 1e-5, good
+    probs = attention.attention_probs
+    monkeypatch.setattr(attention, "attention_probs", lambda q, k, mask: probs(q, k, torch.ones_like(mask)))
+    bad = step_variants.check(math, data)  # the written-out attention sees later tokens: another function
+    assert not bad["passed"] and bad["update_error"] > 0.1, bad
+
+
+def test_the_profile_names_the_phase_of_every_kernel_and_what_runs_outside_compiled_regions(data):
+    r = step_kernels.profile_step(dataclasses.replace(CFG, model="primal"), data, members=2, warmup=1, updates=2)
+    assert {"sample", "gather + forward + loss", "backward", "AdamW"} <= set(r["phases"])
+    assert r["kernels"] and all(k["share"] >= 0.01 and k["phase"] in r["phases"] for k in r["kernels"])
+    assert sum(k["share"] for k in r["kernels"]) <= 1 + 1e-9
+    eager = r["outside_compiled"]["total"]
+    assert eager > 100 and r["outside_compiled"]["counts"]["aten::randint"] == 2  # eager: everything is outside
+    assert r["mode"] == "eager" and r["engine"] == engine_hash()
+
+
+def test_step_mode_names_the_options_that_differ_from_the_defaults():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert step_mode(CFG, cpu) == "eager" and step_mode(CFG, cuda) == "captured"
+    fast = dataclasses.replace(CFG, compile=True, optimizer="compiled", compile_mode="max-autotune")
+    assert step_mode(fast, cuda) == "compiled+captured, optimizer compiled, max-autotune"
+    assert step_mode(dataclasses.replace(CFG, attention_kernel="math"), cpu) == "eager, attention math"
+
+
+def test_a_window_reuses_a_committed_measurement_of_the_same_engine_gpu_and_options(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
+    engine = {"engine": "abc", "gpu": "NVIDIA H100 80GB HBM3"}
+
+    def write(folder, name, gpu="NVIDIA H100 80GB HBM3", hash_="abc", **top):
+        path = tmp_path / "results" / folder / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"records": [{"engine": hash_, "member_updates_per_s": 1.0}], "info": {"gpu": gpu}, **top}
+        path.write_text(json.dumps(doc))
+        return path
+
+    write("gpu-h100-2026-11-20", "throughput", hash_="old", options=["--compile"])
+    write("gpu-h200-2026-11-27", "throughput", gpu="NVIDIA H200", options=["--compile"])
+    assert gpu_window.committed("throughput", engine, options=["--compile"]) is None
+    mine = write("gpu-h100-2026-11-26", "throughput", options=["--compile"])
+    assert gpu_window.committed("throughput", engine, options=["--compile"]) == mine
+    assert gpu_window.committed("throughput", engine, options=[]) is None  # measured with other options
+    assert gpu_window.committed("variants", engine) is None
+
+
+def test_a_variants_options_become_the_throughput_benchmarks():
+    assert gpu_window.bench_options([]) == ["--modes", "captured", "--precisions", "bf16"]
+    options = ["--compile", "--optimizer", "compiled", "--precision", "tf32"]
+    assert gpu_window.bench_options(options) == [
+        "--modes",
+        "compiled+captured",
+        "--precisions",
+        "tf32",
+        "--optimizer",
+        "compiled",
+    ]
+    assert step_variants.fastest({"records": [{"passed": False, "member_updates_per_s": 9.0}]}) is None
+
+
+def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_nothing_twice(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    gpu_window.STATE.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+    w.doc.update(device="cuda", reserve=0, engine={"engine": "abc", "gpu": "G"})
+    fast = ["--compile", "--optimizer", "compiled"]
+    variants = [
+        dict(variant="compiled", options=["--compile"], passed=True, member_updates_per_s=2.0),
+        dict(variant="all compiled", options=fast, passed=True, member_updates_per_s=3.0),
+        dict(variant="wrong", options=["--attention-kernel", "math"], passed=False, member_updates_per_s=9.0),
+    ]
+    phases = []
+
+    def run(name, cmd, limit, reserve=0.0):  # the phases' commands, as a GPU would answer them
+        phases.append(name)
+        model = "dt" if "dt" in cmd else "primal"
+        records = variants if name == "variants" else [{"model": model, "members": 3, "engine": "abc"}]
+        doc = {"records": records, "info": {"gpu": "G"}} | ({"engine": "abc"} if name == "variants" else {})
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(doc))
+        return True
+
+    monkeypatch.setattr(w, "run", run)
+    args = argparse.Namespace(throughput=None, variants_limit=200, compile_limit=150)
+    assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == fast
+    assert phases == ["variants", "throughput", "throughput dt"]
+    measured = json.loads((tmp_path / "out" / "throughput.json").read_text())
+    assert [r["model"] for r in measured["records"]] == ["primal", "dt"] and measured["options"] == fast
+    committed = tmp_path / "results" / "gpu-g-2026-11-28"
+    committed.mkdir(parents=True)
+    for name in ("variants", "throughput"):
+        shutil.copy(tmp_path / "out" / f"{name}.json", committed)
+    phases.clear()
+    assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == fast and phases == []
