@@ -4,11 +4,13 @@
   python -m commands.gpu_window wait --out OUT                  # the next command, at once
 
 ``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), checks what imports,
-builds the datasets the first groups need side by side in the background, runs the CUDA tests, measures
-the training step's throughput at 1 and 18 members (captured; compiled + captured if compiling works in
-time) and profiles it (model-FLOPs utilisation, largest kernels), then starts detached the sweep of
-Table 4 with a time budget that ends with the window (``--window`` seconds from now, less a margin to
-pack), the paper's largest claimed gains first, with the fastest setting that passed. Until its own
+builds the datasets the first groups need side by side in the background, runs the CUDA tests, ranks the
+step's variants (``bench/step_variants.py``: compiling, the AdamW and attention kernels, the compile mode,
+the precision) and measures the fastest that passed at 1 to 18 members, then starts detached the sweep of
+Table 4 with that variant's options and a time budget that ends with the window (``--window`` seconds
+from now, less a margin to pack), the paper's largest claimed gains first. A ranking or a throughput
+committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
+step's modules and torch's version) on the same GPU is used instead of measuring again. Until its own
 ``--seconds`` are spent it packs, every 20 s, the records of the finished runs, the measurements, the
 sweep's log and this file's account of every phase (``window.json``) into OUT, the folder that comes
 back. ``wait`` packs the same way until the sweep has ended or the window is over. A failed phase is
@@ -34,9 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
 SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
-MEMBERS = [1, 3, 6, 9, 18]  # member counts measured: the step's time is far from linear in them
+MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
+DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
+ENGINE = """import json, torch
+from dt_primal.training.throughput import engine_hash
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+print(json.dumps({"engine": engine_hash(), "gpu": gpu}))"""
 IMPORTS = "torch numpy gymnasium mujoco minari h5py tqdm tensorboard matplotlib pytest".split()
 PROBE = f"""import importlib, json
 versions = {{}}
@@ -123,14 +130,64 @@ def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) 
     return procs
 
 
-def bench(w: Window, name: str, mode: str, members: list[int], limit: float, *more: str) -> dict | None:
-    """``bench/ensemble_speed.py`` at the paper's size in bf16 for ``mode``; its records, or None."""
+def bench(w: Window, name: str, options: list[str], members: list[int], limit: float, *more: str) -> dict | None:
+    """``bench/ensemble_speed.py`` at the paper's size with train.py's ``options`` (bf16 unless they name a
+    precision); its records, or None."""
     out = STATE / f"{name.replace(' ', '-')}.json"
-    cmd = [sys.executable, "bench/ensemble_speed.py", "--device", w.doc["device"], "--precisions", "bf16"]
-    cmd += ["--modes", mode, "--members", *map(str, members), "--json", str(out), "--updates", "50", *more]
+    cmd = [sys.executable, "bench/ensemble_speed.py", "--device", w.doc["device"], *bench_options(options)]
+    cmd += ["--members", *map(str, members), "--json", str(out), "--updates", "50", *more]
     if not w.run(name, cmd, limit, w.doc["reserve"]) or not out.exists():
         return None
     return json.loads(out.read_text())
+
+
+def bench_options(options: list[str]) -> list[str]:
+    """``bench/ensemble_speed.py``'s options for train.py's ``options`` (a variant of ``bench/step_variants.py``)."""
+    rest, precision = list(options), "bf16"
+    if "--precision" in rest:
+        i = rest.index("--precision")
+        precision = rest[i + 1]
+        del rest[i : i + 2]
+    mode = "compiled+captured" if "--compile" in rest else "captured"
+    return ["--modes", mode, "--precisions", precision, *(a for a in rest if a != "--compile")]
+
+
+def committed(name: str, engine: dict, **fields) -> Path | None:
+    """The newest ``results/gpu-*/NAME.json`` measured with ``engine`` ({"engine", "gpu"}: the step's hash and
+    this GPU's name), every record of it under that hash, on that GPU, with the top-level ``fields`` given."""
+    for path in sorted(ROOT.glob(f"results/gpu-*/{name}.json"), key=lambda p: p.parent.name[-10:], reverse=True):
+        try:
+            doc = json.loads(path.read_text())
+            records = doc["records"]
+            same = (
+                doc["info"]["gpu"] == engine.get("gpu") and records and all(doc.get(k) == v for k, v in fields.items())
+            )
+            if same and all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records):
+                return path
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return None
+
+
+def rank_variants(w: Window, args) -> list[str]:
+    """The train.py options of the fastest variant of the step that passed its check: from a committed
+    ranking of this engine on this GPU, else ranked now (``bench/step_variants.py``); else --compile."""
+    path = committed("variants", w.doc.get("engine", {}))
+    if path is None:
+        path = STATE / "variants.json"
+        cmd = [sys.executable, "bench/step_variants.py", "--device", w.doc["device"], "--json", str(path)]
+        ready = args.variants_limit - 60  # the variants compile at once, then each is timed for a second or two
+        w.run("variants", cmd + ["--limit", f"{ready:.0f}"], args.variants_limit, w.doc["reserve"])
+    else:
+        w.phase("variants", time.time(), "passed", f"ranked before: {path.relative_to(ROOT)}")
+    try:
+        doc = json.loads(path.read_text())
+        best = max((r for r in doc["records"] if r.get("passed") is True), key=lambda r: r["member_updates_per_s"])
+        shutil.copy(path, w.out / "variants.json")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["--compile"]
+    w.doc["variant"] = best["variant"]
+    return list(best["options"])
 
 
 MAX_MEASUREMENTS = 16 * 2**20  # as the sweep reads it (dt_primal.untrusted.MAX_RECORD)
@@ -150,22 +207,27 @@ def read_measurements(path: Path) -> dict:
     return doc
 
 
-def measure(w: Window, args) -> str:
-    """The training step's throughput in the setting to train with, written to OUT/throughput.json: compiled
-    + captured, else (compiling failed or took too long) captured; or the measurements of ``--throughput``."""
-    if args.throughput:  # read by read_measurements; the sweep checks it in full (budget.load_throughput)
-        doc = read_measurements(args.throughput)
-        modes = {r.get("mode") for r in doc["records"] if isinstance(r, dict)}
-        mode = "compiled+captured" if "compiled+captured" in modes else "captured"
-    else:
-        doc = bench(w, "throughput compiled+captured", "compiled+captured", MEMBERS, args.compile_limit)
-        doc = doc or bench(w, "throughput captured", "captured", MEMBERS, 90)
-        mode = doc["records"][0]["mode"] if doc else "captured"
+def measure(w: Window, args, options: list[str]) -> list[str]:
+    """The training step's throughput with train.py's ``options``, written to OUT/throughput.json: from
+    ``--throughput``, or committed for this engine on this GPU, or measured now; if measuring fails or takes
+    too long, captured without options. Returns the options the sweep trains with."""
+    path = args.throughput or committed("throughput", w.doc.get("engine", {}), options=options)
+    doc = read_measurements(path) if path else None  # the sweep checks it in full (budget.load_throughput)
+    if doc is not None:
+        w.phase("throughput", time.time(), "passed", f"measured before: {path}")
+    if doc is None:
+        doc = bench(w, "throughput", options, MEMBERS, args.compile_limit)
+    if doc is None and options:
+        options, doc = [], bench(w, "throughput captured", [], MEMBERS, 90)
+    if doc is not None and not any(r.get("model") == "dt" for r in doc["records"] if isinstance(r, dict)):
+        dt = bench(w, "throughput dt", options + ["--model", "dt"], DT_MEMBERS, args.compile_limit / 2)
+        doc["records"] += dt["records"] if dt else []
     if doc:  # else the sweep measures in its first seconds
+        doc["options"] = options
         for folder in (STATE, w.out):
             (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
-    w.doc["mode"] = mode
-    return mode
+    w.doc["options"] = options
+    return options
 
 
 def pack(w: Window) -> None:
@@ -181,13 +243,13 @@ def pack(w: Window) -> None:
     w.save()
 
 
-def start_sweep(w: Window, mode: str, sweep_args: list[str]) -> None:
+def start_sweep(w: Window, options: list[str], sweep_args: list[str]) -> None:
     """The budgeted sweep of Table 4, detached, in this machine's runs/table4."""
     budget = w.left() - MARGIN
     cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", "dt", "primal"]
     cmd += ["--seeds", "0", "1", "2", "--out", str(SWEEP), "--recorded", "results/table4"]
     cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(STATE / "throughput.json"), "--"]
-    cmd += ["--device", w.doc["device"], *(["--compile"] if "compiled" in mode else []), *sweep_args]
+    cmd += ["--device", w.doc["device"], *options, *sweep_args]
     if not (STATE / "throughput.json").exists():  # no measurement passed: the sweep measures in its first seconds
         i = cmd.index("--throughput")
         del cmd[i : i + 2]
@@ -230,6 +292,8 @@ def start(args) -> None:
         w.phase("wheels", t0, "failed", (exc.stderr or b"")[-600:].decode(errors="replace"))
     w.run("imports", [sys.executable, "-c", PROBE], 60)
     w.doc["versions"] = (STATE / "imports.log").read_text()[-2000:]
+    if w.run("engine", [sys.executable, "-c", ENGINE], 60):
+        w.doc["engine"] = json.loads((STATE / "engine.log").read_text().strip().splitlines()[-1])
     from_priority = subprocess.run(
         [sys.executable, "-c", "from commands.sweep.grid import TABLE4_BY_GAIN as t; print(' '.join(t))"],
         cwd=ROOT,
@@ -246,12 +310,14 @@ def start(args) -> None:
             60,
             args.least_training,
         )
-        mode = measure(w, args)
+        options = measure(w, args, rank_variants(w, args))
         if args.profile:
-            bench(w, "profile", mode, [18], 120, "--profile")
-            shutil.copy(ROOT / "docs" / "benchmarks.md", args.out / "benchmarks.md")
+            profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
+            w.run("profile", [*profile, "--json", str(args.out / "profile.json"), "--", *options], 90, w.doc["reserve"])
+            rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "16"]
+            w.run("evaluation profile", [*rollout, "--episodes", "600", "1800"], 90, w.doc["reserve"])
     else:
-        mode = "eager"
+        options = []
     for p in builds:
         try:
             p.wait(max(1.0, w.left() - MARGIN - args.least_training))
@@ -260,7 +326,7 @@ def start(args) -> None:
             p.wait()
     rcs = [p.returncode for p in builds]
     w.phase("datasets", t0, "passed" if not any(rcs) else f"exit statuses {rcs}, -15: stopped to leave time to train")
-    start_sweep(w, mode, args.sweep_args)
+    start_sweep(w, options, args.sweep_args)
     keep_packing(w, t_start + args.seconds)
 
 
@@ -296,7 +362,16 @@ def main(argv: list[str] | None = None) -> None:
         help="start: measurements made before on this kind of GPU (a window's throughput.json) instead of measuring",
     )
     p.add_argument(
-        "--profile", action="store_true", help="start: also profile 18 members (MFU, largest kernels: about 60 s)"
+        "--profile",
+        action="store_true",
+        help="start: also profile 9 members with the chosen options (bench/step_kernels.py: every kernel above 1 %% "
+        "with its phase, under a minute) and the evaluation (bench/eval_overhead.py: forward, stepping, the rest)",
+    )
+    p.add_argument(
+        "--variants-limit",
+        type=float,
+        default=200,
+        help="start: seconds for ranking the step's variants (bench/step_variants.py; if it fails: --compile)",
     )
     p.add_argument(
         "--least-training", type=float, default=240, help="start: seconds of training the dataset builds may not eat"
