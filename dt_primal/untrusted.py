@@ -524,8 +524,11 @@ def _onnx_meta(meta: dict, path) -> dict:
         and isinstance(values["config"], dict)
         and isinstance(values["task"], dict)
     )
-    if not ok:
-        raise UserError(f"{path}: the policy's metadata (normalisation, reward scale, context, bounds) is damaged.")
+    if not ok or not _float32_ok(values):
+        raise UserError(
+            f"{path}: the policy's metadata (normalisation, reward scale, context, bounds) is damaged: not "
+            f"positive, or not finite in float32, the precision the policy acts in."
+        )
     return values
 
 
@@ -533,21 +536,87 @@ def _numbers(x) -> bool:
     return isinstance(x, list) and all(_is_number(v) for v in x)
 
 
+def _float32_ok(meta: dict) -> bool:
+    """Whether what the policy computes from its metadata stays finite in float32, the precision it acts in:
+    the normalisation (obs − mean) / std and the returns-to-go divided by the reward scale."""
+    with np.errstate(all="ignore"):
+        mean, std = (np.asarray(meta[k], np.float64).astype(np.float32) for k in ("state_mean", "state_std"))
+        scale = np.float32(meta["reward_scale"])
+        bounds = np.asarray(meta["action_bounds"], np.float64).astype(np.float32)
+        inverse = np.float32(1) / std
+        return bool(
+            np.isfinite(mean).all()
+            and (std > 0).all()
+            and np.isfinite(inverse).all()
+            and np.isfinite(mean * inverse).all()
+            and scale > 0
+            and np.isfinite(np.float32(1) / scale)
+            and np.isfinite(bounds).all()
+        )
+
+
+def _external_tensors(data: bytes, path) -> list[str]:
+    """The names of the tensors of the ONNX model ``data`` whose values would be read from other files
+    (external data), in the graph, its subgraphs and its functions; a UserError when it is not ONNX."""
+    import onnx
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError
+        raise UserError(f"{path} is not an ONNX model ({type(exc).__name__}).") from None
+
+    def nodes(graph):
+        for node in graph.node:
+            yield node
+            for a in node.attribute:
+                for g in [a.g] * a.HasField("g") + list(a.graphs):
+                    yield from nodes(g)
+
+    def tensors(graph):
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield from (sparse.values, sparse.indices)
+        for node in nodes(graph):
+            for a in node.attribute:
+                yield from [a.t] * a.HasField("t") + list(a.tensors)
+                for sparse in [a.sparse_tensor] * a.HasField("sparse_tensor") + list(a.sparse_tensors):
+                    yield from (sparse.values, sparse.indices)
+
+    graphs = [model.graph] + [onnx.GraphProto(node=f.node) for f in model.functions]
+    external = onnx.TensorProto.EXTERNAL
+    return [t.name for g in graphs for t in tensors(g) if t.data_location == external or len(t.external_data)]
+
+
 def check_onnx_policy(path):
     """(an onnxruntime CPU session, the checked metadata) of the exported policy at ``path``: a regular file of
     at most MAX_ONNX bytes, loaded from its bytes (a graph that names external weight files cannot load),
     run by onnxruntime's standard operators only, with the inputs the export writes and metadata that
-    agrees with them."""
+    agrees with them, finite in float32. A policy is one file: a tensor stored as external data is refused
+    before onnxruntime sees the graph (it would read that file, relative to the working folder)."""
     try:
+        import onnx  # noqa: F401 (checks the graph before onnxruntime loads it)
         import onnxruntime as ort
-    except ImportError:
-        raise UserError("An .onnx policy runs on onnxruntime: pip install onnxruntime.") from None
+    except ImportError as exc:
+        raise UserError(
+            f"An .onnx policy is read with onnx and run on onnxruntime ({exc.name} is missing): "
+            f'pip install onnx onnxruntime (or pip install "dt-primal[onnx]").'
+        ) from None
     if regular_file(path, "The ONNX policy") > MAX_ONNX:
         raise UserError(f"{path} is larger than {MAX_ONNX >> 30} GiB; an exported policy is a few MB.")
+    with open(path, "rb") as f:
+        data = f.read(MAX_ONNX + 1)
+    external = _external_tensors(data, path)
+    if external:
+        raise UserError(
+            f"{path} stores {len(external)} of its tensors ({', '.join(external[:3])[:120]}) as external data, "
+            f"in other files; an exported policy is one file, and those files were not read. Export it again "
+            f"with python -m dt_primal.export."
+        )
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(open(path, "rb").read(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # not ONNX, external data, an operator onnxruntime lacks
         raise UserError(
             f"{path} is not a policy onnxruntime can load ({type(exc).__name__}: {str(exc)[:200]})."

@@ -112,7 +112,7 @@ def test_a_file_that_is_not_an_exported_policy_is_refused(exports, tmp_path):
     from dt_primal import load_policy
 
     (tmp_path / "junk.onnx").write_bytes(b"not a graph")
-    with pytest.raises(UserError, match="is not a policy onnxruntime can load"):
+    with pytest.raises(UserError, match="not an ONNX model|not a policy onnxruntime can load"):
         load_policy(tmp_path / "junk.onnx")
     model = onnx.load(str(exports("primal")[1]))
     for prop in model.metadata_props:
@@ -139,3 +139,70 @@ def test_evaluate_refuses_an_export_whose_run_record_is_damaged(exports, tmp_pat
     onnx.save(model, str(tmp_path / "bad.onnx"))
     res = run("evaluate.py", str(tmp_path / "bad.onnx"), "--episodes", "1", "--out", str(tmp_path / "e.json"), env=ENV)
     assert res.returncode == 2 and "run record in its metadata is damaged" in res.stderr, res.stderr
+
+
+def rewritten(exported, tmp_path, change):
+    """A copy of an exported policy after ``change(model)`` (an onnx ModelProto), saved as one file."""
+    import onnx
+
+    model = onnx.load(str(exported))
+    change(model)
+    onnx.save(model, str(tmp_path / "changed.onnx"))
+    return tmp_path / "changed.onnx"
+
+
+def test_a_policy_that_names_external_data_is_refused_before_anything_reads_it(exports, tmp_path, monkeypatch):
+    """An initializer stored as external data at a relative location would be read from the working folder,
+    and its bytes could come back as actions: the file is refused, whatever that file holds."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    from dt_primal import load_policy
+
+    def external(model):
+        tensor = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+        secret = b"\x01" * len(tensor.raw_data)
+        (tmp_path / "secret.bin").write_bytes(secret)
+        set_external_data(tensor, "secret.bin", offset=0, length=len(secret))
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.ClearField("raw_data")
+
+    path = rewritten(exports("dt")[1], tmp_path, external)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="external data"):
+        load_policy(path)
+
+
+@pytest.mark.parametrize(
+    "key, value", [("state_std", 1e-300), ("state_mean", 1e300), ("reward_scale", 1e-300), ("state_std", 1e-40)]
+)
+def test_metadata_is_checked_in_the_precision_the_policy_acts_in(exports, tmp_path, key, value):
+    """Values that pass in float64 but make every action inf or NaN in float32 (a std of 1e-300 is 0 there)."""
+    from dt_primal import load_policy
+
+    def change(model):
+        for prop in model.metadata_props:
+            if prop.key == key:
+                old = json.loads(prop.value)
+                prop.value = json.dumps([value] * len(old) if isinstance(old, list) else value)
+
+    with pytest.raises(UserError, match="not finite in float32"):
+        load_policy(rewritten(exports("dt")[1], tmp_path, change))
+
+
+@pytest.mark.parametrize("op", ["Concat", "Div"])
+def test_a_graph_that_fails_or_gives_non_finite_actions_is_a_message(exports, tmp_path, op):
+    """A graph that loads but acts wrongly (actions of another shape, or inf) is a message and status 2."""
+    from onnx import helper
+
+    def change(model):
+        last = next(n for n in model.graph.node if "action" in n.output)
+        last.output[list(last.output).index("action")] = "raw"
+        zero = helper.make_tensor("zero", 1, [1], [0.0])  # float32
+        model.graph.initializer.append(zero)
+        inputs = ["raw", "raw"] if op == "Concat" else ["raw", "zero"]
+        model.graph.node.append(helper.make_node(op, inputs, ["action"], **({"axis": -1} if op == "Concat" else {})))
+
+    path = rewritten(exports("dt")[1], tmp_path, change)
+    res = run("evaluate.py", str(path), "--episodes", "1", "--out", str(tmp_path / "e.json"), env=ENV)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "Export it again" in res.stderr, res.stderr

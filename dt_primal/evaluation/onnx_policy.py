@@ -50,7 +50,20 @@ class OnnxPolicy(Acting):
             "returns_to_go": np.ascontiguousarray(rtg[0, r]),
             "timesteps": np.ascontiguousarray(np.broadcast_to(timesteps, (width, len(timesteps)))),
         }
-        out[0, r] = self.session.run(["action"], feed)[0]
+        try:
+            action = self.session.run(["action"], feed)[0]
+        except Exception as exc:  # onnxruntime's own errors: a graph that fails on these inputs
+            raise UserError(
+                f"The ONNX policy failed while acting ({type(exc).__name__}: {str(exc)[:200]}); the file is "
+                f"damaged or was not written by python -m dt_primal.export. Export it again."
+            ) from None
+        if np.shape(action) != (width, self.act_dim) or not np.isfinite(action).all():
+            raise UserError(
+                f"The ONNX policy gave actions of shape {np.shape(action)} (expected {(width, self.act_dim)}) "
+                f"{'that are not all finite ' if np.shape(action) == (width, self.act_dim) else ''}for "
+                f"{width} finite observations; the file is damaged. Export it again."
+            )
+        out[0, r] = action
         return out * live[..., None]
 
 
