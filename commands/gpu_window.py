@@ -190,36 +190,40 @@ def rank_variants(w: Window, args) -> list[str]:
     return list(best["options"])
 
 
-MAX_MEASUREMENTS = 16 * 2**20  # as the sweep reads it (dt_primal.untrusted.MAX_RECORD)
+CHECK_MEASUREMENTS = """import sys
+from commands.sweep.budget import load_throughput
+from dt_primal.cli import run_main
+run_main(lambda: load_throughput(sys.argv[1]))"""
 
 
 def read_measurements(path: Path) -> dict:
-    """``--throughput``: a JSON object with a list of records, of at most MAX_MEASUREMENTS bytes; else exit 2."""
-    try:
-        if path.stat().st_size > MAX_MEASUREMENTS:
-            raise ValueError(f"larger than {MAX_MEASUREMENTS >> 20} MiB")
-        doc = json.loads(path.read_bytes())
-        if not (isinstance(doc, dict) and isinstance(doc.get("records"), list)):
-            raise ValueError("no list of records")
-    except (OSError, ValueError, RecursionError) as exc:
-        print(f"--throughput {path} is not a file of throughput measurements ({exc}).", file=sys.stderr)
+    """``--throughput``: checked by the sweep's own reader (``commands.sweep.budget.load_throughput``: a regular
+    file of at most 16 MiB, JSON, with valid records) in a child process, as this one imports no dt_primal; its
+    message and exit 2 when it is not such a file."""
+    check = subprocess.run([sys.executable, "-c", CHECK_MEASUREMENTS, str(path)], cwd=ROOT, capture_output=True)
+    if check.returncode:
+        print(f"--throughput: {check.stderr.decode(errors='replace').strip()[-800:]}", file=sys.stderr)
         sys.exit(2)
-    return doc
+    return json.loads(path.read_bytes())
 
 
 def measure(w: Window, args, options: list[str]) -> list[str]:
     """The training step's throughput with train.py's ``options``, written to OUT/throughput.json: from
     ``--throughput``, or committed for this engine on this GPU, or measured now; if measuring fails or takes
     too long, captured without options. Returns the options the sweep trains with."""
-    path = args.throughput or committed("throughput", w.doc.get("engine", {}), options=options)
-    doc = read_measurements(path) if path else None  # the sweep checks it in full (budget.load_throughput)
-    if doc is not None:
+    if args.throughput:  # checked as the sweep checks it (budget.load_throughput)
+        path, doc = args.throughput, read_measurements(args.throughput)
+    else:  # this repository's own records
+        path = committed("throughput", w.doc.get("engine", {}), options=options)
+        doc = path and json.loads(path.read_text())
+    if doc:
         w.phase("throughput", time.time(), "passed", f"measured before: {path}")
     if doc is None:
         doc = bench(w, "throughput", options, MEMBERS, args.compile_limit)
     if doc is None and options:
         options, doc = [], bench(w, "throughput captured", [], MEMBERS, 90)
-    if doc is not None and not any(r.get("model") == "dt" for r in doc["records"] if isinstance(r, dict)):
+    has_dt = doc is not None and any(r.get("model") == "dt" for r in doc["records"] if isinstance(r, dict))
+    if doc is not None and not has_dt and not args.throughput:
         dt = bench(w, "throughput dt", options + ["--model", "dt"], DT_MEMBERS, args.compile_limit / 2)
         doc["records"] += dt["records"] if dt else []
     if doc:  # else the sweep measures in its first seconds
@@ -379,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
+    if not (MARGIN + 30 <= args.window < 86_400 and 0 < args.seconds <= args.window):
+        p.error(f"need {MARGIN + 30:.0f} <= --window < 86400 and 0 < --seconds <= --window (seconds)")
     args.out = args.out.resolve()
     args.throughput = args.throughput and args.throughput.resolve()
     if args.throughput:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import aggregate, markdown
+from dt_primal.untrusted import write_file
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -93,8 +94,8 @@ def write_report(results: list[dict], path: Path) -> dict:
     summary = aggregate(results)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=1))
-        path.with_suffix(".md").write_text(markdown(summary))
+        write_file(path, json.dumps(summary, indent=1), "The report")
+        write_file(path.with_suffix(".md"), markdown(summary), "The report's table")
     except OSError as exc:
         raise UserError(
             f"Could not write the report {path} ({exc.strerror or exc}). Give an --out in a folder you can "

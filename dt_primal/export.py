@@ -25,6 +25,7 @@ import torch
 from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
 from dt_primal.errors import UserError
 from dt_primal.untrusted import ONNX_FORMAT as FORMAT  # what a reader of the file accepts
+from dt_primal.untrusted import check_target, write_file
 
 INPUTS = ("states", "actions", "returns_to_go", "timesteps")
 
@@ -73,6 +74,7 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     """Write the ONNX policy of the checkpoint ``checkpoint`` (read as train.py's, safely) to ``out``, one file."""
     import onnx
 
+    check_target(out, "The ONNX policy")
     ckpt = read_checkpoint(checkpoint)
     model = model_from_checkpoints([ckpt], "cpu").train(False)
     cfg, K = model.config, model.config.context
@@ -103,7 +105,7 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     proto = program.model_proto
     onnx.helper.set_model_props(proto, metadata(ckpt))
     out = Path(out)
-    onnx.save_model(proto, out)  # weights inside the file: a policy is one file
+    write_file(out, proto.SerializeToString(), "The ONNX policy")  # weights inside the file: a policy is one file
     return out
 
 

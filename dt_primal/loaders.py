@@ -133,11 +133,9 @@ def _minari_id(path: Path) -> str | None:
     """The dataset id of a Minari dataset folder (or of its ``data`` folder, or of a file in it)."""
     for meta in (path / "data" / "metadata.json", path / "metadata.json", path.parent / "metadata.json"):
         if meta.is_file():
-            try:
-                if meta.stat().st_size > untrusted.MAX_RECORD:  # Minari's are a few kB: a larger one is not read
-                    return None
-                dataset_id = json.loads(meta.read_text()).get("dataset_id")
-            except (OSError, ValueError, AttributeError):
+            try:  # Minari's are a few kB: a larger one, or one that is not JSON, is not read
+                dataset_id = untrusted.read_json(meta, "The metadata", "").get("dataset_id")
+            except (UserError, AttributeError):
                 return None
             # an id as Minari writes them; anything else (shell syntax, escape codes) is never shown or suggested
             return dataset_id if isinstance(dataset_id, str) and MINARI_ID.fullmatch(dataset_id) else None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import _codecs
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import re
 import stat
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +48,7 @@ from dt_primal.errors import UserError
 # deflate, the strongest compression HDF5 applies without plugins, cannot shrink data more than 1032:1
 MAX_RATIO = 1100
 MAX_RECORD = 16 * 2**20  # a run record (eval.json, evals.jsonl, dataset.json) is a few kB
+MAX_LINE = 2**20  # a line of evals.jsonl: one evaluation's reports, a few kB
 ADMITTED = "lists, dicts, numbers, strings, tensors and NumPy arrays"
 
 
@@ -63,20 +66,89 @@ def check_fits_memory(nbytes: int, path, what: str) -> None:
         )
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for messages."""
+    kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)), "a device")
+
+
+def _unreadable(path, what: str, exc: OSError) -> UserError:
+    if isinstance(exc, FileNotFoundError):
+        return UserError(f"{what} {path} does not exist.")
+    if exc.errno == errno.ENAMETOOLONG:
+        return UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten the path.")
+    return UserError(f"{what} {path} cannot be read ({exc.strerror or exc}).")
+
+
 def regular_file(path, what: str) -> int:
     """The size of ``path``, a regular, non-empty file; a UserError for a folder, a FIFO, a device or an
     empty file (a FIFO would make the reader wait forever)."""
     try:
         info = os.stat(path)
-    except FileNotFoundError:
-        raise UserError(f"{what} {path} does not exist.") from None
     except OSError as exc:
-        raise UserError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+        raise _unreadable(path, what, exc) from None
     if not stat.S_ISREG(info.st_mode):
-        raise UserError(f"{what} {path} is not a regular file (a folder, a pipe or a device); give the file itself.")
+        raise UserError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; give the file itself.")
     if info.st_size == 0:
         raise UserError(f"{what} {path} is empty (0 bytes): it was not written completely. Use another copy.")
     return info.st_size
+
+
+def read_bytes(path, what: str, limit: int) -> bytes:
+    """The bytes of ``path``, a file a user gave: opened without waiting (a FIFO cannot block), checked on the
+    open file (a regular file, of at most ``limit`` bytes, so that nothing swapped in after a check is read),
+    read to at most ``limit`` bytes and closed. A UserError naming ``what`` otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise _unreadable(path, what, exc) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UserError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; give the file itself.")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1) if info.st_size <= limit else b""
+    if info.st_size > limit or len(data) > limit:
+        raise UserError(f"{what} {path} is larger than {limit:,} bytes, more than such a file holds; it was not read.")
+    return data
+
+
+def check_target(path, what: str) -> Path:
+    """``path`` as ``write_file`` will write it, checked before any work that ends in writing it."""
+    path = Path(path)
+    try:
+        folder, parent = path.is_dir() and not path.is_symlink(), path.parent.is_dir()
+    except OSError as exc:
+        raise _unreadable(path, what, exc) from None
+    if folder:
+        raise UserError(f"{what} {path} is a folder; give the name of a file to write.")
+    if not parent:
+        raise UserError(f"{what} {path} cannot be written: the folder {path.parent} does not exist. Create it first.")
+    if len(path.name.encode()) > 200:
+        raise UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten it.")
+    return path
+
+
+def write_file(path, data: bytes | str, what: str) -> None:
+    """``data`` into ``path``, a file a user named: written to a new file beside it, then renamed over it, so
+    that a link, a FIFO or a device at ``path`` is replaced, never written through or waited on; a folder at
+    ``path``, a missing folder or a name too long for the file system is a UserError naming ``what``."""
+    path = check_target(path, what)
+    tmp = path.with_name(f".{path.name[:200]}.{os.getpid()}.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        raise UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten it.") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def refused(path, name: str) -> UserError:
@@ -386,17 +458,19 @@ def check_minari_folder(dataset_id: str) -> dict:
             f"{where} was refused: {links[0]} is a link, and dt-primal reads no file outside a dataset's "
             f"folder. Copy the dataset without links."
         )
-    if regular_file(data / "metadata.json", f"{where}'s metadata") > MAX_RECORD:
-        raise UserError(f"{where}'s metadata.json is larger than {MAX_RECORD >> 20} MiB; Minari's are a few kB.")
-    try:
-        meta = json.loads((data / "metadata.json").read_bytes())
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise UserError(f"{where}'s metadata.json is not JSON ({exc}); the dataset is damaged.") from None
+    meta = read_json(data / "metadata.json", f"{where}'s metadata", "The dataset is damaged.")
     check_minari_metadata(meta, where)
     if meta["data_format"] == "hdf5":
         with open_hdf5(data / "main_data.hdf5"):
             pass
     else:
+        try:
+            import pyarrow  # noqa: F401 (Minari reads Arrow datasets with it)
+        except ImportError:
+            raise UserError(
+                f"{where} is stored in the Arrow format, which Minari reads with pyarrow, and pyarrow is not "
+                f'installed: pip install "minari[arrow]" (or pip install pyarrow), then run the command again.'
+            ) from None
         check_fits_memory(sum(p.stat().st_size for p in data.rglob("*") if p.is_file()), where, "Arrow files")
     return meta
 
@@ -430,13 +504,12 @@ def _reports_ok(reports: object) -> bool:
     )
 
 
-def read_json(path, what: str, remedy: str) -> object:
-    """The JSON value of the regular file ``path``, of at most ``MAX_RECORD`` bytes; ``what`` names the file in
-    the messages ("The run record"), ``remedy`` says what to do with one that is not JSON."""
-    if regular_file(path, what) > MAX_RECORD:
-        raise UserError(f"{what} {path} is larger than {MAX_RECORD >> 20} MiB; such a file holds a few kB.")
+def read_json(path, what: str, remedy: str, limit: int = MAX_RECORD) -> object:
+    """The JSON value of the regular file ``path``, of at most ``limit`` bytes (``read_bytes``); ``what`` names
+    the file in the messages ("The run record"), ``remedy`` says what to do with one that is not JSON."""
+    data = read_bytes(path, what, limit)
     try:
-        return json.loads(open(path, "rb").read())
+        return json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UserError(f"{what} {path} is not JSON ({str(exc)[:100]}); it is damaged. {remedy}") from None
 
@@ -463,14 +536,12 @@ def read_record(path, reports: bool = True) -> dict:
 def read_curve(path) -> list[dict]:
     """The evaluations of a run's ``evals.jsonl`` (one JSON object per line: a step and its reports); a line
     that is not one (such as the last line of a run killed while writing it) is left out, and said."""
-    if not os.path.exists(path) or os.stat(path).st_size == 0:
+    if not os.path.exists(path):
         return []
-    if regular_file(path, "The run record") > 64 * MAX_RECORD:
-        raise UserError(f"The run record {path} is larger than {64 * MAX_RECORD >> 20} MiB; it is damaged.")
     curve, damaged = [], 0
-    for line in open(path, "rb").read().decode(errors="replace").splitlines():
+    for line in read_bytes(path, "The learning curve", 4 * MAX_RECORD).decode(errors="replace").splitlines():
         try:
-            point = json.loads(line)
+            point = json.loads(line) if len(line) <= MAX_LINE else None
         except (ValueError, RecursionError):
             point = None
         if isinstance(point, dict) and _is_count(point.get("step")) and _reports_ok(point.get("reports")):
@@ -602,10 +673,7 @@ def check_onnx_policy(path):
             f"An .onnx policy is read with onnx and run on onnxruntime ({exc.name} is missing): "
             f'pip install onnx onnxruntime (or pip install "dt-primal[onnx]").'
         ) from None
-    if regular_file(path, "The ONNX policy") > MAX_ONNX:
-        raise UserError(f"{path} is larger than {MAX_ONNX >> 30} GiB; an exported policy is a few MB.")
-    with open(path, "rb") as f:
-        data = f.read(MAX_ONNX + 1)
+    data = read_bytes(path, "The ONNX policy", MAX_ONNX)
     external = _external_tensors(data, path)
     if external:
         raise UserError(

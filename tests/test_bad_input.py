@@ -588,7 +588,7 @@ def test_a_report_that_cannot_be_written(tmp_path, monkeypatch):
     def no_space(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(type(tmp_path), "write_text", no_space)
+    monkeypatch.setattr(os, "fdopen", no_space)  # the report's new file, before it is renamed into place
     with raises(f"Could not write the report {tmp_path / 'r.json'} (No space left on device)"):
         write_report(results, tmp_path / "r.json")
 

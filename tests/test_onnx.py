@@ -206,3 +206,34 @@ def test_a_graph_that_fails_or_gives_non_finite_actions_is_a_message(exports, tm
     path = rewritten(exports("dt")[1], tmp_path, change)
     res = run("evaluate.py", str(path), "--episodes", "1", "--out", str(tmp_path / "e.json"), env=ENV)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "Export it again" in res.stderr, res.stderr
+
+
+def test_export_writes_beside_its_target_and_renames_never_through_a_link(exports, tmp_path, capsys):
+    """The export is written to a new file and renamed: a link at the target is replaced (the file it points to
+    is untouched), a FIFO does not block it; a folder, a missing folder or a name too long is status 2 at once."""
+    import os
+
+    from dt_primal.export import main
+
+    def status(out) -> int:
+        try:
+            main([str(exports("dt")[0]), str(out)])
+        except SystemExit as exc:
+            return exc.code
+        return 0
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "link.onnx").symlink_to(victim)
+    os.mkfifo(tmp_path / "fifo.onnx")
+    (tmp_path / "folder.onnx").mkdir()
+    assert status(tmp_path / "link.onnx") == 0 and victim.read_text() == "keep"
+    assert not (tmp_path / "link.onnx").is_symlink() and (tmp_path / "link.onnx").stat().st_size > 1000
+    assert status(tmp_path / "fifo.onnx") == 0 and (tmp_path / "fifo.onnx").is_file()
+    for out, says in [
+        (tmp_path / "folder.onnx", "is a folder"),
+        (tmp_path / "missing" / "p.onnx", "does not exist"),
+        (tmp_path / ("p" * 300 + ".onnx"), "too long"),
+    ]:
+        assert status(out) == 2 and says in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.onnx", "folder.onnx", "link.onnx", "victim.txt"]

@@ -277,6 +277,33 @@ def test_a_records_archive_entry_larger_than_a_record_is_not_read(tmp_path):
         records.from_archive(tmp_path / "big.tgz")
 
 
+def test_records_are_bounded_in_total_json_and_never_read_through_a_link(tmp_path):
+    """An archive of many records of 16 MiB each (80 kB per GiB compressed) wrote them all; a record that is not
+    JSON was copied as it was; packing a folder followed links."""
+    with tarfile.open(tmp_path / "bomb.tgz", "w:gz") as tar:
+        for i in range(5):
+            info = tarfile.TarInfo(f"d/dt/seed_{i}/eval.json")
+            info.size = untrusted.MAX_RECORD
+            tar.addfile(info, io.BytesIO(b" " * info.size))
+    assert (tmp_path / "bomb.tgz").stat().st_size < 200_000
+    with pytest.raises(UserError, match="more than 64 MiB of records"):
+        records.from_archive(tmp_path / "bomb.tgz")
+    with tarfile.open(tmp_path / "text.tgz", "w:gz") as tar:
+        info = tarfile.TarInfo("d/dt/seed_0/eval.json")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    with pytest.raises(UserError, match="eval.json is not JSON"):
+        records.from_archive(tmp_path / "text.tgz")
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere" / "seed_1"
+    (sweep / "d" / "dt" / "seed_0").mkdir(parents=True)
+    (sweep / "d" / "dt" / "seed_0" / "eval.json").write_text('{"step": 1}')
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "eval.json").write_text('{"secret": 1}')
+    (sweep / "d" / "dt" / "seed_1").symlink_to(elsewhere)
+    (sweep / "d" / "dt" / "seed_0" / "evals.jsonl").symlink_to(elsewhere / "eval.json")
+    assert records.from_folder(sweep) == {"d/dt/seed_0/eval.json": b'{"step": 1}'}
+
+
 # --- the run folder ---
 
 
@@ -333,13 +360,13 @@ def test_empty_and_special_files_are_a_message(run_dir, tmp_path):  # noqa: F811
     os.mkfifo(tmp_path / "fifo.pt")
     for path, phrase in (
         (tmp_path / "empty.pt", "is empty (0 bytes)"),
-        ("/dev/null", "is not a regular file"),
-        (tmp_path / "fifo.pt", "is not a regular file"),
+        ("/dev/null", "is a device, not a regular file"),
+        (tmp_path / "fifo.pt", "is a FIFO (named pipe), not a regular file"),
     ):
         with pytest.raises(UserError, match=re.escape(phrase)):
             dt_primal.load_policy(path)
     res = run("evaluate.py", str(tmp_path / "fifo.pt"), "--out", str(tmp_path / "ev.json"))
-    assert_user_error(res, "is not a regular file")
+    assert_user_error(res, "FIFO (named pipe), not a regular file")
     out = tmp_path / "resume"
     out.mkdir()
     (out / "last.pt").write_bytes(b"")
@@ -492,3 +519,55 @@ def test_a_dataset_id_with_shell_syntax_is_never_suggested_as_a_command(tmp_path
     with pytest.raises(UserError) as exc:
         load_dataset(str(tmp_path / "ds"))
     assert "rm -rf" not in str(exc.value) and "\x1b" not in str(exc.value)
+
+
+def test_a_fifo_a_device_or_a_folder_is_named_and_refused_without_waiting(tmp_path):
+    """Every file a user gives is opened without blocking and checked on the open file: a FIFO as a record
+    (dataset.json, evals.jsonl, a throughput file) hung, /dev/zero read until memory ran out."""
+    from dt_primal.untrusted import read_curve, read_json
+
+    fifo = tmp_path / "dataset.json"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "FIFO"), (Path("/dev/zero"), "device"), (tmp_path, "folder")):
+        with pytest.raises(UserError, match=kind):
+            read_json(path, "The record", "")
+        with pytest.raises(UserError, match=kind):
+            read_curve(path)
+    with pytest.raises(UserError, match="too long"):
+        read_json(tmp_path / ("x" * 300), "The record", "")
+    (tmp_path / "big.json").write_bytes(b" " * 100 + b"1")
+    with pytest.raises(UserError, match="larger than 50 bytes"):
+        read_json(tmp_path / "big.json", "The record", "", limit=50)
+    assert read_json(tmp_path / "big.json", "The record", "", limit=101) == 1
+    point = {"step": 1, "reports": [{"target": 1.0, "episodes": 1, "normalized_mean": 5.0}]}
+    (tmp_path / "evals.jsonl").write_text(json.dumps(point) + "\n" + "[" * (2**20 + 1) + "\n")
+    assert read_curve(tmp_path / "evals.jsonl") == [point]  # an overlong line is left out, unparsed
+
+
+@pytest.mark.parametrize("content", ["fifo", "/dev/zero", '{"records": [{"members": 1e400}]}'])
+def test_a_gpu_windows_throughput_file_is_checked_before_the_window_starts(tmp_path, content):
+    path = tmp_path / "throughput.json"
+    if content == "fifo":
+        os.mkfifo(path)
+    elif content.startswith("/dev"):
+        path = Path(content)
+    else:
+        path.write_text(content)
+    cmd = [sys.executable, "-m", "commands.gpu_window", "start", "--out", str(tmp_path / "out")]
+    res = subprocess.run([*cmd, "--throughput", str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 2 and "--throughput" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_an_arrow_dataset_without_pyarrow_says_to_install_it(monkeypatch):
+    """Not "check the dataset id": the id is right, a package is missing."""
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    from dt_primal.loaders import load_minari
+
+    write_minari("tests/arrowish-v0", make_episodes(lengths=(20, 30), seed=1))
+    meta_path = get_dataset_path("tests/arrowish-v0") / "data" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(meta | {"data_format": "arrow"}))
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow fails, installed or not
+    with pytest.raises(UserError, match=r"Arrow format.*pip install \"minari\[arrow\]\""):
+        load_minari("tests/arrowish-v0")

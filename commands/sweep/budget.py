@@ -109,7 +109,7 @@ def load_throughput(path: Path) -> Throughput:
         t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", EVAL_STEPS_PER_S)))
         for r in doc["records"]:
             t.add(r)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise UserError(f"{path} is not a file of throughput measurements ({type(exc).__name__}: {exc}).") from None
     bad = [r for pts in t.rates.values() for r in pts.values() if not 0 < r < 1e9]
     if bad or not 0 < t.eval_steps_per_s < 1e9 or not all(0 <= w < 1e5 for w in t.warmups.values()):

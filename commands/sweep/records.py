@@ -7,14 +7,17 @@ copied from a sweep folder or a ``.tgz`` archive into a folder, or packed from a
   python -m commands.sweep.records runs/table4-cpu results/table4-cpu
 
 An archive is read as untrusted: only those three file names, as regular files under a relative
-``.../seed_N/`` path, are taken from it; anything else in it is named and left out. A record already in
-DST is kept unless it differs, which is refused (a run is never recorded twice with two results).
+``.../seed_N/`` path, are taken from it; anything else in it is named and left out; each record must be
+JSON (``evals.jsonl``: a JSON value per line), and all of them together at most ``MAX_TOTAL`` bytes. A
+sweep folder is packed without following links. A record already in DST is kept unless it differs, which
+is refused (a run is never recorded twice with two results).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import re
 import tarfile
 import zlib
@@ -23,23 +26,44 @@ from pathlib import Path, PurePosixPath
 from dt_primal.cli import run_main
 from dt_primal.errors import UserError
 from dt_primal.training.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
-from dt_primal.untrusted import MAX_RECORD
+from dt_primal.untrusted import MAX_RECORD, read_bytes
 
 MAX_ENTRIES = 100_000
+MAX_TOTAL = 64 * 2**20  # all the records of a sweep: Table 4's 54 runs hold well under 1 MiB
 
 NAMES = (RECORD, CURVE, DATASET_RECORD)
 RECORD_PATH = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
 
 
+def checked(records: dict[str, bytes], src: Path) -> dict[str, bytes]:
+    """``records`` when together they hold at most MAX_TOTAL bytes and each is JSON (a value per line of
+    ``evals.jsonl``); else a UserError naming the first that is not."""
+    if sum(map(len, records.values())) > MAX_TOTAL:
+        raise UserError(f"{src} holds more than {MAX_TOTAL >> 20} MiB of records; a sweep's are far fewer.")
+    for name, data in records.items():
+        try:
+            lines = data.splitlines() if name.endswith(".jsonl") else [data]
+            for line in filter(bytes.strip, lines):
+                json.loads(line)
+        except (ValueError, RecursionError):
+            raise UserError(f"{src} was refused: {name} is not JSON, as every run record is.") from None
+    return records
+
+
+def linked(path: Path, top: Path) -> bool:
+    """Whether ``path`` or a folder between it and ``top`` is a link (a record read through it would be
+    another file)."""
+    return any(p.is_symlink() for p in [path, *path.parents] if p == path or top in p.parents)
+
+
 def from_folder(src: Path) -> dict[str, bytes]:
-    """The records of the finished runs under ``src``, by their path relative to it."""
-    runs = [p.parent for p in src.rglob(f"{SEED_FOLDERS}/{RECORD}")]
-    return {
-        (run / n).relative_to(src).as_posix(): (run / n).read_bytes()
-        for run in runs
-        for n in NAMES
-        if (run / n).is_file()
-    }
+    """The records of the finished runs under ``src``, by their path relative to it; none through a link."""
+    runs = [p.parent for p in src.rglob(f"{SEED_FOLDERS}/{RECORD}") if not linked(p, src)]
+    files = [run / n for run in runs for n in NAMES if (run / n).is_file() and not (run / n).is_symlink()]
+    if len(files) > MAX_ENTRIES:
+        raise UserError(f"{src} holds more than {MAX_ENTRIES} run records; a sweep's are far fewer.")
+    records = {f.relative_to(src).as_posix(): read_bytes(f, "The run record", MAX_RECORD) for f in files}
+    return checked(records, src)
 
 
 def from_archive(src: Path) -> dict[str, bytes]:
@@ -56,6 +80,8 @@ def from_archive(src: Path) -> dict[str, bytes]:
                 m.name: m for m in members if m.isreg() and RECORD_PATH.match(m.name) and ".." not in m.name.split("/")
             }
             big = [m.name for m in taken.values() if m.size > MAX_RECORD]
+            if sum(m.size for m in taken.values()) > MAX_TOTAL:
+                raise UserError(f"{src} declares more than {MAX_TOTAL >> 20} MiB of records; a sweep's are far fewer.")
             if big:
                 raise UserError(
                     f"{src} was refused: {big[0]} declares {taken[big[0]].size} bytes, where a run record "
@@ -69,7 +95,7 @@ def from_archive(src: Path) -> dict[str, bytes]:
     if left:
         print(f"left out of {src}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} (not a run record)")
     finished = {str(PurePosixPath(n).parent) for n in files if PurePosixPath(n).name == RECORD}
-    return {n: b for n, b in files.items() if str(PurePosixPath(n).parent) in finished}
+    return checked({n: b for n, b in files.items() if str(PurePosixPath(n).parent) in finished}, src)
 
 
 def into_folder(records: dict[str, bytes], dst: Path) -> int:

@@ -9,7 +9,6 @@ once. A problem is a ``UserError`` that says what is wrong and what to do.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
 from dt_primal.training.run_folder import check_no_links
+from dt_primal.untrusted import read_json
 from envs import Task
 
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
@@ -78,10 +78,8 @@ def check_evaluation_memory(
 def _is_report(path: Path) -> bool:
     """Whether ``path`` holds a report that evaluate.py wrote (which it may replace)."""
     try:
-        if path.stat().st_size > 256 << 20:
-            return False
-        return "across_checkpoints" in json.loads(path.read_text())
-    except (OSError, ValueError, TypeError, UnicodeDecodeError):
+        return "across_checkpoints" in read_json(path, "The report", "", limit=256 << 20)
+    except (UserError, TypeError):
         return False
 
 

@@ -48,9 +48,9 @@ from dt_primal.training.checks import (
     check_unchanged,
 )
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
-from dt_primal.training.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name, write_text
+from dt_primal.training.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
 from dt_primal.training.step import TrainStep
-from dt_primal.untrusted import read_curve
+from dt_primal.untrusted import read_curve, write_file
 
 
 def train(
@@ -195,7 +195,8 @@ class TrainingRun:
             for m, path in zip(self.members, self.curves):
                 m.folder.mkdir(parents=True, exist_ok=True)
                 curve = read_curve(path)
-                write_text(path, "".join(json.dumps(c) + "\n" for c in curve if c["step"] <= self.step))
+                kept = "".join(json.dumps(c) + "\n" for c in curve if c["step"] <= self.step)
+                write_file(path, kept, "The learning curve")
                 self.writers.append(SummaryWriter(str(m.folder)))
         cfg = self.cfg
         if cfg.compile and self.rank == 0 and self.step < cfg.steps:
@@ -361,7 +362,7 @@ class TrainingRun:
                 ensemble=self.seeds,
                 eval_seconds=seconds,
             )
-            write_text(m.folder / RECORD, json.dumps(result, indent=1))
+            write_file(m.folder / RECORD, json.dumps(result, indent=1), "The run record")
             results.append(result)
         return results
 

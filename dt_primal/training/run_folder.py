@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dt_primal.errors import UserError
+from dt_primal.untrusted import read_json, write_file
 
 if TYPE_CHECKING:
     from dt_primal.data import Trajectories
@@ -164,15 +165,6 @@ def check_nothing_in_the_way(folder: Path) -> None:
         )
 
 
-def write_text(path: Path, text: str) -> None:
-    """``text`` into ``path`` by a rename of a new file, so that a link at ``path`` is replaced, never followed."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def dataset_slug(dataset: str) -> str:
     """A dataset's id or file as one folder name."""
     return dataset.replace("/", "_").replace(os.sep, "_").removesuffix(".hdf5").removesuffix(".pkl")
@@ -271,8 +263,8 @@ class RunFolder:
                     continue  # training refuses to start over an existing run
                 if record.exists():
                     try:
-                        then = json.loads(record.read_text())
-                    except (OSError, ValueError):
+                        then = read_json(record, "The dataset record", "", limit=64 << 10)
+                    except UserError:
                         then = None
                     if isinstance(then, dict) and then.get("hash") not in (None, now["hash"]):
                         same = (then.get("steps"), then.get("episodes")) == (now["steps"], now["episodes"])
@@ -291,7 +283,7 @@ class RunFolder:
                     if isinstance(then, dict) and then.get("hash") == now["hash"]:
                         continue
             try:
-                write_text(record, json.dumps(now, indent=1))
+                write_file(record, json.dumps(now, indent=1), "The dataset record")
             except OSError as exc:
                 raise _cannot_write(folder, exc) from None
 
