@@ -217,6 +217,11 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, 
     checks.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit
     with raises("more than the 1.0 GiB of available memory here"):
         checks.check_batch_memory(cfg, members=3)
+    for changes in ({"d_model": 8192, "n_head": 4}, {"s": 10**9}):  # the weights alone: not a batch to lower
+        with raises("The model's weights, gradients and optimizer state need about"):
+            checks.check_batch_memory(make_config("quick", **changes), members=1)
+    with raises("Even one window of context 1000000"):  # was: "Lower --batch-size (about 0 fits at most)"
+        checks.check_batch_memory(make_config("quick", context=10**6), members=1)
 
 
 def test_resume_of_a_run_past_steps_says_so(tmp_path, capsys):
