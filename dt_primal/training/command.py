@@ -89,8 +89,10 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
     specs = list(dict.fromkeys(args.dataset)) if args.dataset else None  # else the checkpoint's, or the default
     seeds = args.seeds or ([cfg.seed] if specs and len(specs) > 1 else None)
     first = member_folders(Path(cfg.out), seeds, specs, cfg.model)[0] / CHECKPOINT
-    if args.resume and first.exists():  # the checkpoint's settings, except those given now
-        cfg = dataclasses.replace(Config(**load_checkpoint(first)["config"]), **{**given, "out": cfg.out}).validate()
+    if args.resume and first.exists():  # the checkpoint's settings, except those given now; checked whole first,
+        # so that a damaged checkpoint is refused before the dataset it names is read
+        run = Config.from_record(load_checkpoint(first, resume=True)["config"])
+        cfg = dataclasses.replace(run, **{**given, "out": cfg.out}).validate()
     specs = specs or [cfg.dataset]
     with (
         distributed(cfg.device) as (rank, world),
