@@ -3,6 +3,7 @@ than 80 lines), and installs as a library."""
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -40,9 +41,13 @@ def test_the_wheel_installs_the_library_and_its_commands_and_never_a_top_level_d
     git = ["git", "-c", "user.name=a", "-c", "user.email=a@b", "-C", str(tmp_path)]  # the user's own repository
     subprocess.run(git + ["init", "-q"], check=True, timeout=60)
     subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "theirs"], check=True, timeout=60)
-    venv = tmp_path / "venv"  # the dependencies are this environment's: nothing is downloaded
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
-    install = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)]
+    venv = tmp_path / "venv"  # its dependencies: this interpreter's (a venv's or the system's), nothing downloaded
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    here = [p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)]  # this interpreter's site-packages
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "dependencies.pth").write_text("\n".join(here) + "\n")
+    install = [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps"]
+    install += ["--no-index", str(wheel)]
     subprocess.run(install, check=True, capture_output=True, timeout=300)
     home = tmp_path / "elsewhere"
     home.mkdir()
