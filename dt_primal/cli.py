@@ -37,6 +37,9 @@ def run_main(main) -> None:
             raise
         _fail(out_of_memory_message(exc, "memory"), mid_line=True)
     except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # any path of any command: a message, not a traceback
+            name = str(exc.filename or "a path")
+            _fail(f"{name[:100]}{'...' if len(name) > 100 else ''} is a name too long for the file system; shorten it.")
         if exc.errno not in _DISK_FULL + _NOT_WRITABLE:
             raise
         _fail(write_error_message(exc), mid_line=True)

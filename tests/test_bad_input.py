@@ -18,7 +18,7 @@ import torch
 from conftest import make_episodes
 from test_data import write_minari
 from test_reliability import ENV, assert_user_error, raises
-from test_train import ROOT, TINY, hopper_file
+from test_train import ROOT, TINY, hopper_file, run
 
 from datasets import suite
 from datasets.loaders import load_dataset
@@ -729,3 +729,14 @@ def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(t
         "--targets 1e+30 divided by --reward-scale 1000",
     )
     assert not (tmp_path / "ev.json").exists()
+
+
+def test_a_path_too_long_for_the_file_system_is_a_message_in_any_command(tmp_path):
+    long = tmp_path / ("x" * 300)
+    for argv in (
+        ["train.py", "--preset", "quick", "--steps", "1", "--out", long],
+        ["evaluate.py", f"{long}.pt", "--out", tmp_path / "e.json"],
+        ["-m", "commands.sweep.records", f"{long}.tgz", tmp_path / "r"],
+    ):
+        res = run(*map(str, argv))
+        assert res.returncode == 2 and "too long for the file system" in res.stderr, (argv[0], res.stderr[-300:])
