@@ -87,7 +87,7 @@ def test_sweep_trains_each_group_of_seeds_once_as_one_ensemble_and_aggregates(tm
     assert [log.read_text().count("$ ") for log in logs] == [1, 1]
     md = (out / "results.md").read_text()
     assert "| dt |" in md and "| primal |" in md and "average" in md and "last checkpoint" in md
-    rows = list(csv.DictReader(open(out / "results.csv")))
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
     assert len(rows) == 2 * 2  # models x targets
     assert all(r["n_seeds"] == "2" and np.isfinite(float(r["normalized_mean"])) for r in rows)
     assert (out / "results.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0

@@ -232,6 +232,7 @@ def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
             pass
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
+    holder.stdout.close()
     assert (out / run_folder.LOCK_NAME).exists()  # the file stays; its lock went with the process
     with run_folder.hold_run_folder(out):
         pass

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -202,7 +203,7 @@ def test_bad_d4rl_file(tmp_path, change, phrase):
 
 
 def test_truncated_dataset_files(tmp_path):
-    (tmp_path / "cut.hdf5").write_bytes(open(_hdf5(tmp_path / "good.hdf5"), "rb").read()[:3000])
+    (tmp_path / "cut.hdf5").write_bytes(Path(_hdf5(tmp_path / "good.hdf5")).read_bytes()[:3000])
     (tmp_path / "cut.pkl").write_bytes(pickle.dumps([{"a": np.zeros(100)}])[:50])
     for name in ("cut.hdf5", "cut.pkl"):
         with raises("truncated"):
