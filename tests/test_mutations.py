@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("checkpoint", "hdf5", "pickle", "minari", "archive")
+KINDS = ("checkpoint", "hdf5", "pickle", "minari", "archive", "onnx")
 COUNT = 200  # corruptions per kind, half of them byte-level, half structure-level
 MAX_GROWTH_MB = 300  # resident memory a corrupted file may add at most over reading valid ones
 
@@ -131,6 +131,36 @@ def structured(kind: str, path: Path, rng: np.random.Generator) -> None:
         meta.write_text(json.dumps(record, default=str))
     elif kind == "archive":
         _mutate_archive(path, rng)
+    elif kind == "onnx":
+        _mutate_onnx(path, rng)
+
+
+def _mutate_onnx(path: Path, rng: np.random.Generator) -> None:
+    """One of: a metadata value replaced (parsed, mutated, written back), an initializer's values or dims
+    changed or stored as external data, a node removed or given another operator."""
+    import onnx
+
+    model = onnx.load(str(path))
+    choice = int(rng.integers(4))
+    if choice == 0:
+        meta = {p.key: json.loads(p.value) for p in model.metadata_props}
+        meta = mutate_tree(meta, rng)
+        del model.metadata_props[:]
+        if isinstance(meta, dict):
+            onnx.helper.set_model_props(model, {str(k): json.dumps(v, default=str) for k, v in meta.items()})
+    elif choice == 1:
+        tensor = model.graph.initializer[int(rng.integers(len(model.graph.initializer)))]
+        if rng.random() < 0.5:
+            tensor.dims[:] = [int(d) + int(rng.choice([-1, 1, 1000])) for d in tensor.dims] or [7]
+        else:
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value=str(rng.choice(["secret.bin", "/etc/passwd", "../x"])))
+    elif choice == 2:
+        del model.graph.node[int(rng.integers(len(model.graph.node)))]
+    else:
+        node = model.graph.node[int(rng.integers(len(model.graph.node)))]
+        node.op_type = str(rng.choice(["Div", "Reshape", "Concat", "NoSuchOp", "Loop"]))
+    path.write_bytes(model.SerializeToString())
 
 
 def _mutate_hdf5(path: Path, rng: np.random.Generator) -> None:
@@ -200,6 +230,13 @@ def read(kind: str, path: Path, scratch: Path) -> None:
     elif kind == "archive":
         shutil.rmtree(scratch, ignore_errors=True)
         records.into_folder(records.from_archive(path), scratch)
+    elif kind == "onnx":
+        from dt_primal import load_policy
+
+        policy = load_policy(path)
+        policy.reset([3600.0, 1800.0])
+        for _ in range(3):
+            policy.act(np.ones((2, len(policy.state_mean)), np.float32), reward=np.ones(2))
 
 
 def valid_file(kind: str, folder: Path) -> Path:
@@ -220,7 +257,7 @@ def valid_file(kind: str, folder: Path) -> Path:
     if kind == "minari":
         write_minari("mutations/hopper/valid-v0", eps)
         return Path(os.environ["MINARI_DATASETS_PATH"]) / "mutations/hopper/valid-v0" / "data"
-    if kind == "checkpoint":
+    if kind in ("checkpoint", "onnx"):
         from datasets.loaders import load_dataset
         from dt_primal.config import make_config
         from dt_primal.training.loop import train
@@ -244,6 +281,10 @@ def valid_file(kind: str, folder: Path) -> Path:
             precision="fp32",
         )
         train(cfg, load_dataset(str(folder / "hopper.hdf5"), env="hopper"))
+        if kind == "onnx":
+            from dt_primal.export import export
+
+            return export(folder / "run" / "last.pt", folder / "policy.onnx")
         return folder / "run" / "last.pt"
     from commands.sweep import records
 
