@@ -118,8 +118,9 @@ class TrainStep:
         self.graph, self.calls = None, 0
 
     def _losses(self, starts: torch.Tensor):
-        """Per member (M,), for the windows starting at ``starts`` (M, B) in each member's dataset: the
-        loss this process backpropagates, the action MSE and mean J²; and the first's sum."""
+        """For the windows starting at ``starts`` (M, B) in each member's dataset: the sum over members of the
+        loss (what is backpropagated), and per member (M,) the loss this process backpropagates, the action
+        MSE and mean J²."""
         batch = self.sampler.windows(starts + self.first[:, None])
         if self.world > 1:  # this process's share of every member's batch
             n = batch["valid"].shape[1] // self.world
