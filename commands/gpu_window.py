@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
 SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
 MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
+BUILD_S = 120.0  # the first datasets' builds on a 16-core GPU machine (five in 112 s on an H200, 2026-11-26)
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
@@ -109,24 +110,26 @@ def install_wheels() -> str:
 
 
 def build_order(datasets: list[str], count: int) -> dict[str, list[str]]:
-    """The levels to build per task: the first ``count`` datasets, and every medium-replay (seconds to build)."""
-    levels: dict[str, list[str]] = {}
+    """The datasets to build per task: the first ``count`` datasets, and every medium-replay (seconds to build)."""
+    by_task: dict[str, list[str]] = {}
     for i, d in enumerate(datasets):
         _, env, level = d.split("/")
         if i < count or level.startswith("medium-replay"):
-            levels.setdefault(env, []).append(level.rsplit("-v", 1)[0])
-    return levels
+            by_task.setdefault(env, []).append(d)
+    return by_task
 
 
 def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) -> list[subprocess.Popen]:
-    """One ``python -m datasets build`` per task, all at once, in the background."""
+    """One ``python -m datasets build`` per task, all at once, in the background (``w.doc["builds"]``: the
+    datasets of each, in the order of the processes)."""
     procs = []
-    for env, levels in build_order(datasets, count).items():
+    w.doc["builds"] = list(build_order(datasets, count).values())
+    for ids in w.doc["builds"]:
+        env, levels = ids[0].split("/")[1], [d.split("/")[2].rsplit("-v", 1)[0] for d in ids]
         log = open(STATE / f"build-{env}.log", "w")
         cmd = [sys.executable, "-m", "datasets", "build", "--env", env, "--level", *levels, "--jobs", str(len(levels))]
-        cmd += ["--steps", str(steps)] if steps else []
+        cmd += ["--missing", *(["--steps", str(steps)] if steps else [])]
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-    w.doc["builds"] = {env: levels for env, levels in build_order(datasets, count).items()}
     return procs
 
 
@@ -247,12 +250,15 @@ def pack(w: Window) -> None:
     w.save()
 
 
-def start_sweep(w: Window, options: list[str], sweep_args: list[str]) -> None:
-    """The budgeted sweep of Table 4, detached, in this machine's runs/table4."""
-    budget = w.left() - MARGIN
+def start_sweep(w: Window, options: list[str], sweep_args: list[str], building: list[str], left: float) -> None:
+    """The budgeted sweep of Table 4, detached, in this machine's runs/table4; ``building``: the datasets being
+    built now (their groups wait for them), which may still take ``left`` seconds, kept out of its budget."""
+    budget = w.left() - MARGIN - left
     cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", "dt", "primal"]
     cmd += ["--seeds", "0", "1", "2", "--out", str(SWEEP), "--recorded", "results/table4"]
-    cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(STATE / "throughput.json"), "--"]
+    cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(STATE / "throughput.json")]
+    cmd += ["--building", *building] if building else []
+    cmd += ["--"]
     cmd += ["--device", w.doc["device"], *options, *sweep_args]
     if not (STATE / "throughput.json").exists():  # no measurement passed: the sweep measures in its first seconds
         i = cmd.index("--throughput")
@@ -317,20 +323,21 @@ def start(args) -> None:
         options = measure(w, args, rank_variants(w, args))
         if args.profile:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
-            w.run("profile", [*profile, "--json", str(args.out / "profile.json"), "--", *options], 90, w.doc["reserve"])
+            profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
+            w.run("profile", profile, 90, w.doc["reserve"])
             rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "16"]
-            w.run("evaluation profile", [*rollout, "--episodes", "600", "1800"], 90, w.doc["reserve"])
+            w.run("evaluation profile", [*rollout, "--episodes", "1800", "--steps", "100"], 60, w.doc["reserve"])
     else:
         options = []
-    for p in builds:
-        try:
-            p.wait(max(1.0, w.left() - MARGIN - args.least_training))
-        except subprocess.TimeoutExpired:
-            p.terminate()  # the training needs the rest of the window
-            p.wait()
-    rcs = [p.returncode for p in builds]
-    w.phase("datasets", t0, "passed" if not any(rcs) else f"exit statuses {rcs}, -15: stopped to leave time to train")
-    start_sweep(w, options, args.sweep_args)
+    # the sweep starts now: a group whose datasets are still being built waits for them (their build lock),
+    # and the budget keeps aside what the builds may still take
+    rcs = [p.poll() for p in builds]
+    failed, still = [rc for rc in rcs if rc not in (0, None)], rcs.count(None)
+    left = max(0.0, BUILD_S - (time.time() - t0)) if still else 0.0
+    status = f"failed (exit statuses {failed})" if failed else f"{still} still building" if still else "built"
+    w.phase("datasets", t0, status)
+    building = [d for ids, rc in zip(w.doc["builds"], rcs) if rc is None for d in ids]
+    start_sweep(w, options, args.sweep_args, building, left)
     keep_packing(w, t_start + args.seconds)
 
 
@@ -378,7 +385,10 @@ def main(argv: list[str] | None = None) -> None:
         help="start: seconds for ranking the step's variants (bench/step_variants.py; if it fails: --compile)",
     )
     p.add_argument(
-        "--least-training", type=float, default=240, help="start: seconds of training the dataset builds may not eat"
+        "--least-training",
+        type=float,
+        default=240,
+        help="start: seconds of the window kept for training: a measurement phase that would eat into them is cut",
     )
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)

@@ -11,7 +11,7 @@ if __name__ == "__main__":
 import argparse
 from pathlib import Path
 
-from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build, build_at_once, buildable, parse_suite_id, suite_id
+from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build_at_once, build_id, buildable, suite_id
 from dt_primal.cli import run_main
 from envs import TASKS
 
@@ -64,6 +64,12 @@ def main(argv=None) -> None:
         default=1,
         help="datasets built at once, each in its own processes (default 1: one after the other)",
     )
+    b.add_argument(
+        "--missing",
+        action="store_true",
+        help="build only the datasets not built yet, where otherwise a built one is replaced (a run that needs "
+        "one meanwhile waits for its build)",
+    )
     s = sub.add_parser(
         "stats",
         allow_abbrev=False,
@@ -98,10 +104,10 @@ def main(argv=None) -> None:
         ]
         ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
         if args.jobs > 1:
-            build_at_once(ids, args.jobs, args.steps, args.seed)
+            build_at_once(ids, args.jobs, args.steps, args.seed, args.missing)
         else:
-            for task, level, version in map(parse_suite_id, ids):
-                build(task, level, steps=args.steps, seed=args.seed, version=version)
+            for dataset_id in ids:
+                build_id(dataset_id, args.steps, args.seed, args.missing)
     elif args.cmd == "combine":
         from datasets.combine import combine
 

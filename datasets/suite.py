@@ -11,6 +11,7 @@ Episodes end on termination or at 1000 steps. ``steps`` scales every level down 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import multiprocessing
@@ -236,9 +237,25 @@ class BuildInterrupted(KeyboardInterrupt):
 
 def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, version: int | None = None) -> str:
     """Build ``dt-primal/<env>/<level>-v<version>`` (default: the level's newest version; replacing an
-    existing one); returns its id. Ctrl-C or a rollout worker that dies stop it with one message; a
-    build that did not finish does not count."""
+    existing one); returns its id. One process at a time builds a dataset (``build_lock``): a run that
+    needs it meanwhile waits for it instead of building it again. Ctrl-C or a rollout worker that dies
+    stop it with one message; a build that did not finish does not count."""
     dataset_id = suite_id(task.name, level, version)
+    with build_lock(dataset_id):
+        return _build_now(task, level, dataset_id, steps, seed)
+
+
+@contextlib.contextmanager
+def build_lock(dataset_id: str):
+    """Held while ``dataset_id`` is built: an exclusive ``flock``, released when the process ends, however."""
+    folder = dataset_dir(dataset_id)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.build-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _build_now(task: Task, level: str, dataset_id: str, steps: int, seed: int) -> str:
     _, _, version = parse_suite_id(dataset_id)
     if steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps}).")
@@ -255,10 +272,19 @@ def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, versio
         ) from None
 
 
-def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, seed: int = 0) -> None:
-    """Build (or replace) the suite datasets ``dataset_ids``, ``jobs`` at once, each in a child process
-    (``python -m datasets build``, whose rollouts use ``ROLLOUT_PARTS`` processes): the same datasets as one
-    by one. A medium-expert dataset's parts are built first where missing, then it is combined here."""
+def build_id(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0, missing: bool = False) -> str:
+    """Build (or replace) the suite dataset ``dataset_id``; with ``missing``, only if it is not built yet."""
+    if missing:
+        return build_if_missing(dataset_id, steps, seed)
+    task, level, version = parse_suite_id(dataset_id)
+    return build(task, level, steps=steps, seed=seed, version=version)
+
+
+def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, seed: int = 0, missing=False) -> None:
+    """Build (or replace; with ``missing``, only where not built yet) the suite datasets ``dataset_ids``, ``jobs``
+    at once, each in a child process (``python -m datasets build``, whose rollouts use ``ROLLOUT_PARTS``
+    processes): the same datasets as one by one. A medium-expert dataset's parts are built first where
+    missing, then it is combined here."""
     parsed = {d: parse_suite_id(d) for d in dataset_ids}  # (task, level, version)
     combined = [d for d, (_, level, _) in parsed.items() if level == "medium-expert"]
     parts = [
@@ -281,7 +307,7 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
             str(steps),
             "--seed",
             str(seed),
-        ]
+        ] + ["--missing"] * missing
         return dataset_id, subprocess.run(
             [sys.executable, "-m", "datasets", "build", *argv],
             capture_output=True,
@@ -298,8 +324,7 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
                 next((line for line in reversed(lines) if line.startswith("built ")), f"built {dataset_id}"), flush=True
             )
     for dataset_id in combined:
-        task, level, version = parsed[dataset_id]
-        build(task, level, steps=steps, seed=seed, version=version)
+        build_id(dataset_id, steps, seed, missing)
 
 
 def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int) -> str:
@@ -397,14 +422,11 @@ def is_built(dataset_id: str) -> bool:
 def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
     """Build a suite dataset unless it is built; processes asking for the same one at once (the groups
     of a sweep) wait for the one that builds it."""
-    task, level, version = parse_suite_id(dataset_id)
+    task, level, _ = parse_suite_id(dataset_id)
     if is_built(dataset_id):
         return dataset_id
-    folder = dataset_dir(dataset_id)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.build-lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however it ends
+    with build_lock(dataset_id):
         if not is_built(dataset_id):
             print(f"{dataset_id} is not built yet: building it now (once).")
-            build(task, level, steps=steps, seed=seed, version=version)
+            _build_now(task, level, dataset_id, steps, seed)
     return dataset_id

@@ -203,6 +203,33 @@ def test_build_if_missing_builds_once_and_redoes_an_interrupted_build(policies, 
     assert len(load_dataset(dataset_id).rewards) == STEPS
 
 
+def test_a_run_that_needs_a_dataset_being_built_waits_for_it_instead_of_building_it_again(policies, capsys):
+    """python -m datasets build holds the dataset's build lock, so a sweep's group that starts meanwhile (a GPU
+    window starts training before every build has finished) waits for it and then loads it."""
+    import fcntl
+    import shutil
+    import threading
+    import time
+
+    dataset_id = suite.suite_id("walker2d", "random")
+    shutil.rmtree(suite.dataset_dir(dataset_id), ignore_errors=True)
+    builder = threading.Thread(target=suite.build, args=(TASKS["walker2d"], "random"), kwargs=dict(steps=STEPS))
+    builder.start()
+    lock = suite.dataset_dir(dataset_id).parent / f".{suite.dataset_dir(dataset_id).name}.build-lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    held = False
+    while builder.is_alive() and not held:  # until the builder holds the lock
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = True
+        time.sleep(0.01)
+    suite.build_if_missing(dataset_id, steps=STEPS)  # waits for the builder's lock, then finds it built
+    builder.join()
+    assert held and "building it now" not in capsys.readouterr().out and suite.is_built(dataset_id)
+
+
 def test_learner_continues_on_a_fresh_clone_from_committed_files(tmp_path):
     """Only datasets/policies/<env>/ survives into a new checkout: the learner must go on from it,
     with its replay history intact (the medium-replay data)."""

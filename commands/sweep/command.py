@@ -115,6 +115,14 @@ def parser() -> argparse.ArgumentParser:
         help="--time-budget: a file of throughput measurements (bench/ensemble_speed.py --json, or the "
         "throughput.json a budgeted sweep writes in --out) instead of measuring in the sweep's first seconds",
     )
+    p.add_argument(
+        "--building",
+        nargs="+",
+        default=[],
+        metavar="DATASET",
+        help="--time-budget: suite datasets another process is building now (python -m datasets build): planned "
+        "as if built, their groups waiting for the build, where otherwise a dataset not built is left out",
+    )
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     p.add_argument(
         "--baseline",
@@ -139,7 +147,8 @@ def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float
             for g in budget_groups([d for d, dm in pairs if dm == m], [m], args.seeds, extra, args.out, args.recorded)
         ]
 
-    unbuilt = [d for d in priority if d.startswith(SUITE_NAMESPACE + "/") and not is_built(d)]
+    # --building: datasets another process builds now count as built (their groups wait for its build lock)
+    unbuilt = [d for d in priority if d.startswith(SUITE_NAMESPACE + "/") and not (is_built(d) or d in args.building)]
     pairs = [(d, m) for d in priority if d not in unbuilt for m in args.models]
     if args.throughput:
         tp = load_throughput(args.throughput)
@@ -149,7 +158,8 @@ def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float
 
         given = train_options(extra)[1]
         device = resolve_device(given.get("device", "auto"))
-        tp = measure(plan(pairs), lambda d: load_dataset(d, env=given.get("env"), build=False), str(device))
+        # every planned dataset is built or being built (--building: then this waits for it)
+        tp = measure(plan(pairs), lambda d: load_dataset(d, env=given.get("env")), str(device))
         tp.save(args.out / "throughput.json", {"device": str(device)})
     chosen, left = choose(pairs, plan, tp, budget_s)
     for g in chosen:
