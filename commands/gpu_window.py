@@ -6,7 +6,8 @@
 ``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), checks what imports,
 builds the datasets the first groups need side by side in the background, runs the CUDA tests, ranks the
 step's variants (``bench/step_variants.py``: compiling, the AdamW and attention kernels, the compile mode,
-the precision) and measures the fastest that passed at 1 to 18 members, then starts detached the sweep of
+the precision) and measures the fastest that passed at 3, 6 and 9 members (the DT model's own step at 3
+and 9), then starts detached the sweep of
 Table 4 with that variant's options and a time budget that ends with the window (``--window`` seconds
 from now, less a margin to pack), the paper's largest claimed gains first. A ranking or a throughput
 committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
@@ -210,6 +211,15 @@ def read_measurements(path: Path) -> dict:
     return json.loads(path.read_bytes())
 
 
+def given_options(path: Path) -> list[str]:
+    """The train.py options a ``--throughput`` file was measured with: as a window wrote them, else (an older
+    file) --compile where it has compiled measurements."""
+    doc = read_measurements(path)
+    if isinstance(doc.get("options"), list) and all(isinstance(o, str) for o in doc["options"]):
+        return doc["options"]
+    return ["--compile"] if any("compiled" in str(r.get("mode")) for r in doc["records"]) else []
+
+
 def measure(w: Window, args, options: list[str]) -> list[str]:
     """The training step's throughput with train.py's ``options``, written to OUT/throughput.json: from
     ``--throughput``, or committed for this engine on this GPU, or measured now; if measuring fails or takes
@@ -320,7 +330,7 @@ def start(args) -> None:
             60,
             args.least_training,
         )
-        options = measure(w, args, rank_variants(w, args))
+        options = measure(w, args, given_options(args.throughput) if args.throughput else rank_variants(w, args))
         if args.profile:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
             profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
