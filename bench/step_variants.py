@@ -108,7 +108,8 @@ def run_variant(name: str, args) -> dict:
 
 def rank(args) -> list[dict]:
     """Every variant's worker at once (the checks and compilations overlap, on the CPU's cores), then each
-    timed alone, in turn; a worker not ready within ``--limit`` seconds, or failing, is a failed variant."""
+    timed alone, in turn; a worker not ready within ``--limit`` seconds, or failing, is a failed variant.
+    ``--json`` is written after each variant, so that a ranking cut short still names what it timed."""
     folder = Path(tempfile.mkdtemp(prefix="step-variants-"))
     workers = {}
     for i, name in enumerate(args.variants):
@@ -121,9 +122,11 @@ def rank(args) -> list[dict]:
     for name, (proc, log, i) in workers.items():
         while proc.poll() is None and not (folder / f"{i}.ready").exists() and time.time() < deadline:
             time.sleep(0.1)
+        if proc.poll() is None and not (folder / f"{i}.ready").exists():
+            proc.kill()  # still checking or compiling at the deadline
         (folder / f"{i}.go").touch()
         try:
-            proc.wait(max(1.0, deadline - time.time()) + 60)
+            proc.wait(60)  # its timed updates: a second or two
         except subprocess.TimeoutExpired:
             proc.kill()
         log.seek(0)
@@ -135,10 +138,20 @@ def rank(args) -> list[dict]:
         why = f"not ready within {args.limit:.0f} s" if proc.returncode == -9 else lines[-1][-300:]
         records.append(r or {"variant": name, "options": VARIANTS[name], "passed": False, "failed": why})
         print(name, "->", json.dumps({k: v for k, v in records[-1].items() if k != "options"}), flush=True)
+        save(args, records)
     for proc, _, _ in workers.values():
         proc.kill()
     shutil.rmtree(folder, ignore_errors=True)
     return records
+
+
+def save(args, records: list[dict]) -> dict:
+    """The ranking, fastest first, with the engine's hash and the machine; written to ``--json`` if given."""
+    records = sorted(records, key=lambda r: -r.get("member_updates_per_s", 0.0))
+    doc = {"engine": engine_hash(), "members": args.members, "records": records, "info": common.run_info()}
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1, default=str))
+    return doc
 
 
 def fastest(doc: dict) -> dict | None:
@@ -167,11 +180,7 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args.variant, args)))
         return
-    records = rank(args)
-    records.sort(key=lambda r: -r.get("member_updates_per_s", 0.0))
-    doc = {"engine": engine_hash(), "members": args.members, "records": records, "info": common.run_info()}
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=1, default=str))
+    doc = save(args, rank(args))
     rows = [
         [
             r["variant"],
@@ -181,7 +190,7 @@ def main() -> None:
             "passed" if r["passed"] else "failed",
             r.get("failed") or f"loss {r['loss_error']:.1e}, update {r['update_error']:.1e}",
         ]
-        for r in records
+        for r in doc["records"]
     ]
     header = ["variant", "train.py options", f"member-updates/s ({args.members})", "warm-up s", "check", "errors"]
     print(common.md_table(header, rows))
