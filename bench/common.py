@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dt_primal.evaluation.reports import table as md_table  # noqa: E402,F401 (the library's Markdown tables)
 from dt_primal.process import configure_process  # noqa: E402
 
 # as the commands do, before torch loads; DT_PRIMAL_BENCH_OMP=unset leaves OpenMP's default, for comparison
@@ -211,12 +212,6 @@ def task_with(task, **make_kwargs):
 
 
 # ------------------------------------------------------------------------------- report
-
-
-def md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def run_info() -> dict:

@@ -281,7 +281,7 @@ def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list
     """dt-primal's batched evaluation of d3rlpy policies: raw observations and returns go in, d3rlpy's
     scalers do the rest; member m's environments are seeded as dt-primal's member of seed ``seeds[m]``."""
     from dt_primal.evaluation.policy import Policy
-    from dt_primal.evaluation.rollout import rollout
+    from dt_primal.evaluation.rollout import evaluation_seeds, rollout
 
     obs_dim = algos[0].impl.observation_shape[0]
     policy = Policy(
@@ -291,7 +291,7 @@ def evaluate(algos, task, targets, episodes: int, cfg, seeds: list[int]) -> list
         1.0,
         cfg.context,
     )
-    return rollout(policy, task, targets, episodes, seeds=[s + 100_000 for s in seeds])
+    return rollout(policy, task, targets, episodes, seeds=evaluation_seeds(seeds))
 
 
 def train_seed(cfg, data, task, targets, seed: int, run: Path, log_every: int = 100) -> dict:

@@ -14,7 +14,7 @@ from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.onnx_policy import onnx_run
 from dt_primal.evaluation.reports import across_text, run_record, scoring
-from dt_primal.evaluation.rollout import rollout
+from dt_primal.evaluation.rollout import evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
 from dt_primal.provenance import provenance
@@ -114,7 +114,7 @@ def evaluate_command(argv: list[str]) -> None:
                 args.episodes,
                 env_workers=args.env_workers,
                 progress=True,
-                seeds=[(cfg["seed"] if seed is None else seed) + 100_000 for cfg in cfgs],
+                seeds=evaluation_seeds([cfg["seed"] if seed is None else seed for cfg in cfgs]),
             )
         for i, cfg, reports in zip(members, cfgs, per_member):
             results[i] = run_record(

@@ -14,6 +14,13 @@ from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import report
 from envs import Episodes, Task
 
+EVALUATION_SEEDS = 100_000  # a run of seed s evaluates in environments seeded from s + this, apart from training's
+
+
+def evaluation_seeds(seeds: list[int]) -> list[int]:
+    """The first environment seed of each member's evaluation episodes, for runs of ``seeds``."""
+    return [s + EVALUATION_SEEDS for s in seeds]
+
 
 def default_env_workers(device: torch.device | str, num_envs: int) -> int:
     """Worker processes for the environments: none on a CPU, where the forward passes need the cores

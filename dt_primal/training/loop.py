@@ -35,7 +35,7 @@ from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline, run_record
-from dt_primal.evaluation.rollout import rollout
+from dt_primal.evaluation.rollout import evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.precision import resolve_precision
@@ -278,7 +278,7 @@ class TrainingRun:
                 [m.task for m in members],
                 [m.targets for m in members],
                 episodes,
-                seeds=[m.cfg.seed + 100_000 for m in members],
+                seeds=evaluation_seeds([m.cfg.seed for m in members]),
             )
 
     def evaluate_and_record(self) -> None:
