@@ -262,12 +262,18 @@ PRESETS = {
 
 HELP = {
     "activation": "the MLP activation of every block: relu (default: both papers' code, d3rlpy) or gelu (GPT-2's; "
-    "dt-primal's before 2026-11-25)",
+    "what checkpoints without this field used)",
     "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
     "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
     'docs/results.md, "Initialisation")',
     "timestep_init": "initialisation of the timestep embedding table: torch (default: N(0, 1), PyTorch's, as both "
-    "papers' code) or gpt2 (N(0, 0.02), as d3rlpy and dt-primal before 2026-11-25)",
+    "papers' code) or gpt2 (N(0, 0.02), as d3rlpy; what checkpoints without this field used)",
+    "compile_mode": "with --compile: default, or max-autotune (the compiler times its kernels' configurations; "
+    "longer compiling)",
+    "optimizer": "AdamW as fused (default: PyTorch's fused kernel) or compiled (the clipping, AdamW and the loss "
+    "sums as one compiled function); the same update. python bench/step_variants.py ranks these on a GPU",
+    "attention_kernel": "softmax attention through sdpa (default: PyTorch's fused kernels) or math (written out, "
+    "for --compile to fuse); the same function",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
     "hopper, walker2d",
     "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
