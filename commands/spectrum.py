@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commands.sweep.plots import save_figure
 from datasets.loaders import load_dataset
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import run_main
 from dt_primal.data import WindowSampler
 from dt_primal.training.command import Loader
+from dt_primal.untrusted import write_file
 from envs import Task
 
 
@@ -99,9 +101,9 @@ def main() -> None:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out.with_suffix(".png"), dpi=120)
+    save_figure(fig, args.out.with_suffix(".png"), 120)
     table = "\n".join(rows) + f"\n\nMean over {args.windows} full windows (3K tokens) and all heads.\n"
-    args.out.with_suffix(".md").write_text(table)
+    write_file(args.out.with_suffix(".md"), table, "The table")
     print(table)
 
 

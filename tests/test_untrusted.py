@@ -571,3 +571,23 @@ def test_an_arrow_dataset_without_pyarrow_says_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow fails, installed or not
     with pytest.raises(UserError, match=r"Arrow format.*pip install \"minari\[arrow\]\""):
         load_minari("tests/arrowish-v0")
+
+
+def test_a_sweeps_tables_and_figures_replace_a_link_in_its_folder_never_write_through_it(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from commands.sweep.plots import save_figure
+    from commands.sweep.tables import write_csv
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    for name in ("results.csv", "results.png"):
+        (tmp_path / name).symlink_to(victim)
+    write_csv([], tmp_path / "results.csv")
+    save_figure(plt.figure(), tmp_path / "results.png", 50)
+    assert victim.read_text() == "keep"
+    assert not (tmp_path / "results.csv").is_symlink() and (tmp_path / "results.csv").read_text().startswith("dataset")
+    assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"

@@ -94,9 +94,10 @@ class Throughput:
         ]
 
     def save(self, path: Path, about: dict) -> None:
-        path.write_text(
-            json.dumps({"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, **about}, indent=1)
-        )
+        from dt_primal.untrusted import write_file
+
+        doc = {"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, **about}
+        write_file(path, json.dumps(doc, indent=1), "The throughput file")
 
 
 def load_throughput(path: Path) -> Throughput:

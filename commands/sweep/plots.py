@@ -4,6 +4,7 @@ profiles)."""
 
 from __future__ import annotations
 
+import io
 from itertools import combinations
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from commands.sweep.results import curve_points
 from commands.sweep.tables import comparable, seed_scores, short
 from dt_primal.evaluation import intervals as iv
 from dt_primal.training.run_folder import group_dir, seed_folder
+from dt_primal.untrusted import write_file
+
+
+def save_figure(fig, path: Path, dpi: int) -> None:
+    """``fig`` as a PNG at ``path``, written beside it and renamed (``write_file``: never through a link)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    write_file(path, buf.getvalue(), "The figure")
 
 
 def y_label(rows: list[dict]) -> str:
@@ -56,7 +65,7 @@ def plot_bars(rows: list[dict], out: Path) -> None:
         ax.set_ylabel(f"{y_label(rows)} (last checkpoint)")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "results.png", dpi=120)
+    save_figure(fig, out / "results.png", 120)
     plt.close(fig)
 
 
@@ -95,7 +104,7 @@ def plot_curves(out: Path, rows: list[dict], plot_dir: Path | None = None) -> di
         if ax.lines:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig((plot_dir or out) / "curves.png", dpi=120)
+    save_figure(fig, (plot_dir or out) / "curves.png", 120)
     plt.close(fig)
     return drawn
 
@@ -147,6 +156,6 @@ def plot_intervals(rows: list[dict], out: Path, name: str = "intervals.png") -> 
     for a in ax[:2]:
         a.set_xlabel("normalised score (high target, last checkpoint)")
     fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
+    save_figure(fig, out / name, 110)
     plt.close(fig)
     return True

@@ -4,6 +4,7 @@ standard errors."""
 from __future__ import annotations
 
 import csv
+import io
 from itertools import combinations
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 from commands.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
 from dt_primal.evaluation import intervals as iv
 from dt_primal.evaluation.reports import table
+from dt_primal.untrusted import write_file
 
 
 def short(dataset: str) -> str:
@@ -186,30 +188,31 @@ CSV_COLUMNS = (
 def write_csv(rows: list[dict], path: Path) -> None:
     """One CSV line per (row, target): ``CSV_COLUMNS``."""
     as_text = lambda values: " ".join(f"{v:.3f}" for v in values)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            for t in r["targets"]:
-                l3 = t.get("last3") or {}
-                w.writerow(
-                    [
-                        r["dataset"],
-                        r["name"],
-                        r["label"],
-                        t["target"],
-                        f"{t['mean']:.3f}",
-                        f"{t['std']:.3f}",
-                        len(r["finished_seeds"]),
-                        r["step"],
-                        r["episodes"],
-                        as_text(t["seeds"]),
-                        f"{l3['mean']:.3f}" if l3 else "",
-                        f"{l3['std']:.3f}" if l3 else "",
-                        as_text(l3["seeds"]) if l3 else "",
-                        "return" if r.get("unit") == "return" else "normalised",
-                    ]
-                )
+    f = io.StringIO(newline="")  # written beside the file and renamed (write_file: never through a link)
+    w = csv.writer(f)
+    w.writerow(CSV_COLUMNS)
+    for r in rows:
+        for t in r["targets"]:
+            l3 = t.get("last3") or {}
+            w.writerow(
+                [
+                    r["dataset"],
+                    r["name"],
+                    r["label"],
+                    t["target"],
+                    f"{t['mean']:.3f}",
+                    f"{t['std']:.3f}",
+                    len(r["finished_seeds"]),
+                    r["step"],
+                    r["episodes"],
+                    as_text(t["seeds"]),
+                    f"{l3['mean']:.3f}" if l3 else "",
+                    f"{l3['std']:.3f}" if l3 else "",
+                    as_text(l3["seeds"]) if l3 else "",
+                    "return" if r.get("unit") == "return" else "normalised",
+                ]
+            )
+    write_file(path, f.getvalue(), "The table")
 
 
 def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
@@ -259,6 +262,6 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     for dt in (DT_PAPER, DT_MATCHED):
         if primal in labels and dt in labels:
             md += f"\n{primal} − {dt}:\n\n" + gap_table(gap_rows(rows, primal, dt), primal, dt)
-    (out / f"{name}.md").write_text(md)
+    write_file(out / f"{name}.md", md, "The table")
     write_csv(rows, out / f"{name}.csv")
     return md
