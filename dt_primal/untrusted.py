@@ -66,17 +66,22 @@ def check_fits_memory(nbytes: int, path, what: str) -> None:
         )
 
 
-def _kind(mode: int) -> str:
-    """What a file that is not a regular file is, for messages."""
+def _not_regular(path, what: str, mode: int) -> UserError:
+    """The error for ``path`` that is not a regular file, naming what it is."""
     kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")]
-    return next((name for test, name in kinds if test(mode)), "a device")
+    kind = next((name for test, name in kinds if test(mode)), "a device")
+    return UserError(f"{what} {path} is {kind}, not a regular file; give the file itself.")
+
+
+def _too_long(path, what: str) -> UserError:
+    return UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten it.")
 
 
 def _unreadable(path, what: str, exc: OSError) -> UserError:
     if isinstance(exc, FileNotFoundError):
         return UserError(f"{what} {path} does not exist.")
     if exc.errno == errno.ENAMETOOLONG:
-        return UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten the path.")
+        return _too_long(path, what)
     return UserError(f"{what} {path} cannot be read ({exc.strerror or exc}).")
 
 
@@ -88,7 +93,7 @@ def regular_file(path, what: str) -> int:
     except OSError as exc:
         raise _unreadable(path, what, exc) from None
     if not stat.S_ISREG(info.st_mode):
-        raise UserError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; give the file itself.")
+        raise _not_regular(path, what, info.st_mode)
     if info.st_size == 0:
         raise UserError(f"{what} {path} is empty (0 bytes): it was not written completely. Use another copy.")
     return info.st_size
@@ -105,7 +110,7 @@ def read_bytes(path, what: str, limit: int) -> bytes:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise UserError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file; give the file itself.")
+        raise _not_regular(path, what, info.st_mode)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1) if info.st_size <= limit else b""
     if info.st_size > limit or len(data) > limit:
@@ -124,8 +129,8 @@ def check_target(path, what: str) -> Path:
         raise UserError(f"{what} {path} is a folder; give the name of a file to write.")
     if not parent:
         raise UserError(f"{what} {path} cannot be written: the folder {path.parent} does not exist. Create it first.")
-    if len(path.name.encode()) > 200:
-        raise UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten it.")
+    if len(path.name.encode()) > os.pathconf(path.parent, "PC_NAME_MAX"):
+        raise _too_long(path, what)
     return path
 
 
@@ -141,7 +146,7 @@ def write_file(path, data: bytes | str, what: str) -> None:
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             raise
-        raise UserError(f"{what} {str(path)[:80]}... has a name too long for the file system; shorten it.") from None
+        raise _too_long(path, what) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
