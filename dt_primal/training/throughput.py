@@ -3,6 +3,7 @@ sweep's time budget (``commands.sweep.budget``) measure."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from pathlib import Path
@@ -17,9 +18,11 @@ from dt_primal.training.step import TrainStep
 ENGINE = ("training/step.py", "model", "data.py", "precision.py")  # under dt_primal/: what makes the step
 
 
+@functools.cache
 def engine_hash() -> str:
     """A hash of the modules that make the training step (``ENGINE``) and of torch's version: a throughput
-    measured under the same hash (on the same GPU) still holds, so it need not be measured again."""
+    measured under the same hash (on the same GPU) still holds, so it need not be measured again. Read once
+    per process (every timed setting records it)."""
     root = Path(__file__).resolve().parents[1]
     paths = [root / name for name in ENGINE]
     files = sorted(f for p in paths for f in ([p] if p.suffix == ".py" else p.glob("*.py")))
