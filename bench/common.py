@@ -242,6 +242,11 @@ def load_results(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def device_key(key: str, device: str) -> str:
+    """The section key of a measurement on ``device``: ``key`` on a CPU, ``key_cuda`` (``key_cuda1``, ...) else."""
+    return key if device == "cpu" else key + "_" + device.replace(":", "")
+
+
 def write_section(key: str, title: str, body: str, quick: bool, info: dict | None = None) -> None:
     """Replace (or append) the section ``key`` of docs/benchmarks.md (of QUICK_DOC for a ``quick``
     smoke run) and print ``body``. ``info``: run_info() of the measurement when it was taken

@@ -239,8 +239,7 @@ def main() -> None:
             args.json.write_text(json.dumps({"records": records, "info": info}, indent=1, default=str))
     gpu = info.get("gpu") and info["gpu"].lower().replace("nvidia ", "").split()[0]  # h200, h100, ...
     section = (
-        "ensemble_speed"
-        + ("" if args.device == "cpu" else "_" + args.device.replace(":", ""))
+        common.device_key("ensemble_speed", args.device)
         + (f"_{gpu}" if gpu else "")
         + ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     )
@@ -382,7 +381,7 @@ def profile_section(args, data) -> None:
         ]
     )
     common.write_section(
-        "ensemble_profile" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+        common.device_key("ensemble_profile", args.device),
         f"Ensembles: FLOPs, utilisation and largest kernels ({args.device})",
         body,
         args.quick,
@@ -417,15 +416,15 @@ def ops_section(args, data) -> None:
             f"by a "
             "`TorchDispatchMode`; PyTorch's dropout masks, as on a GPU. On a GPU each is about one kernel launch, "
             f"and a "
-            "CUDA graph of the step replays them all; `--compile` fuses the forward's and backward's into fewer "
-            f"kernels "
-            f"(sampling, clipping and AdamW stay outside it).",
+            "CUDA graph of the step replays them all; `--compile` fuses the gather's, forward's and backward's into "
+            "fewer kernels, and `--optimizer compiled` the clipping's and AdamW's (what still runs outside compiled "
+            "regions: `python bench/step_kernels.py`).",
             "",
             common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows),
         ]
     )
     common.write_section(
-        "ensemble_ops" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+        common.device_key("ensemble_ops", args.device),
         f"Ensembles: operations per update ({args.device})",
         body,
         args.quick,

@@ -129,7 +129,7 @@ def main() -> None:
         ]
     )
     common.write_section(
-        "eval_overhead" + ("" if args.device == "cpu" else "_" + args.device.replace(":", "")),
+        common.device_key("eval_overhead", args.device),
         f"Evaluation: where a step's time goes ({args.device})",
         body,
         args.quick,
