@@ -211,10 +211,9 @@ def read_measurements(path: Path) -> dict:
     return json.loads(path.read_bytes())
 
 
-def given_options(path: Path) -> list[str]:
-    """The train.py options a ``--throughput`` file was measured with: as a window wrote them, else (an older
-    file) --compile where it has compiled measurements."""
-    doc = read_measurements(path)
+def given_options(doc: dict) -> list[str]:
+    """The train.py options a ``--throughput`` file (``read_measurements``) was measured with: as a window wrote
+    them, else (an older file) --compile where it has compiled measurements."""
     if isinstance(doc.get("options"), list) and all(isinstance(o, str) for o in doc["options"]):
         return doc["options"]
     return ["--compile"] if any("compiled" in str(r.get("mode")) for r in doc["records"]) else []
@@ -224,8 +223,8 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
     """The training step's throughput with train.py's ``options``, written to OUT/throughput.json: from
     ``--throughput``, or committed for this engine on this GPU, or measured now; if measuring fails or takes
     too long, captured without options. Returns the options the sweep trains with."""
-    if args.throughput:  # checked as the sweep checks it (budget.load_throughput)
-        path, doc = args.throughput, read_measurements(args.throughput)
+    if args.throughput:  # read and checked by main, as the sweep checks it (budget.load_throughput)
+        path, doc = args.throughput, args.measured
     else:  # this repository's own records
         path = committed("throughput", w.doc.get("engine", {}), options=options)
         doc = path and json.loads(path.read_text())
@@ -330,7 +329,7 @@ def start(args) -> None:
             60,
             args.least_training,
         )
-        options = measure(w, args, given_options(args.throughput) if args.throughput else rank_variants(w, args))
+        options = measure(w, args, given_options(args.measured) if args.throughput else rank_variants(w, args))
         if args.profile:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
             profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
@@ -407,8 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"need {MARGIN + 30:.0f} <= --window < 86400 and 0 < --seconds <= --window (seconds)")
     args.out = args.out.resolve()
     args.throughput = args.throughput and args.throughput.resolve()
-    if args.throughput:
-        read_measurements(args.throughput)  # before the window's time is spent
+    args.measured = args.throughput and read_measurements(args.throughput)  # before the window's time is spent
     args.sweep_args = argv[cut + 1 :]  # after --: train.py options for every run
     args.out.mkdir(parents=True, exist_ok=True)
     (start if args.what == "start" else wait)(args)

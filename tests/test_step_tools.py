@@ -133,8 +133,9 @@ def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_not
 def test_a_given_throughput_file_sets_the_options_the_sweep_trains_with(tmp_path):
     """An older window's file (no options recorded) trains compiled where it measured compiled; a newer one names
     its options, which must agree with its records' modes for the sweep's budget to find them."""
-    assert gpu_window.given_options(ROOT / "results" / "gpu-h200-2026-11-26" / "throughput.json") == ["--compile"]
+    h200 = gpu_window.read_measurements(ROOT / "results" / "gpu-h200-2026-11-26" / "throughput.json")
+    assert gpu_window.given_options(h200) == ["--compile"]
     record = {"model": "primal", "d_model": 256, "n_head": 4, "precision": "bf16", "members": 3}
     record |= {"mode": "captured", "member_updates_per_s": 700.0, "warmup_s": 5.0}
     (tmp_path / "t.json").write_text(json.dumps({"records": [record], "options": ["--optimizer", "compiled"]}))
-    assert gpu_window.given_options(tmp_path / "t.json") == ["--optimizer", "compiled"]
+    assert gpu_window.given_options(gpu_window.read_measurements(tmp_path / "t.json")) == ["--optimizer", "compiled"]
