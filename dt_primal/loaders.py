@@ -23,7 +23,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from dt_primal import untrusted
+from dt_primal import arrow_episodes, untrusted
 from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
 from envs import Task, derived_targets, find_task, task_for
@@ -172,6 +172,7 @@ def _directory_message(spec: str, path: Path) -> str:
 def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> Trajectories:
     """A local Minari dataset, or a hosted one fetched when ``download`` (and ``build``: this process may)."""
     import minari
+    from minari.storage.datasets_root_dir import get_dataset_path
 
     if dataset_id not in minari.list_local_datasets():
         home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
@@ -195,11 +196,14 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
         if download and dataset_id not in minari.list_local_datasets():
             minari.download_dataset(dataset_id)
         meta = untrusted.check_minari_folder(dataset_id)  # before Minari reads anything of it
-        ds = minari.load_dataset(dataset_id)
-        episodes = [
-            dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
-            for ep in ds.iterate_episodes()
-        ]
+        if meta["data_format"] == "arrow":
+            data = get_dataset_path(dataset_id) / "data"
+            episodes = arrow_episodes.read_episodes(data, meta, f"The Minari dataset {dataset_id}")
+        else:
+            episodes = [
+                dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
+                for ep in minari.load_dataset(dataset_id).iterate_episodes()
+            ]
     except UserError:
         raise
     except Exception as exc:  # unknown remote id, damaged or truncated files, no network

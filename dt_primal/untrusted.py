@@ -14,7 +14,8 @@ allocate. Each kind of file, and what is admitted from it:
 - Minari dataset folder, ``check_minari_folder``: no links; a ``metadata.json`` whose spaces are flat
   Boxes of checked size, whose counts fit in memory and whose environment spec ``envs.check_spec``
   admits (a registered id without ``module:``, the entry point Gymnasium registers for it, no
-  wrappers, numeric constructor options only); checked before Minari reads anything.
+  wrappers, numeric constructor options only); checked before Minari reads anything. Its episodes in
+  the Arrow format are read by ``dt_primal.arrow_episodes``, each file checked against itself there.
 - run records (``eval.json``, ``evals.jsonl``), ``read_record``, ``read_curve``: JSON objects of at most
   ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong.
 - records archive (``.tgz``), ``commands.sweep.records``: run records under relative ``seed_N`` paths,
@@ -452,7 +453,8 @@ def _current_env_spec(text: str) -> str:
 
 def check_minari_folder(dataset_id: str) -> dict:
     """The metadata of the local Minari dataset ``dataset_id``, checked (``check_minari_metadata``), and its
-    data files: no links out of its folder, an HDF5 file checked by ``open_hdf5``, Arrow files fitting in memory."""
+    data files: no links out of its folder, an HDF5 file checked by ``open_hdf5``, Arrow files fitting in memory
+    (their episodes are read and checked by ``dt_primal.arrow_episodes``)."""
     from minari.storage.datasets_root_dir import get_dataset_path
 
     data = get_dataset_path(dataset_id) / "data"
@@ -473,8 +475,8 @@ def check_minari_folder(dataset_id: str) -> dict:
             import pyarrow  # noqa: F401 (Minari reads Arrow datasets with it)
         except ImportError:
             raise UserError(
-                f"{where} is stored in the Arrow format, which Minari reads with pyarrow, and pyarrow is not "
-                f'installed: pip install "minari[arrow]" (or pip install pyarrow), then run the command again.'
+                f"{where} is stored in the Arrow format, which dt-primal reads with pyarrow, and pyarrow is not "
+                f'installed: pip install "dt-primal[arrow]" (or pip install pyarrow), then run the command again.'
             ) from None
         check_fits_memory(sum(p.stat().st_size for p in data.rglob("*") if p.is_file()), where, "Arrow files")
     return meta
@@ -483,7 +485,7 @@ def check_minari_folder(dataset_id: str) -> dict:
 # --- run records ---
 
 
-def _is_count(x: object) -> bool:
+def is_count(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
@@ -499,7 +501,7 @@ def _reports_ok(reports: object) -> bool:
         and all(
             isinstance(r, dict)
             and _is_number(r.get("target"))
-            and _is_count(r.get("episodes", 0))
+            and is_count(r.get("episodes", 0))
             and (
                 _is_number(r.get("normalized_mean"))
                 or (r.get("normalized_mean") is None and _is_number(r.get("return_mean")))
@@ -529,7 +531,7 @@ def read_record(path, reports: bool = True) -> dict:
     )
     if not (
         isinstance(record, dict)
-        and (not reports or _is_count(record.get("step")) and _reports_ok(record.get("targets")))
+        and (not reports or is_count(record.get("step")) and _reports_ok(record.get("targets")))
     ):
         raise UserError(
             f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
@@ -549,7 +551,7 @@ def read_curve(path) -> list[dict]:
             point = json.loads(line) if len(line) <= MAX_LINE else None
         except (ValueError, RecursionError):
             point = None
-        if isinstance(point, dict) and _is_count(point.get("step")) and _reports_ok(point.get("reports")):
+        if isinstance(point, dict) and is_count(point.get("step")) and _reports_ok(point.get("reports")):
             curve.append(point)
         else:
             damaged += bool(line.strip())
@@ -589,9 +591,9 @@ def _onnx_meta(meta: dict, path) -> dict:
         and bool(np.all(std > 0))
         and _is_number(values["reward_scale"])
         and values["reward_scale"] > 0
-        and _is_count(values["context"])
+        and is_count(values["context"])
         and 1 <= values["context"] <= 100_000
-        and _is_count(values["max_ep_len"])
+        and is_count(values["max_ep_len"])
         and 1 <= values["max_ep_len"] <= 10_000_000
         and isinstance(bounds, list)
         and len(bounds) == 2

@@ -9,13 +9,15 @@ from datasets.synthetic import write_d4rl
 from dt_primal.data import Trajectories, WindowSampler
 
 
-def write_minari(dataset_id, episodes, env="Hopper-v5"):
+def write_minari(dataset_id, episodes, env="Hopper-v5", data_format="hdf5"):
+    """``episodes`` as the Minari dataset ``dataset_id`` (Minari's Arrow writer needs the observations in the
+    space's dtype, float64 for the MuJoCo tasks)."""
     import minari
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
     buffers = [
         EpisodeBuffer(
-            observations=e["observations"],
+            observations=e["observations"].astype(np.float64) if data_format == "arrow" else e["observations"],
             actions=e["actions"],
             rewards=e["rewards"].tolist(),
             terminations=e["terminations"].tolist(),
@@ -23,7 +25,7 @@ def write_minari(dataset_id, episodes, env="Hopper-v5"):
         )
         for e in episodes
     ]
-    minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests")
+    minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests", data_format=data_format)
 
 
 def write_pickle(path, episodes):

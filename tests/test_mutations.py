@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("checkpoint", "hdf5", "pickle", "minari", "archive", "onnx")
+KINDS = ("checkpoint", "hdf5", "pickle", "minari", "arrow", "archive", "onnx")
 COUNT = 200  # corruptions per kind, half of them byte-level, half structure-level
 MAX_GROWTH_MB = 300  # resident memory a corrupted file may add at most over reading valid ones
 
@@ -118,6 +118,8 @@ def structured(kind: str, path: Path, rng: np.random.Generator) -> None:
         path.write_bytes(pickle.dumps(mutate_tree(pickle.loads(path.read_bytes()), rng)))
     elif kind == "hdf5":
         _mutate_hdf5(path, rng)
+    elif kind == "arrow":
+        _mutate_arrow(path, rng)
     elif kind == "minari":
         meta = path / "metadata.json"
         record = json.loads(meta.read_text())
@@ -161,6 +163,42 @@ def _mutate_onnx(path: Path, rng: np.random.Generator) -> None:
         node = model.graph.node[int(rng.integers(len(model.graph.node)))]
         node.op_type = str(rng.choice(["Div", "Reshape", "Concat", "NoSuchOp", "Loop"]))
     path.write_bytes(model.SerializeToString())
+
+
+def _mutate_arrow(data: Path, rng: np.random.Generator) -> None:
+    """In the Arrow dataset folder ``data``, one of: a length of the first episode's batch or columns (or a
+    compressed buffer's declared size) replaced, its batch cut or repeated, a column cast, dropped or renamed,
+    its episode metadata.json mutated."""
+    import pyarrow as pa
+
+    path = data / "0" / "part-0.arrow"
+    batch = pa.ipc.open_file(path).get_batch(0)
+    choice, rows = int(rng.integers(5)), batch.num_rows
+    if choice == 4:
+        meta = data / "0" / "metadata.json"
+        meta.write_text(json.dumps(mutate_tree(json.loads(meta.read_text()), rng), default=str))
+        return
+    batches, compression = [batch], str(rng.choice(["zstd", "lz4"])) if choice == 0 else None
+    if choice == 1:
+        cut = int(rng.integers(1, rows))
+        batches = [batch.slice(0, cut), batch.slice(cut)] if rng.random() < 0.5 else [batch, batch]
+    elif choice == 2:
+        column = int(rng.integers(batch.num_columns))
+        names = [n if i != column else "infos" for i, n in enumerate(batch.schema.names)]
+        changed = [
+            batch.drop_columns([batch.schema.names[column]]),
+            batch.rename_columns(names),
+            batch.set_column(column, "x", pa.array(np.zeros(rows, np.float32))),
+        ]
+        batches = [changed[int(rng.integers(3))]]
+    with pa.ipc.new_file(path, batches[0].schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        for b in batches:
+            w.write_batch(b)
+    if choice in (0, 3):  # a size in the message replaced: rows, a list's values, a buffer's bytes
+        blob = path.read_bytes()
+        old = int(rng.choice([rows, rows * 11, rows * 3, rows * 88, rows * 12, rows * 8]))
+        new = int(rng.choice([0, old + 1, old * 40_000, 2**40, 2**62, -1]))
+        path.write_bytes(blob.replace(old.to_bytes(8, "little"), new.to_bytes(8, "little", signed=True)))
 
 
 def _mutate_hdf5(path: Path, rng: np.random.Generator) -> None:
@@ -225,7 +263,7 @@ def read(kind: str, path: Path, scratch: Path) -> None:
         checkpoint.load_checkpoint(path, resume=True)
     elif kind in ("hdf5", "pickle"):
         load_dataset(str(path), env="hopper")
-    elif kind == "minari":
+    elif kind in ("minari", "arrow"):
         load_dataset(path.parent.relative_to(os.environ["MINARI_DATASETS_PATH"]).as_posix())
     elif kind == "archive":
         shutil.rmtree(scratch, ignore_errors=True)
@@ -240,7 +278,7 @@ def read(kind: str, path: Path, scratch: Path) -> None:
 
 
 def valid_file(kind: str, folder: Path) -> Path:
-    """A valid file of ``kind`` in ``folder`` (for minari: the dataset's data folder)."""
+    """A valid file of ``kind`` in ``folder`` (for minari and arrow: the dataset's data folder)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_episodes
     from test_data import write_minari, write_pickle
@@ -254,8 +292,8 @@ def valid_file(kind: str, folder: Path) -> Path:
     if kind == "pickle":
         write_pickle(folder / "hopper.pkl", eps)
         return folder / "hopper.pkl"
-    if kind == "minari":
-        write_minari("mutations/hopper/valid-v0", eps)
+    if kind in ("minari", "arrow"):
+        write_minari("mutations/hopper/valid-v0", eps, data_format="arrow" if kind == "arrow" else "hdf5")
         return Path(os.environ["MINARI_DATASETS_PATH"]) / "mutations/hopper/valid-v0" / "data"
     if kind in ("checkpoint", "onnx"):
         from datasets.loaders import load_dataset
@@ -314,13 +352,14 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
     for i in range(count):
         case = folder / f"case{'' if valid.suffix else '_dir'}{valid.suffix}"
         shutil.rmtree(case, ignore_errors=True) if case.is_dir() else case.unlink(missing_ok=True)
-        if kind == "minari":
+        if kind in ("minari", "arrow"):
             shutil.rmtree(valid.parent.parent / "case-v0", ignore_errors=True)
             shutil.copytree(valid.parent, valid.parent.parent / "case-v0")
             case = valid.parent.parent / "case-v0" / "data"
             meta = json.loads((case / "metadata.json").read_text())
             (case / "metadata.json").write_text(json.dumps({**meta, "dataset_id": "mutations/hopper/case-v0"}))
-            target = case / ("metadata.json" if i % 4 == 0 else "main_data.hdf5")
+            files = ["metadata.json", "0/metadata.json", "0/part-0.arrow", "1/part-0.arrow"]
+            target = case / (files[i % 4] if kind == "arrow" else "metadata.json" if i % 4 == 0 else "main_data.hdf5")
         else:
             shutil.copy(valid, case)
             target = case
