@@ -29,7 +29,7 @@ from dt_primal.checkpoint import UNRECORDED
 from dt_primal.cli import run_main
 from dt_primal.config import Config
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.training.run_folder import RECORD, run_dir, seed_folder
+from dt_primal.run_folder import RECORD, run_dir, seed_folder
 from dt_primal.untrusted import read_record
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,11 +20,10 @@ import numpy as np
 import torch
 
 from dt_primal.config import Config
-from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.model.members import stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
-from dt_primal.training.run_folder import PREVIOUS
+from dt_primal.run_folder import PREVIOUS
 from dt_primal.untrusted import load_torch
 
 FORMAT = 2
@@ -278,20 +277,6 @@ def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu"
 def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> DecisionTransformer:
     """The checkpoint's model (one member), with its weights."""
     return model_from_checkpoints([ckpt], device)
-
-
-def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:
-    """A run continues on the data it was trained on (same sizes and observation mean)."""
-    arch = ckpt["model_config"]
-    same = (arch["state_dim"], arch["act_dim"]) == (data.obs_dim, data.act_dim) and np.allclose(
-        data.observations.mean(0), ckpt["state_mean"], rtol=1e-5, atol=1e-6
-    )
-    if not same:
-        raise UserError(
-            f"{path} was trained on {ckpt['dataset']}, but this run loaded {data.source}, which holds "
-            f"other data. Resume with --dataset {ckpt['dataset']}, or choose another --out to start a "
-            f"new run."
-        )
 
 
 def rng_state(gen: torch.Generator) -> dict:

@@ -1,16 +1,13 @@
-"""What ``train.py`` and ``evaluate.py`` share: the error exit and report writing."""
+"""The error exit of every command: a ``UserError``, running out of memory or disk, a path too long or a
+Ctrl-C becomes one message and an exit status, never a traceback."""
 
 from __future__ import annotations
 
 import errno
-import json
 import re
 import sys
-from pathlib import Path
 
 from dt_primal.errors import UserError
-from dt_primal.evaluation.reports import aggregate, markdown
-from dt_primal.untrusted import write_file
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -90,18 +87,3 @@ def write_error_message(exc: OSError) -> str:
         f"Could not write{where} ({exc.strerror or exc}). {fix}, then run the command again; a train.py run "
         f"continues from its last checkpoint with --resume (checkpoints already written are intact)."
     )
-
-
-def write_report(results: list[dict], path: Path) -> dict:
-    """JSON at ``path`` and the Markdown table beside it (same name, .md); returns the summary."""
-    summary = aggregate(results)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file(path, json.dumps(summary, indent=1), "The report")
-        write_file(path.with_suffix(".md"), markdown(summary), "The report's table")
-    except OSError as exc:
-        raise UserError(
-            f"Could not write the report {path} ({exc.strerror or exc}). Give an --out in a folder you can "
-            f"write to, with free space, and run the command again."
-        ) from None
-    return summary

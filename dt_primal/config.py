@@ -231,9 +231,13 @@ MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 
 
 def seed_problems(seeds: list[int], option: str) -> list[str]:
-    """The one check of seeds (``--seed``, ``--seeds``): they seed NumPy's generators, which take 0 to 2^32 - 1."""
+    """The one check of seeds (``--seed``, ``--seeds``): they seed NumPy's generators, which take 0 to 2^32 - 1,
+    each member its own."""
     bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
-    return [f"{option} must be between 0 and {MAX_SEED} (got {' '.join(map(str, bad))})"] if bad else []
+    problems = [f"{option} must be between 0 and {MAX_SEED} (got {' '.join(map(str, bad))})"] if bad else []
+    if len(set(seeds)) < len(seeds):
+        problems.append(f"{option} lists a seed twice ({' '.join(map(str, seeds))}); give each seed once")
+    return problems
 
 
 MAX_COUNT = 10**15  # sizes and step counts beyond this are typing mistakes (10^26 overflows 64-bit counters)

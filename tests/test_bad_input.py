@@ -23,14 +23,16 @@ from test_train import ROOT, TINY, hopper_file, run
 from datasets import suite
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
-from dt_primal import machine
-from dt_primal.cli import run_main, write_report
+from dt_primal import machine, run_folder
+from dt_primal.cli import run_main
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import phase
 from dt_primal.evaluation import checks as evaluate_checks
-from dt_primal.training import checks, run_folder
+from dt_primal.evaluation.reports import write_report
+from dt_primal.training import checks, memory
 from dt_primal.training.command import train_command
+from dt_primal.training.resume import record_dataset
 
 QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
 
@@ -222,7 +224,7 @@ def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     code = (
-        "import sys, time; from dt_primal.training.run_folder import hold_run_folder\n"
+        "import sys, time; from dt_primal.run_folder import hold_run_folder\n"
         f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -401,7 +403,7 @@ def test_a_dataset_that_changed_on_disk_between_two_resumes(tmp_path):
         f["rewards"][0] = rewards[0]
     data = load_dataset(str(path))
     with run_folder.hold_run_folder(out) as folder:
-        folder.check_dataset(data, resume=True)  # the data it started on: continues
+        record_dataset(folder, data, resume=True)  # the data it started on: continues
 
 
 # --- options ---
@@ -426,38 +428,19 @@ def test_options_that_used_to_pass_validation(change, phrase):
         cfg(**change)
 
 
-def test_negative_seeds(tmp_path):
+@pytest.mark.parametrize(
+    "seeds, phrase",
+    [
+        (["--seeds", "0", "-2"], "--seeds must be between 0 and 4294967295 (got -2)"),
+        (["--seeds", "3", "3"], "--seeds lists a seed twice (3 3)"),
+        (["--seeds", "0", "1", "--seed", "5"], "--seed 5 and --seeds 0 1 were both given"),
+    ],
+)
+def test_seeds_that_cannot_seed_the_members(tmp_path, seeds, phrase):
     res = train_py(
-        "--dataset",
-        str(hopper_file(tmp_path)),
-        *QUICK,
-        "--steps",
-        "2",
-        "--seeds",
-        "0",
-        "-2",
-        "--out",
-        str(tmp_path / "r"),
+        "--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", *seeds, "--out", str(tmp_path / "r")
     )
-    assert_user_error(res, "--seeds must be between 0 and 4294967295 (got -2)")
-
-
-def test_seed_with_seeds_is_refused(tmp_path):
-    res = train_py(
-        "--dataset",
-        str(hopper_file(tmp_path)),
-        *QUICK,
-        "--steps",
-        "2",
-        "--seeds",
-        "0",
-        "1",
-        "--seed",
-        "5",
-        "--out",
-        str(tmp_path / "r"),
-    )
-    assert_user_error(res, "--seed 5 and --seeds 0 1 were both given")
+    assert_user_error(res, phrase)
 
 
 def test_a_gpu_index_this_machine_lacks(tmp_path, monkeypatch):
@@ -531,7 +514,7 @@ def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
 def test_cpu_out_of_memory_while_training(tmp_path, monkeypatch, capsys):
     # 10^14 windows: more than any address space, so the allocation fails at once on every machine; the check
     # of a batch's memory, which refuses it before training, is switched off here to reach the allocator
-    monkeypatch.setattr(checks, "available_bytes", lambda device: (0, "memory"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (0, "memory"))
     argv = [
         "--dataset",
         str(hopper_file(tmp_path)),

@@ -16,9 +16,9 @@ from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision
 from dt_primal.config import Config, make_config
 from dt_primal.evaluation.command import evaluate_command
-from dt_primal.training import checks
 from dt_primal.training import command as run
 from dt_primal.training import loop as training
+from dt_primal.training import memory
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
@@ -212,16 +212,16 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, 
     assert_user_error(
         res, "--batch-size 100000000 needs at least", "for the activations of one training step", "Lower --batch-size"
     )
-    monkeypatch.setattr(checks, "available_bytes", lambda device: (1 << 30, "available memory"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (1 << 30, "available memory"))
     cfg = make_config("quick", batch_size=256)
-    checks.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit
+    memory.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit
     with raises("more than the 1.0 GiB of available memory here"):
-        checks.check_batch_memory(cfg, members=3)
+        memory.check_batch_memory(cfg, members=3)
     for changes in ({"d_model": 8192, "n_head": 4}, {"s": 10**9}):  # the weights alone: not a batch to lower
         with raises("The model's weights, gradients and optimizer state need about"):
-            checks.check_batch_memory(make_config("quick", **changes), members=1)
+            memory.check_batch_memory(make_config("quick", **changes), members=1)
     with raises("Even one window of context 1000000"):  # was: "Lower --batch-size (about 0 fits at most)"
-        checks.check_batch_memory(make_config("quick", context=10**6), members=1)
+        memory.check_batch_memory(make_config("quick", context=10**6), members=1)
 
 
 def test_resume_of_a_run_past_steps_says_so(tmp_path, capsys):

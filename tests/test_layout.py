@@ -93,6 +93,55 @@ def test_imports_run_one_way():
     assert not upward, "; ".join(upward)
 
 
+def _imported(path) -> list[tuple[int, str]]:
+    """The absolute imports of the module ``path`` (also those inside functions): (line, module), and for
+    ``from package import name`` the module ``package.name`` too (it may be one)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def test_the_library_has_no_circle_between_its_modules_and_folders():
+    """Inside dt_primal each top-level module and each folder (model/, training/, evaluation/) is one part;
+    the imports between parts (also inside functions) form no circle, so that each part builds only on
+    parts below it (evaluation/ never on training/, the checkpoint format never on the loop)."""
+    lib = ROOT / "dt_primal"
+    parts = {
+        p.stem if p.is_file() else p.name for p in lib.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+
+    def part(module: str) -> str | None:
+        names = module.split(".")
+        return names[1] if names[0] == "dt_primal" and len(names) > 1 and names[1] in parts else None
+
+    edges = {}
+    for path in lib.rglob("*.py"):
+        own = path.relative_to(lib).parts[0].removesuffix(".py")
+        for line, module in _imported(path):
+            if part(module) not in (None, own):
+                edges.setdefault(own, {}).setdefault(part(module), f"{path.relative_to(ROOT)}:{line}")
+    done, stack = set(), []
+
+    def visit(p):  # depth-first: a part met again on the current path closes a circle
+        if p in stack:
+            loop = stack[stack.index(p) :] + [p]
+            raise AssertionError(" -> ".join(f"{a} ({edges[a][b]})" for a, b in zip(loop, loop[1:])))
+        if p not in done:
+            stack.append(p)
+            for q in edges.get(p, {}):
+                visit(q)
+            stack.pop()
+            done.add(p)
+
+    for p in sorted(parts):
+        visit(p)
+    assert edges["training"].keys() >= {"evaluation", "run_folder"}  # the test sees the imports it judges
+
+
 def test_reading_records_needs_neither_torch_nor_the_simulator():
     script = (
         "import sys, commands.sweep.results, commands.sweep.tables, commands.sweep.plots, commands.sweep.records\n"

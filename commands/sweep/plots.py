@@ -13,7 +13,7 @@ import numpy as np
 from commands.sweep.results import curve_points
 from commands.sweep.tables import comparable, seed_scores, short
 from dt_primal.evaluation import intervals as iv
-from dt_primal.training.run_folder import group_dir, seed_folder
+from dt_primal.run_folder import group_dir, seed_folder
 from dt_primal.untrusted import write_file
 
 

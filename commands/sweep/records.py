@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from dt_primal.cli import run_main
 from dt_primal.errors import UserError
-from dt_primal.training.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
+from dt_primal.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
 from dt_primal.untrusted import MAX_RECORD, read_bytes
 
 MAX_ENTRIES = 100_000

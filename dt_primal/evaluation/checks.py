@@ -21,7 +21,7 @@ from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
-from dt_primal.training.run_folder import check_no_links
+from dt_primal.run_folder import check_no_links
 from dt_primal.untrusted import read_json
 from envs import Task
 

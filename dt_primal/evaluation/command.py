@@ -8,12 +8,11 @@ import dataclasses
 from pathlib import Path
 
 from dt_primal.checkpoint import load_checkpoint
-from dt_primal.cli import write_report
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.onnx_policy import onnx_run
-from dt_primal.evaluation.reports import across_text, run_record, scoring
+from dt_primal.evaluation.reports import across_text, run_record, scoring, write_report
 from dt_primal.evaluation.rollout import evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision

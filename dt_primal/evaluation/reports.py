@@ -1,11 +1,16 @@
 """Evaluation reports: one target's episodes summarised, the aggregation across seeds or checkpoints,
-and how scores are printed and tabled."""
+how scores are printed and tabled, and a report written as JSON with its Markdown table."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from dt_primal.errors import UserError
+from dt_primal.untrusted import write_file
 
 if TYPE_CHECKING:  # reports are read and tabled without Gymnasium and MuJoCo
     from envs import Task
@@ -188,3 +193,18 @@ def markdown(summary: dict) -> str:
         + "\n\nWithin a checkpoint: mean ± std over episodes. Across checkpoints: the mean of the "
         "per-checkpoint means with its 95 % bootstrap interval over the checkpoints (seeds).\n"
     )
+
+
+def write_report(results: list[dict], path: Path) -> dict:
+    """JSON at ``path`` and the Markdown table beside it (same name, .md); returns the summary."""
+    summary = aggregate(results)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(path, json.dumps(summary, indent=1), "The report")
+        write_file(path.with_suffix(".md"), markdown(summary), "The report's table")
+    except OSError as exc:
+        raise UserError(
+            f"Could not write the report {path} ({exc.strerror or exc}). Give an --out in a folder you can "
+            f"write to, with free space, and run the command again."
+        ) from None
+    return summary

@@ -8,11 +8,8 @@ meant but is worth knowing is one ``note:`` line on stderr.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -26,8 +23,8 @@ from dt_primal.evaluation.checks import (
     env_sizes,
     task_limits,
 )
-from dt_primal.machine import available_bytes, check_device, gib
-from dt_primal.training.run_folder import CHECKPOINT, SEED_FOLDERS, seed_of
+from dt_primal.machine import check_device
+from dt_primal.training.memory import check_batch_memory
 from envs import Task
 
 # A target counts as far above the data when it exceeds the best episode's return by more than this
@@ -208,80 +205,6 @@ def check_returns(
         )
 
 
-def batch_bytes(cfg: Config) -> int:
-    """A lower estimate of what one member's training step holds for its batch: per layer and token
-    the activations kept for the backward pass (measured: 9-16 floats per d_model unit, 8 taken) and
-    per head the attention's token x token matrices, in fp32."""
-    tokens = 3 * cfg.context
-    return cfg.batch_size * cfg.n_layer * tokens * (8 * cfg.d_model + 4 * cfg.n_head * tokens) * 4
-
-
-def weight_bytes(cfg: Config) -> int:
-    """What one member's weights take with their gradients and AdamW's two moments (4 fp32 copies): per
-    block 12·d_model² (attention and the MLP), the timestep table, and per primal layer its KSVD weights
-    (W_e, W_r: d_model·s each, and the shared head 2·s·d_k); the embeddings of observations and actions
-    are left out (small)."""
-    d, s = cfg.d_model, cfg.resolved_s()
-    primal = 0 if cfg.model == "dt" else cfg.n_layer if cfg.model == "primalformer" else 1
-    params = cfg.n_layer * 12 * d * d + (cfg.max_ep_len or 1000) * d + primal * (2 * d * s + 2 * s * d // cfg.n_head)
-    return 16 * params
-
-
-def check_batch_memory(cfg: Config, members: int) -> None:
-    """Refuse a model or a --batch-size whose training step cannot fit in the memory this machine (or its
-    GPU) has free, before the operating system kills the process for taking more."""
-    world = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # each torchrun process holds its share
-    weights = weight_bytes(cfg) * members
-    need = batch_bytes(cfg) * members // world + weights
-    free, memory = available_bytes(cfg.device)
-    if free and weights > free // 2:
-        raise UserError(
-            f"The model's weights, gradients and optimizer state need about {gib(weights)} ({members} "
-            f"seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, {cfg.n_layer} layers, KSVD rank "
-            f"{cfg.resolved_s()}), more than half the {gib(free)} of {memory} free here. Lower --d-model, "
-            f"--n-layer or --s, or train fewer --seeds at once."
-        )
-    if free and need > free:
-        fits = (free - weights) * cfg.batch_size // (need - weights)
-        if fits < 1:
-            raise UserError(
-                f"Even one window of context {cfg.context} (d_model {cfg.d_model}, {cfg.n_layer} layers) needs "
-                f"more than the {gib(free)} of {memory} free here for its activations: lower --context or "
-                f"--d-model."
-            )
-        raise UserError(
-            f"--batch-size {cfg.batch_size} needs at least {gib(need)} for the activations of one training "
-            f"step ({members} seed{'s' if members > 1 else ''} at once, d_model {cfg.d_model}, "
-            f"{cfg.n_layer} layers, context {cfg.context}), more than the {gib(free)} of {memory} here. "
-            f"Lower --batch-size (about {fits:,} fits at most), or train fewer --seeds at once."
-        )
-
-
-# what --resume may change; every other option is the run's own (architecture, optimisation, returns)
-CHANGEABLE_ON_RESUME = (
-    "steps",
-    "eval_every",
-    "eval_episodes",
-    "eval_episodes_during",
-    "checkpoint_every",
-    "log_every",
-    "device",
-    "out",
-    "targets",
-    "compile",
-    "compile_mode",
-    "optimizer",
-    "attention_kernel",
-    "cuda_graph",
-    "precision",
-    "dataset",
-    "env",
-    "download",
-    "ref_min",
-    "ref_max",
-)
-
-
 def check_env_matches(data: Trajectories, task: Task) -> None:
     obs_dim, act_dim = env_sizes(task)
     if (data.obs_dim, data.act_dim) != (obs_dim, act_dim):
@@ -289,75 +212,4 @@ def check_env_matches(data: Trajectories, task: Task) -> None:
             f"The dataset {data.source} has observations of size {data.obs_dim} and actions of size "
             f"{data.act_dim}, but {task.gym_id} has {obs_dim} and {act_dim}: it was not recorded in that "
             f"environment. Pass the right --env."
-        )
-
-
-def check_unchanged(saved: Config, cfg: Config, path: Path) -> None:
-    """--resume continues a run with its own settings: an option it cannot change is refused."""
-    changed = [
-        f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)} (the run has {getattr(saved, f.name)})"
-        for f in dataclasses.fields(Config)
-        if f.name not in CHANGEABLE_ON_RESUME and getattr(cfg, f.name) != getattr(saved, f.name)
-    ]
-    if changed:
-        raise UserError(
-            f"--resume cannot change {', '.join(changed)}: {path} continues with the settings it was "
-            f"started with. Leave these options out to continue it, or choose another --out to start a new "
-            f"run with them (only {', '.join('--' + n.replace('_', '-') for n in CHANGEABLE_ON_RESUME[:7])} "
-            f"and the data source may change)."
-        )
-
-
-def check_steps_left(step: int, steps: int, where: Path) -> None:
-    """--resume of a run already past --steps has nothing to train: refused; one exactly at --steps
-    only runs the final evaluation (a run stopped during it), which is said."""
-    if step > steps:
-        raise UserError(
-            f"{where} is already at step {step}, past --steps {steps}: there is nothing to train. Give "
-            f"--steps above {step} to train it further, or evaluate it with evaluate.py."
-        )
-    if step == steps:
-        print(
-            f"--resume: {where} is already at step {step} = --steps; nothing to train, only the final evaluation "
-            f"runs (give a larger --steps to train further)"
-        )
-
-
-def check_folders(lasts: list[Path], cfg: Config, seeds: list[int] | None, resume: bool) -> bool:
-    """Whether the run continues from checkpoints (``resume`` and every member has one); refuses to start
-    over an existing run, and to resume only some members."""
-    found = [last.exists() for last in lasts]
-    if not resume and any(found):
-        held = next(last for last, f in zip(lasts, found) if f)
-        raise UserError(
-            f"{held.parent} already holds a run ({held}); pass --resume to continue it, or choose another "
-            f"--out (or delete that folder) to start again."
-        )
-    if resume and any(found) and not all(found):
-        raise UserError(
-            f"Only some seeds of {cfg.out} have a checkpoint "
-            f"({', '.join(str(last) for last, f in zip(lasts, found) if f)}); "
-            f"resume those with --seeds listing them, and train the others in another run."
-        )
-    listed = [seed_of(p.parent) for p in Path(cfg.out).glob(f"{SEED_FOLDERS}/{CHECKPOINT}")]
-    listed = sorted(s for s in listed if s is not None)
-    if resume and not seeds and not any(found) and listed:
-        names = " ".join(map(str, listed))
-        raise UserError(f"{cfg.out} holds the seeds {names} of an ensemble; resume them with --seeds {names}.")
-    if resume and not any(found):
-        print(f"--resume: no checkpoint in {cfg.out}, starting from scratch")
-    return resume and all(found)
-
-
-def check_distinct(seeds: list[int]) -> None:
-    if len(set(seeds)) < len(seeds):
-        raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, seeds))}); give each seed once.")
-
-
-def check_batch_split(batch_size: int, world: int) -> None:
-    """Under torchrun every process trains on an equal share of every batch."""
-    if batch_size % world:
-        raise UserError(
-            f"--batch-size {batch_size} must be divisible by the number of processes ({world}), "
-            f"which each train on an equal share of every batch."
         )

@@ -12,14 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dt_primal.checkpoint import load_checkpoint
-from dt_primal.cli import write_report
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation.reports import across_text, normalized_text, scoring
+from dt_primal.evaluation.reports import across_text, normalized_text, scoring, write_report
+from dt_primal.run_folder import CHECKPOINT, hold_run_folder, member_folders
 from dt_primal.training.checks import check_run_inputs
-from dt_primal.training.loop import Interrupted, distributed, train
-from dt_primal.training.run_folder import CHECKPOINT, hold_run_folder, member_folders
+from dt_primal.training.distributed import Interrupted, distributed
+from dt_primal.training.loop import train
+from dt_primal.training.resume import record_dataset
 
 # load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from
 # (dt_primal.loaders.load_dataset, or a checkout's datasets.loaders.load_dataset; a test may pass another)
@@ -110,7 +111,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
                 rescale_actions=args.rescale_actions,
                 notes=rank == 0,
             )
-        folder.check_dataset(list(datas.values()), resume=args.resume)
+        record_dataset(folder, list(datas.values()), resume=args.resume)
         try:
             results = train(cfg, datas, resume=args.resume, seeds=seeds)
         except Interrupted as exc:

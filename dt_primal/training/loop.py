@@ -2,17 +2,14 @@
 (``step.py``) in a loop of named parts (``TrainingRun``): the set-up, the step, at their periods the logging
 to TensorBoard and the progress bar with its divergence check, the batched evaluation of every
 member at once and atomic checkpoints (``dt_primal.checkpoint``), then the final evaluation.
-SIGINT/SIGTERM stop it after a checkpoint, for an exact ``--resume``. Several processes or GPUs
-train data-parallel under ``torchrun``."""
+SIGINT/SIGTERM stop it after a checkpoint, for an exact ``--resume`` (``resume.py``). Several processes or
+GPUs train data-parallel under ``torchrun`` (``distributed.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -23,14 +20,13 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from dt_primal.checkpoint import (
-    check_same_dataset,
     load_members,
     model_from_checkpoints,
     rng_state,
     save_checkpoints,
     set_rng_state,
 )
-from dt_primal.config import PRECISIONS, Config
+from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
@@ -38,17 +34,12 @@ from dt_primal.evaluation.reports import headline, run_record
 from dt_primal.evaluation.rollout import evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
-from dt_primal.precision import resolve_precision
 from dt_primal.provenance import provenance
-from dt_primal.training.checks import (
-    check_batch_split,
-    check_distinct,
-    check_folders,
-    check_steps_left,
-    check_unchanged,
-)
+from dt_primal.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
+from dt_primal.training.checks import check_seeds
+from dt_primal.training.distributed import Interrupted, StopSignal, agreed_precision, check_batch_split
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
-from dt_primal.training.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
+from dt_primal.training.resume import check_same_dataset, check_steps_left, check_unchanged, resuming
 from dt_primal.training.step import TrainStep
 from dt_primal.untrusted import read_curve, write_file
 
@@ -63,7 +54,7 @@ def train(
     process draws the same batches and trains on its share; rank 0 alone writes files and
     evaluates, and the other ranks return None."""
     run = TrainingRun(cfg, data, resume, seeds)
-    with _StopSignal(run.device) as stop:
+    with StopSignal(run.device) as stop:
         while run.step < run.cfg.steps:
             run.update()
             stopping = stop.requested()
@@ -92,12 +83,12 @@ class TrainingRun:
     ):
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.seeds = seeds or [cfg.seed]
-        check_distinct(self.seeds)
+        check_seeds(self.seeds)
         self.members = ensemble_members(cfg, data if isinstance(data, dict) else {cfg.dataset: data}, seeds)
         self.out, self.cfg = cfg.out, self.members[0].cfg
         self.device = resolve_device(self.cfg.device)
         check_batch_split(self.cfg.batch_size, self.world)
-        ckpts = self._checkpoints(check_folders([m.last for m in self.members], self.cfg, seeds, resume))
+        ckpts = self._checkpoints(resuming([m.last for m in self.members], self.cfg, seeds, resume))
         self.cfg = dataclasses.replace(self.cfg, precision=agreed_precision(self.cfg, self.device, self.rank))
         for m in self.members:  # recorded resolved
             m.cfg = dataclasses.replace(m.cfg, precision=self.cfg.precision)
@@ -365,77 +356,3 @@ class TrainingRun:
             write_file(m.folder / RECORD, json.dumps(result, indent=1), "The run record")
             results.append(result)
         return results
-
-
-@contextlib.contextmanager
-def distributed(device: str):
-    """Join the process group when started by torchrun with several processes (NCCL on CUDA, gloo
-    on CPU). Yields ``(rank, world_size)``, ``(0, 1)`` when not distributed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        yield 0, 1
-        return
-    dev = resolve_device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    try:
-        yield dist.get_rank(), dist.get_world_size()
-        if dev.type == "cpu":
-            # gloo: every process waits here, on its own thread, for the others (rank 0's final evaluation),
-            # so that gloo's worker threads release the last all-reduce's tensors now and not while the
-            # interpreter shuts down, which aborts the process (dist.barrier would hold them until its end)
-            dist.monitored_barrier(timeout=datetime.timedelta(days=1))
-    finally:
-        dist.destroy_process_group()
-
-
-def agreed_precision(cfg: Config, device: torch.device, rank: int) -> str:
-    """``cfg.precision`` resolved for ``device`` (``dt_primal.precision``: auto measures on a CPU),
-    printed once; under torchrun every process takes rank 0's."""
-    precision, why = resolve_precision(cfg.precision, device, cfg.d_model)
-    if dist.is_initialized():
-        agreed = torch.tensor([PRECISIONS.index(precision)], device=device)
-        dist.broadcast(agreed, 0)
-        precision = PRECISIONS[int(agreed)]
-    if rank == 0:
-        print(f"precision: {precision} ({why})")
-    return precision
-
-
-class _StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop checkpoints at the end of the step and stops.
-
-    The handler writes only ``received``; ``signum`` is what all processes agreed on. A signal that lands while the
-    all-reduce is in flight is then kept for the next step instead of being overwritten by the reduced value.
-    """
-
-    def __init__(self, device: torch.device):
-        self.received, self.signum, self.device = 0, 0, device
-
-    def __enter__(self):
-        self.old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-    def requested(self) -> bool:
-        """Whether this process, or under torchrun any process, got a signal: all stop at the same step."""
-        self.signum = self.received
-        if dist.is_initialized():
-            flag = torch.tensor([self.signum], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            self.signum = int(flag)
-        return self.signum != 0
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int, step: int, path: Path):
-        super().__init__(
-            f"stopped by signal {signal.Signals(signum).name} at step {step}; checkpoint {path}; continue with --resume"
-        )
-        self.signum = signum

@@ -15,8 +15,8 @@ from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.model.members import member_state, stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
+from dt_primal.run_folder import CHECKPOINT, member_folders
 from dt_primal.training.checks import check_env_matches
-from dt_primal.training.run_folder import CHECKPOINT, member_folders
 from envs import Task
 
 

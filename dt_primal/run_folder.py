@@ -10,8 +10,8 @@ is released by the operating system, so a stale lock never blocks. The sweep loc
 same folder, by the same protocol, while its train.py child runs there; a different file, so the two
 never block each other.
 
-``RunFolder.check_dataset`` records what the run trains on (``dataset.json``: size and a hash of every
-array) and refuses to continue a run (--resume) on data that changed since it started.
+What a run records of its data there (``dataset.json``), and checks on --resume, is
+``dt_primal.training.resume``'s.
 """
 
 from __future__ import annotations
@@ -19,22 +19,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from dt_primal.errors import UserError
-from dt_primal.untrusted import read_json, write_file
-
-if TYPE_CHECKING:
-    from dt_primal.data import Trajectories
 
 # the files of a run's folder: the only place that spells them
 CHECKPOINT = "last.pt"  # the weights and everything to act with them or continue (dt_primal.checkpoint)
@@ -50,7 +42,7 @@ RUN_FILES = (CHECKPOINT, PREVIOUS, RECORD, CURVE, DATASET_RECORD, LOCK_NAME)
 REPORT_FILES = ("report.json", "report.md")
 
 
-def _cannot_write(folder: Path, exc: OSError) -> UserError:
+def cannot_write(folder: Path, exc: OSError) -> UserError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         what = "its disk is full: free some space, or choose another --out"
     else:
@@ -71,9 +63,9 @@ def usable_folder(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _cannot_write(out, exc) from None
+        raise cannot_write(out, exc) from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise _cannot_write(out, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+        raise cannot_write(out, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
 
 
 def check_no_links(folder: Path, names: tuple[str, ...]) -> None:
@@ -107,7 +99,7 @@ def try_lock(folder: Path, name: str = GROUP_LOCK) -> int | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             check_no_links(folder, (name,))
-        raise _cannot_write(folder, exc) from None
+        raise cannot_write(folder, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -216,21 +208,6 @@ def member_name(dataset: str, seed: int, with_dataset: bool) -> str:
     return f"{dataset} seed {seed}" if with_dataset else f"seed {seed}"
 
 
-def fingerprint(data: Trajectories) -> dict:
-    """The size of ``data`` and a hash of every array of it."""
-    h = hashlib.blake2b(digest_size=16)
-    for a in (data.observations, data.actions, data.rewards, data.lengths, data.terminals):
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.data)
-    return {
-        "source": data.source,
-        "steps": int(len(data.rewards)),
-        "episodes": int(len(data.lengths)),
-        "hash": h.hexdigest(),
-    }
-
-
 class RunFolder:
     """A run folder held by this process (``enabled`` False: another process of the run holds it,
     and this one does nothing)."""
@@ -245,47 +222,6 @@ class RunFolder:
     ):
         self.out, self.enabled = out, enabled
         self.datasets, self.members = dataset_folders(out, datasets, model), member_folders(out, seeds, datasets, model)
-
-    def check_dataset(self, data: Trajectories | list[Trajectories], resume: bool) -> None:
-        """Refuse to continue (``resume``) a member whose recorded dataset differs from its data (``data``,
-        or one per dataset of the run); record it where a run starts (and where a run written without
-        the record continues)."""
-        if not self.enabled:
-            return
-        datas = data if isinstance(data, list) else [data]
-        prints = [fingerprint(d) for d in datas]
-        per_dataset = len(self.members) // len(datas)
-        for i, folder in enumerate(self.members):
-            data, now = datas[i // per_dataset], prints[i // per_dataset]
-            record = folder / DATASET_RECORD
-            if (folder / CHECKPOINT).exists():
-                if not resume:
-                    continue  # training refuses to start over an existing run
-                if record.exists():
-                    try:
-                        then = read_json(record, "The dataset record", "", limit=64 << 10)
-                    except UserError:
-                        then = None
-                    if isinstance(then, dict) and then.get("hash") not in (None, now["hash"]):
-                        same = (then.get("steps"), then.get("episodes")) == (now["steps"], now["episodes"])
-                        size = f"{now['steps']} steps in {now['episodes']} episodes" + (
-                            ", as many as when the run started, but other values"
-                            if same
-                            else f", where the run started on {then.get('steps')} steps in "
-                            f"{then.get('episodes')} episodes"
-                        )
-                        raise UserError(
-                            f"The dataset {data.source} changed since the run in {folder} started: it now "
-                            f"holds {size} ({record} records what the run trained on), so --resume would "
-                            f"continue on other data. Restore the data the run started with, or start a "
-                            f"new run with another --out."
-                        )
-                    if isinstance(then, dict) and then.get("hash") == now["hash"]:
-                        continue
-            try:
-                write_file(record, json.dumps(now, indent=1), "The dataset record")
-            except OSError as exc:
-                raise _cannot_write(folder, exc) from None
 
 
 @contextlib.contextmanager
