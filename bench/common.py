@@ -3,7 +3,7 @@ training step, and writing one section of docs/benchmarks.md.
 
 Import this module before torch: it makes the commands' process-wide settings
 (``dt_primal.process.configure_process``: ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
-already sets it, as bench/peers.py does, and glibc's malloc keeping freed blocks), so dt-primal and
+already sets it, as experiments/peers.py does, and glibc's malloc keeping freed blocks), so dt-primal and
 the peers are timed under the same OpenMP policy. On a shared 2-core machine OpenMP's default spin-waiting makes a
 2-thread step several times slower whenever another process holds a core (see docs/benchmarks.md, "Profile").
 """
@@ -41,28 +41,7 @@ QUICK_DOC = Path(tempfile.gettempdir()) / "dt-primal-benchmarks-quick.md"  # --q
 SCRATCH = (
     Path(tempfile.gettempdir()) / "dt-primal-bench"
 )  # generated data, runs and raw results, outside the repository
-DOC_HEADER = """# Benchmarks
-
-Each section below is written by one command in `bench/` and replaced in place when that command
-runs again; it names the machine, the versions, the date and the exact command. Timings are
-medians of repeated runs unless a section says otherwise. All timings use
-`OMP_WAIT_POLICY=PASSIVE` (set by `bench/common.py`, as `bench/peers.py` does for the peers).
-Every command takes `--quick` (a smoke check under a minute, written to
-$TMPDIR/dt-primal-benchmarks-quick.md instead of this file).
-
-| section | command |
-|---|---|
-| Attention scaling | `python bench/attention_scaling.py` (+ docs/attention_scaling.png) |
-| Evaluation speed | `python bench/eval_speed.py [--checkpoint DIR/last.pt]` |
-| Training speed against the peers | `python bench/train_speed.py` (peers: bench/peers.py in ~/.venvs/peers) |
-| Whole run | `python bench/whole_run.py [--steps N] [--device cuda]` |
-| Seeds at once | `python bench/seeds_at_once.py [--device cuda]` |
-| Profile of one training step | `python bench/profile_step.py` |
-
-The machine these numbers come from is shared with other jobs (its load average is given in each
-section); wall times there depend on how much of the 2 cores a run got, so most tables also give
-CPU time (all threads), which measures the work itself.
-"""
+DOC_HEADER = "# Benchmarks\n"  # a new docs/benchmarks.md; its introduction and list of commands are written by hand
 
 
 # ----------------------------------------------------------------------------- machine

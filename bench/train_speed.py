@@ -1,4 +1,4 @@
-"""Training throughput (updates/s) of dt-primal against the peer implementations (bench/peers.py:
+"""Training throughput (updates/s) of dt-primal against the peer implementations (experiments/peers.py:
 Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransformer).
 
   python bench/train_speed.py                 # both papers' sizes, fp32 and bf16, with peers if installed
@@ -11,7 +11,7 @@ WindowSampler.sample, dt_loss (under bf16 autocast when asked), backward, gradie
 warm-up learning rate, fused AdamW, loss bookkeeping. The data are a D4RL-style hdf5 of Hopper-shaped random data
 (obs 11, act 3, 100k steps), read by datasets.loaders like any dataset, and given to the peers too.
 Both sides: ``--warmup`` untimed updates, then ``--updates`` timed; updates/s = updates / their
-total wall time (bench/peers.py's definition). Also given: updates per CPU-second of the process
+total wall time (experiments/peers.py's definition). Also given: updates per CPU-second of the process
 (all threads), which the other jobs on a shared machine disturb much less than wall time.
 Settings are timed in rounds (dt-primal dt, dt-primal primal, hf, d3rlpy back to back) so the
 machine's load is alike for all; with ``--rounds`` > 1 each number is the median over rounds.
@@ -34,7 +34,7 @@ from dt_primal.config import make_config
 from dt_primal.training.throughput import fresh_step
 
 PEERS_PYTHON = Path(os.environ.get("DT_PRIMAL_PEERS_PYTHON", Path.home() / ".venvs/peers/bin/python"))
-PEERS_SCRIPT = common.ROOT / "bench" / "peers.py"
+PEERS_SCRIPT = common.ROOT / "experiments" / "peers.py"
 SIZES = {"Primal.+DT paper (d_model 256, 4 heads)": (256, 4), "DT paper (d_model 128, 1 head)": (128, 1)}
 DATA = common.SCRATCH / "hopper-random-100k.hdf5"
 
@@ -80,7 +80,7 @@ def time_peer(peer: str, hdf5: Path, d_model: int, heads: int, precision: str, w
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    # bench/peers.py gives process CPU time in its notes ("... (N updates per CPU-s)") when it measures it
+    # experiments/peers.py gives process CPU time in its notes ("... (N updates per CPU-s)") when it measures it
     cpu = [
         float(part.split("(")[1].split()[0]) for part in r.get("notes", "").split("; ") if "updates per CPU-s" in part
     ]
@@ -185,7 +185,7 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
         f"3 layers, dropout 0.1, s 64 for primal; {args.warmup} untimed then {args.updates} timed updates per "
         f"setting{f', median of {args.rounds} rounds' if args.rounds > 1 else ''}. Data: {DATA.name} "
         f"({steps:,} steps of Hopper-shaped random data, D4RL hdf5, made by bench/common.py). "
-        f"Peers: `bench/peers.py` in ~/.venvs/peers (same torch), each update = its own sampler + training "
+        f"Peers: `experiments/peers.py` in ~/.venvs/peers (same torch), each update = its own sampler + training "
         f"step, under the same OMP_WAIT_POLICY and thread count.",
         "",
         common.md_table(header, rows),
@@ -214,7 +214,7 @@ def write(records: list[dict], args, peers: list[str], steps: int, info: dict | 
             + (
                 "--no-peers given."
                 if args.no_peers
-                else f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see bench/peers-requirements.txt); "
+                else f"{PEERS_PYTHON} or {PEERS_SCRIPT} is missing (see experiments/peers-requirements.txt); "
                 f"run this again once they exist."
             )
         )

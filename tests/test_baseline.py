@@ -1,9 +1,10 @@
 """The DT baselines: the dt-paper preset, the sweep's tables of both DT baselines, and the adapter
-that lets dt-primal's evaluation run d3rlpy's Decision Transformer (bench/d3rlpy_crosscheck.py).
+that lets dt-primal's evaluation run d3rlpy's Decision Transformer (experiments/d3rlpy_crosscheck.py).
 
-The d3rlpy tests need d3rlpy 2.8.1 beside the project's packages (bench/crosscheck-requirements.txt);
-CI installs only requirements.txt, where they are skipped. The adapter's own logic is tested
-without d3rlpy, on a stand-in model."""
+The three d3rlpy tests need d3rlpy 2.8.1 beside the project's packages (experiments/crosscheck-requirements.txt):
+CI installs only requirements.txt and skips them, so they are run by hand, in that environment
+(experiments/README.md gives the command). The adapter's own logic is tested without d3rlpy, on a
+stand-in model."""
 
 import dataclasses
 import json
@@ -15,7 +16,6 @@ import pytest
 import torch
 from test_train import ROOT
 
-from bench.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
 from commands.sweep.grid import run_dir
 from commands.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
 from commands.sweep.tables import gap_rows, write_tables
@@ -23,6 +23,7 @@ from dt_primal.config import PRESETS, Config, make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
 from envs import TASKS
+from experiments.d3rlpy_crosscheck import D3rlpyMember, D3rlpyPolicies
 
 try:
     import d3rlpy  # noqa: F401
@@ -32,8 +33,8 @@ except Exception:  # not installed (CI), or installed against other packages
     HAVE_D3RLPY = False
 needs_d3rlpy = pytest.mark.skipif(
     not HAVE_D3RLPY,
-    reason="d3rlpy is not importable here: it is a benchmark-only "
-    "dependency (bench/crosscheck-requirements.txt), not in requirements.txt",
+    reason="d3rlpy is not importable here: run these by hand in the cross-check's environment "
+    "(experiments/README.md); CI skips them",
 )
 
 
@@ -257,8 +258,8 @@ def tiny_algo():
     """d3rlpy's DT trained 3 steps on Hopper-shaped random data, with dt-primal's settings (tiny)."""
     from conftest import make_episodes
 
-    from bench.d3rlpy_crosscheck import build_algo, prepare, to_replay_buffer
     from dt_primal.data import Trajectories
+    from experiments.d3rlpy_crosscheck import build_algo, prepare, to_replay_buffer
 
     rng = np.random.default_rng(0)
     eps = make_episodes(lengths=(30, 12, 40, 25), seed=1)
@@ -320,7 +321,7 @@ def test_the_crosscheck_record_says_how_it_was_made(tmp_path):
     timestep table) and the provenance block, with d3rlpy's version."""
     from test_train import hopper_file
 
-    from bench.d3rlpy_crosscheck import main
+    from experiments.d3rlpy_crosscheck import main
 
     data = str(hopper_file(tmp_path))
     main(
@@ -385,7 +386,7 @@ def test_batched_evaluation_reproduces_d3rlpys_stateful_wrapper(tiny_algo):
 
 
 def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
-    from bench.d3rlpy_crosscheck import MODEL, main
+    from experiments.d3rlpy_crosscheck import MODEL, main
 
     d = "dt-primal/hopper/medium-replay-v0"
     ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"
@@ -411,7 +412,7 @@ def test_crosscheck_report_compares_both_implementations_per_dataset(tmp_path):
 
 
 def test_crosscheck_report_names_the_mlp_activation_and_timestep_table_where_the_records_differ(tmp_path):
-    from bench.d3rlpy_crosscheck import MODEL, main
+    from experiments.d3rlpy_crosscheck import MODEL, main
 
     d = "dt-primal/hopper/medium-replay-v0"
     ours, theirs = tmp_path / "dt-paper", tmp_path / "d3rlpy"

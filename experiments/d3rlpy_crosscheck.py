@@ -4,14 +4,14 @@ them) and is evaluated by dt-primal's own batched evaluation (``dt_primal.evalua
 the same targets, episodes, environment seeds and normalisation), so that only the learner differs.
 
   # d3rlpy DT, DT-paper settings, the reduced CPU protocol of docs/results.md, 3 seeds
-  ~/.venvs/d3rlpy/bin/python bench/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
+  ~/.venvs/d3rlpy/bin/python experiments/d3rlpy_crosscheck.py train --dataset dt-primal/hopper/medium-replay-v0 \\
       --seeds 0 1 2 --out runs/d3rlpy-crosscheck-cpu --preset dt-paper --steps 2500 --warmup-steps 250 \\
       --eval-every 500 --eval-episodes-during 5 --eval-episodes 100
   # compare with dt-primal's DT (a sweep folder) per dataset; writes OUT/crosscheck.{md,json}
-  python bench/d3rlpy_crosscheck.py report --d3rlpy runs/d3rlpy-crosscheck-cpu --dt-primal runs/dt-paper-cpu \\
+  python experiments/d3rlpy_crosscheck.py report --d3rlpy runs/d3rlpy-crosscheck-cpu --dt-primal runs/dt-paper-cpu \\
       --datasets dt-primal/hopper/medium-replay-v0 ...
 
-``train`` needs d3rlpy 2.8.1 next to the project's own packages: see bench/crosscheck-requirements.txt
+``train`` needs d3rlpy 2.8.1 next to the project's own packages: see experiments/crosscheck-requirements.txt
 (a venv over the system site-packages, d3rlpy installed without its dependencies, because d3rlpy pins
 gymnasium 1.0.0 while the evaluation must use the project's gymnasium 1.4 / mujoco 4.0 environments;
 d3rlpy's training code does not touch gymnasium). ``report`` needs only the project's packages.
@@ -463,7 +463,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     md = (
         table + f"\n- **{D3RLPY_LABEL}**: d3rlpy {evals[0].get('d3rlpy', '') if evals else ''}'s "
         f"`DecisionTransformer` at the same settings, evaluated by dt-primal's evaluation "
-        f"(`bench/d3rlpy_crosscheck.py`). Where it differs:\n"
+        f"(`experiments/d3rlpy_crosscheck.py`). Where it differs:\n"
         + "".join(f"  - {n}\n" for n in differences(precision, activations, model["timestep_init"]))
         + "\ndt-primal DT − d3rlpy DT:\n\n"
         + gap_table(gaps, "dt-primal DT", "d3rlpy DT")
@@ -477,7 +477,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="bench/d3rlpy_crosscheck.py",
+        prog="experiments/d3rlpy_crosscheck.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -43,9 +43,9 @@ Timing
 
 Output: one JSON line on stdout; everything the libraries print goes to stderr.
 
-Usage (run from the repo root with the peers venv, see bench/peers-requirements.txt):
-  ~/.venvs/peers/bin/python bench/peers.py --make-hdf5 hopper-synth.hdf5
-  ~/.venvs/peers/bin/python bench/peers.py --peer hf --hdf5 hopper-synth.hdf5 \
+Usage (run from the repo root with the peers venv, see experiments/peers-requirements.txt):
+  ~/.venvs/peers/bin/python experiments/peers.py --make-hdf5 hopper-synth.hdf5
+  ~/.venvs/peers/bin/python experiments/peers.py --peer hf --hdf5 hopper-synth.hdf5 \
       --d-model 256 --heads 4 --layers 3 --precision fp32 --updates 200
 """
 
