@@ -1,5 +1,40 @@
+"""What the tests share: temporary Minari homes, tiny datasets and runs, the tiny model's options, and
+the assertions every bad-input test makes (status 2, one message, no traceback)."""
+
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
+
+from dt_primal.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers in-process
+# the tiny model, as train.py's options and as Config fields
+TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
+QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
+SWEEP_RUN = ["--env", "hopper", *TINY, "--steps", "6", "--warmup-steps", "2", "--eval-every", "3"]
+SWEEP_RUN += ["--eval-episodes-during", "1", "--eval-episodes", "2"]  # what a sweep's tiny runs train
+FORMAT1 = ROOT / "tests" / "fixtures" / "format1"  # last.pt: 3 steps on hopper.pkl, written by commit 3d6ec5d
+SMALL = dict(
+    dataset="tiny",
+    d_model=32,
+    n_head=2,
+    n_layer=2,
+    s=8,
+    warmup_steps=5,
+    batch_size=8,
+    eval_every=1000,
+    eval_episodes=1,
+    device="cpu",
+    precision="fp32",  # with auto, two processes on a loaded machine may time bf16 differently
+)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -39,3 +74,99 @@ def make_episodes(lengths=(7, 3, 12), obs_dim=11, act_dim=3, seed=0):
             )
         )
     return eps
+
+
+def hopper_file(tmp_path) -> Path:
+    """A D4RL file of 4 Hopper-sized episodes."""
+    from datasets.synthetic import write_d4rl
+
+    path = tmp_path / "hopper_tiny.hdf5"
+    write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=3))
+    return path
+
+
+def write_minari(dataset_id, episodes, env="Hopper-v5", data_format="hdf5"):
+    """``episodes`` as the Minari dataset ``dataset_id`` (Minari's Arrow writer needs the observations in the
+    space's dtype, float64 for the MuJoCo tasks)."""
+    import minari
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    buffers = [
+        EpisodeBuffer(
+            observations=e["observations"].astype(np.float64) if data_format == "arrow" else e["observations"],
+            actions=e["actions"],
+            rewards=e["rewards"].tolist(),
+            terminations=e["terminations"].tolist(),
+            truncations=e["truncations"].tolist(),
+        )
+        for e in episodes
+    ]
+    minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests", data_format=data_format)
+
+
+def write_pickle(path, episodes):
+    """``episodes`` as a decision-transformer pickle."""
+    trajs = [
+        dict(
+            observations=e["observations"][:-1],
+            next_observations=e["observations"][1:],
+            actions=e["actions"],
+            rewards=e["rewards"],
+            terminals=e["terminations"],
+        )
+        for e in episodes
+    ]
+    path.write_bytes(pickle.dumps(trajs))
+
+
+def run(*args, **kw):
+    """``python ARGS`` in the repository root: its completed process, output captured."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kw)
+
+
+def assert_user_error(res, *phrases):
+    """Exit status 2 and one ``error:`` paragraph naming ``phrases``; no traceback."""
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.startswith("error: "), res.stderr
+    for phrase in phrases:
+        assert phrase in res.stderr, (phrase, res.stderr)
+
+
+def raises(phrase):
+    """A UserError whose message holds ``phrase``."""
+    return pytest.raises(UserError, match=re.escape(phrase))
+
+
+def exit_of(main, capsys):
+    """The exit status and stderr of ``main`` run as the commands run it (``run_main``)."""
+    from dt_primal.cli import run_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(main)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """In-process runs use one thread too, so their weights can equal a subprocess's bit for bit (a module
+    asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A 2-step run on a tiny hopper dataset: its folder."""
+    from datasets.loaders import load_dataset
+    from datasets.synthetic import write_d4rl
+    from dt_primal.config import make_config
+    from dt_primal.training.loop import train
+
+    tmp = tmp_path_factory.mktemp("run")
+    write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
+    data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
+    cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5")}
+    train(make_config(**cfg, env="hopper", steps=2, max_ep_len=50, out=str(tmp / "run")), data)
+    return tmp / "run"

@@ -7,41 +7,13 @@ import sys
 
 import numpy as np
 import torch
-from conftest import make_episodes
-from test_train import ROOT, hopper_file
+from conftest import ROOT, SWEEP_RUN, hopper_file, make_episodes
 
 from commands.spectrum import layer_spectra
 from commands.sweep.grid import group_dir, run_dir
 from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.model.transformer import DecisionTransformer
-
-TINY = [
-    "--env",
-    "hopper",
-    "--d-model",
-    "32",
-    "--n-head",
-    "2",
-    "--n-layer",
-    "2",
-    "--s",
-    "8",
-    "--steps",
-    "6",
-    "--warmup-steps",
-    "2",
-    "--eval-every",
-    "3",
-    "--eval-episodes-during",
-    "1",
-    "--eval-episodes",
-    "2",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-]
 
 
 def sweep(tmp_path, *data, seeds=("0", "1")):
@@ -62,7 +34,7 @@ def sweep(tmp_path, *data, seeds=("0", "1")):
             "--out",
             str(tmp_path / "sweep"),
             "--",
-            *TINY,
+            *SWEEP_RUN,
         ],
         cwd=ROOT,
         capture_output=True,

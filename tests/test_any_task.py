@@ -9,10 +9,10 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import make_episodes
-from test_data import write_d4rl
+from conftest import TINY, make_episodes
 
 from datasets.loaders import load_dataset
+from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import aggregate, markdown, report
@@ -20,30 +20,8 @@ from dt_primal.training.checks import check_run_inputs
 from envs import TASKS, derived_targets, task_for
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--d-model",
-    "32",
-    "--n-head",
-    "2",
-    "--n-layer",
-    "2",
-    "--s",
-    "8",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--steps",
-    "20",
-    "--warmup-steps",
-    "5",
-    "--batch-size",
-    "8",
-    "--eval-every",
-    "1000",
-    "--eval-episodes",
-    "2",
-]
+RUN = [*TINY, "--steps", "20", "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000"]
+RUN += ["--eval-episodes", "2"]
 
 
 def record(dataset_id: str, env_id: str, max_steps: int, episodes: int = 4, seed: int = 0, **metadata) -> None:
@@ -100,7 +78,7 @@ def ant():
 def train(tmp_path, dataset, *args):
     out = tmp_path / "run"
     res = subprocess.run(
-        [sys.executable, "train.py", "--dataset", dataset, "--out", str(out), *TINY, *args],
+        [sys.executable, "train.py", "--dataset", dataset, "--out", str(out), *RUN, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

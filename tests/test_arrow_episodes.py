@@ -6,8 +6,7 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import make_episodes
-from test_data import write_minari
+from conftest import make_episodes, write_minari
 
 from dt_primal.errors import UserError
 from dt_primal.loaders import load_minari

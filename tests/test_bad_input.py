@@ -15,10 +15,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import make_episodes
-from test_data import write_minari
-from test_reliability import ENV, assert_user_error, raises
-from test_train import ROOT, TINY, hopper_file, run
+from conftest import ENV, QUICK, ROOT, assert_user_error, exit_of, hopper_file, make_episodes, raises, run, write_minari
 
 from datasets import suite
 from datasets.loaders import load_dataset
@@ -33,8 +30,6 @@ from dt_primal.evaluation.reports import write_report
 from dt_primal.training import checks, memory
 from dt_primal.training.command import train_command
 from dt_primal.training.resume import record_dataset
-
-QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
 
 
 def train_py(*args, timeout=120):
@@ -479,12 +474,6 @@ def test_an_evaluation_that_cannot_fit_in_memory_is_refused_before_training(tmp_
 # --- out of memory, full or read-only disks, Ctrl-C while building a dataset ---
 
 
-def _exit_of(main, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        run_main(main)
-    return exit_info.value.code, capsys.readouterr().err
-
-
 def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
     def main():
         raise torch.OutOfMemoryError(
@@ -492,7 +481,7 @@ def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
             "79.1 GiB of which 1.2 GiB is free. Including non-PyTorch memory, ..."
         )
 
-    code, err = _exit_of(main, capsys)
+    code, err = exit_of(main, capsys)
     assert code == 2 and err.strip().startswith("error: Out of GPU memory") and "Traceback" not in err
     assert "Tried to allocate 20.00 GiB" in err and "--batch-size" in err and "--eval-episodes" in err
 
@@ -500,14 +489,14 @@ def test_gpu_out_of_memory_is_a_message_with_the_options_that_need_less(capsys):
         with phase("evaluation"):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
 
-    code, err = _exit_of(evaluation, capsys)
+    code, err = exit_of(evaluation, capsys)
     assert code == 2 and "in the evaluation" in err and "--eval-episodes" in err and "--batch-size" not in err
 
     def evaluate_py():  # evaluate.py's rollouts: its own option
         with phase("evaluate.py"):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
 
-    code, err = _exit_of(evaluate_py, capsys)
+    code, err = exit_of(evaluate_py, capsys)
     assert code == 2 and "while evaluating" in err and "lower --episodes" in err and "--eval-episodes" not in err
 
 
@@ -526,7 +515,7 @@ def test_cpu_out_of_memory_while_training(tmp_path, monkeypatch, capsys):
         "--out",
         str(tmp_path / "r"),
     ]
-    code, err = _exit_of(lambda: train_command(argv, load_dataset), capsys)
+    code, err = exit_of(lambda: train_command(argv, load_dataset), capsys)
     assert code == 2 and "Traceback" not in err, err
     assert "\nerror: Out of memory while training" in err and "lower --batch-size" in err
 
@@ -535,14 +524,14 @@ def test_a_full_or_read_only_disk_is_a_message(capsys):
     def full():
         raise OSError(errno.ENOSPC, "No space left on device", "runs/x/eval.json")
 
-    code, err = _exit_of(full, capsys)
+    code, err = exit_of(full, capsys)
     assert code == 2 and "error: Could not write runs/x/eval.json (No space left on device). Free disk space" in err
     assert "--resume" in err
 
     def read_only():
         raise PermissionError(errno.EACCES, "Permission denied", "runs/x/evals.jsonl")
 
-    code, err = _exit_of(read_only, capsys)
+    code, err = exit_of(read_only, capsys)
     assert code == 2 and "Could not write runs/x/evals.jsonl (Permission denied). Make it writable" in err
 
     def other():
@@ -601,7 +590,7 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(suite, "_rollouts", interrupted_rollouts)
-    code, err = _exit_of(lambda: load_dataset("dt-primal/hopper/random-v0"), capsys)
+    code, err = exit_of(lambda: load_dataset("dt-primal/hopper/random-v0"), capsys)
     assert code == 130
     assert err.strip() == (
         "interrupted while building dt-primal/hopper/random-v0; the partly built dataset does not "

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_train import ROOT
+from conftest import ROOT
 
 from commands.sweep.grid import run_dir
 from commands.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
@@ -319,7 +319,7 @@ def test_adapter_gives_d3rlpys_own_predict_for_a_batch_of_histories(tiny_algo):
 def test_the_crosscheck_record_says_how_it_was_made(tmp_path):
     """A d3rlpy run's eval.json carries the config as dt-primal's records state it (fp32, d3rlpy's N(0, 0.02)
     timestep table) and the provenance block, with d3rlpy's version."""
-    from test_train import hopper_file
+    from conftest import hopper_file
 
     from experiments.d3rlpy_crosscheck import main
 

@@ -5,8 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from test_analysis import TINY
-from test_train import ROOT, hopper_file
+from conftest import ROOT, SWEEP_RUN, hopper_file
 
 from commands.sweep.budget import START_S, Group, Setting, Throughput, choose, estimate, load_throughput, parse_duration
 from commands.sweep.grid import group_dir, run_dir
@@ -111,7 +110,7 @@ def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committ
     res = subprocess.run(
         [sys.executable, "-m", "commands.sweep", "--datasets", str(done), str(data), "--models", "dt", "primal"]
         + ["--seeds", "0", "1", "--out", str(out), "--recorded", str(recorded), "--time-budget", "2.5m"]
-        + ["--throughput", str(measured), "--", *TINY],
+        + ["--throughput", str(measured), "--", *SWEEP_RUN],
         cwd=ROOT,
         capture_output=True,
         text=True,

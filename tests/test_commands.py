@@ -7,8 +7,7 @@ import sys
 
 import pytest
 import torch
-from test_reliability import ENV, SMALL, assert_user_error, raises
-from test_train import ROOT, TINY, hopper_file
+from conftest import ENV, ROOT, SMALL, TINY, assert_user_error, hopper_file, raises
 
 from commands.sweep import command as sweep
 from datasets import __main__ as datasets_main

@@ -1,45 +1,10 @@
-import pickle
-
 import numpy as np
 import torch
-from conftest import make_episodes
+from conftest import make_episodes, write_minari, write_pickle
 
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal.data import Trajectories, WindowSampler
-
-
-def write_minari(dataset_id, episodes, env="Hopper-v5", data_format="hdf5"):
-    """``episodes`` as the Minari dataset ``dataset_id`` (Minari's Arrow writer needs the observations in the
-    space's dtype, float64 for the MuJoCo tasks)."""
-    import minari
-    from minari.data_collector.episode_buffer import EpisodeBuffer
-
-    buffers = [
-        EpisodeBuffer(
-            observations=e["observations"].astype(np.float64) if data_format == "arrow" else e["observations"],
-            actions=e["actions"],
-            rewards=e["rewards"].tolist(),
-            terminations=e["terminations"].tolist(),
-            truncations=e["truncations"].tolist(),
-        )
-        for e in episodes
-    ]
-    minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests", data_format=data_format)
-
-
-def write_pickle(path, episodes):
-    trajs = [
-        dict(
-            observations=e["observations"][:-1],
-            next_observations=e["observations"][1:],
-            actions=e["actions"],
-            rewards=e["rewards"],
-            terminals=e["terminations"],
-        )
-        for e in episodes
-    ]
-    path.write_bytes(pickle.dumps(trajs))
 
 
 def test_three_sources_give_the_same_store(tmp_path):

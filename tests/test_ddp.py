@@ -9,42 +9,21 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
-from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
-from test_train import ROOT, hopper_file
+from conftest import ENV, ROOT, TINY, hopper_file
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
 from dt_primal.training.loop import train
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "train.py"]
 # no dropout: each rank draws masks for its share of the batch, one process for all of it
-ARGS = [
-    "--d-model",
-    "32",
-    "--n-head",
-    "2",
-    "--n-layer",
-    "2",
-    "--ksvd-rank",
-    "8",
-    "--dropout",
-    "0",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--batch-size",
-    "8",
-    "--warmup-steps",
-    "5",
-    "--eval-every",
-    "100000",
-    "--eval-episodes",
-    "1",
-    "--seed",
-    "3",
-]
+# --ksvd-rank, not TINY's --s: torchrun's own parser would take --s for an abbreviation of one of its options
+ARGS = ["--ksvd-rank" if a == "--s" else a for a in TINY] + ["--dropout", "0", "--batch-size", "8", "--warmup-steps", "5"]
+ARGS += ["--eval-every", "100000", "--eval-episodes", "1", "--seed", "3"]
 
 
 def saved(out):

@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_reliability import ENV, one_thread  # noqa: F401 (one_thread: autouse fixture)
-from test_train import ROOT, TINY, hopper_file, make_episodes, write_d4rl
+from conftest import ENV, ROOT, SMALL, TINY, hopper_file, make_episodes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
+from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint
 from dt_primal import data as data_module
 from dt_primal.config import Config
@@ -27,21 +27,9 @@ from dt_primal.training.loop import train
 from dt_primal.training.step import TrainStep
 from envs import TASKS
 
-CFG = Config(
-    precision="fp32",
-    dataset="tiny",
-    d_model=32,
-    n_head=2,
-    n_layer=2,
-    s=8,
-    steps=12,
-    warmup_steps=5,
-    batch_size=8,
-    eval_every=1000,
-    eval_episodes=1,
-    checkpoint_every=1000,
-    device="cpu",
-)
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
+
+CFG = Config(**SMALL, steps=12, checkpoint_every=1000)
 
 
 @pytest.fixture(scope="module")

@@ -3,18 +3,15 @@
 import ast
 import dataclasses
 import json
-import os
 import pickle
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_episodes
-from test_reliability import one_thread  # noqa: F401 (one thread: runs in this process give the same weights)
+from conftest import ENV, FORMAT1, ROOT, SMALL, make_episodes
 
 from commands.sweep.grid import group_dir
 from datasets.loaders import load_dataset
@@ -24,49 +21,11 @@ from dt_primal.errors import UserError
 from dt_primal.training.loop import train
 from dt_primal.untrusted import load_torch
 
-ROOT = Path(__file__).resolve().parents[1]
-FORMAT1 = ROOT / "tests" / "fixtures" / "format1"  # last.pt: 3 steps on hopper.pkl, written by commit 3d6ec5d
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-SMALL = dict(
-    dataset="tiny",
-    d_model=32,
-    n_head=2,
-    n_layer=2,
-    s=8,
-    warmup_steps=5,
-    batch_size=8,
-    eval_every=1000,
-    eval_episodes=1,
-    device="cpu",
-)
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
 
 
 def run(*args):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A 2-step run on a tiny hopper dataset: its folder."""
-    from datasets.synthetic import write_d4rl
-
-    tmp = tmp_path_factory.mktemp("run")
-    write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
-    data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
-    # fp32 stated: with auto, a run trained in bf16 is acted with the precision a timing on this CPU picks, which
-    # two processes on a loaded machine may pick differently
-    train(
-        make_config(
-            **{**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5")},
-            env="hopper",
-            steps=2,
-            max_ep_len=50,
-            out=str(tmp / "run"),
-            precision="fp32",
-        ),
-        data,
-    )
-    return tmp / "run"
 
 
 # --- the model owns its config ---

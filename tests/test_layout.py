@@ -9,7 +9,7 @@ import subprocess
 import sys
 import zipfile
 
-from test_train import ROOT, TINY, hopper_file
+from conftest import ROOT, TINY, hopper_file
 
 LIMIT = 80
 

@@ -280,8 +280,7 @@ def read(kind: str, path: Path, scratch: Path) -> None:
 def valid_file(kind: str, folder: Path) -> Path:
     """A valid file of ``kind`` in ``folder`` (for minari and arrow: the dataset's data folder)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import make_episodes
-    from test_data import write_minari, write_pickle
+    from conftest import make_episodes, write_minari, write_pickle
 
     from datasets.synthetic import write_d4rl
 

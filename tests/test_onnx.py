@@ -4,9 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_episodes
-from test_files import ENV, SMALL
-from test_train import run
+from conftest import ENV, SMALL, make_episodes, run
 
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.config import make_config
@@ -56,7 +54,7 @@ def exports(tmp_path_factory):
             write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
             data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
             cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5"), "model": model, "context": 4}
-            run = make_config(**cfg, env="hopper", steps=2, max_ep_len=60, out=str(tmp / "run"), precision="fp32")
+            run = make_config(**cfg, env="hopper", steps=2, max_ep_len=60, out=str(tmp / "run"))
             train(run, data)
             made[model] = tmp / "run" / "last.pt", export(tmp / "run" / "last.pt", tmp / "policy.onnx")
         return made[model]

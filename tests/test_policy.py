@@ -6,13 +6,15 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_files import ENV, FORMAT1, ROOT, one_thread, run_dir  # noqa: F401 (fixtures)
+from conftest import ENV, FORMAT1, ROOT
 
 from dt_primal import load_policy
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.evaluation.policy import Policy, policy_from_checkpoints
 from dt_primal.evaluation.rollout import rollout
 from envs import TASKS
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
 
 # a process in which gymnasium, mujoco and minari cannot be imported, acting with the policy of argv[1] on the
 # observations and rewards of argv[2]; it writes the actions to argv[3]

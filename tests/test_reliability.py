@@ -2,7 +2,6 @@
 
 import os
 import pickle
-import re
 import signal
 import subprocess
 import sys
@@ -13,9 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import make_episodes
-from test_data import write_pickle
-from test_train import ROOT, TINY, hopper_file
+from conftest import ENV, ROOT, SMALL, TINY, assert_user_error, hopper_file, make_episodes, raises, write_pickle
 
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
@@ -23,50 +20,15 @@ from dt_primal import checkpoint
 from dt_primal.cli import run_main
 from dt_primal.config import make_config
 from dt_primal.data import WindowSampler
-from dt_primal.errors import UserError
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training import loop as training
 from dt_primal.training import step
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers as below
-SMALL = dict(
-    dataset="tiny",
-    d_model=32,
-    n_head=2,
-    n_layer=2,
-    s=8,
-    warmup_steps=5,
-    batch_size=8,
-    eval_every=1000,
-    eval_episodes=1,
-    device="cpu",
-    precision="fp32",
-)
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
 
 
 def run(*args):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
-
-
-def assert_user_error(res, *phrases):
-    """Exit status 2 and one ``error:`` paragraph naming ``phrases``; no traceback."""
-    assert res.returncode == 2, res.stderr
-    assert "Traceback" not in res.stderr and res.stderr.startswith("error: "), res.stderr
-    for phrase in phrases:
-        assert phrase in res.stderr, (phrase, res.stderr)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """In-process runs use one thread too, so their weights can equal a subprocess's bit for bit."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def raises(phrase):
-    return pytest.raises(UserError, match=re.escape(phrase))
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_ensemble import CFG
-from test_train import ROOT, hopper_file
+from conftest import ROOT, SMALL, hopper_file
 
 from commands import gpu_window
 from datasets.loaders import load_dataset
+from dt_primal.config import Config
 from dt_primal.model import attention
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import engine_hash
@@ -25,6 +25,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import step_kernels  # noqa: E402
 import step_variants  # noqa: E402
 
+TINY_CONFIG = Config(**SMALL, steps=12, checkpoint_every=1000)
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
@@ -32,7 +34,7 @@ def data(tmp_path_factory):
 
 
 def test_a_variant_passes_only_when_it_computes_the_step_of_the_defaults(data, monkeypatch):
-    math = dataclasses.replace(CFG, attention_kernel="math", model="dt")
+    math = dataclasses.replace(TINY_CONFIG, attention_kernel="math", model="dt")
     good = step_variants.check(math, data)
     assert good["passed"] and good["loss_error"] < 1e-5, good
     probs = attention.attention_probs
@@ -42,7 +44,9 @@ def test_a_variant_passes_only_when_it_computes_the_step_of_the_defaults(data, m
 
 
 def test_the_profile_names_the_phase_of_every_kernel_and_what_runs_outside_compiled_regions(data):
-    r = step_kernels.profile_step(dataclasses.replace(CFG, model="primal"), data, members=2, warmup=1, updates=2)
+    r = step_kernels.profile_step(
+        dataclasses.replace(TINY_CONFIG, model="primal"), data, members=2, warmup=1, updates=2
+    )
     assert {"sample", "gather + forward + loss", "backward", "AdamW"} <= set(r["phases"])
     assert r["kernels"] and all(k["share"] >= 0.01 and k["phase"] in r["phases"] for k in r["kernels"])
     assert sum(k["share"] for k in r["kernels"]) <= 1 + 1e-9
@@ -53,10 +57,10 @@ def test_the_profile_names_the_phase_of_every_kernel_and_what_runs_outside_compi
 
 def test_step_mode_names_the_options_that_differ_from_the_defaults():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert step_mode(CFG, cpu) == "eager" and step_mode(CFG, cuda) == "captured"
-    fast = dataclasses.replace(CFG, compile=True, optimizer="compiled", compile_mode="max-autotune")
+    assert step_mode(TINY_CONFIG, cpu) == "eager" and step_mode(TINY_CONFIG, cuda) == "captured"
+    fast = dataclasses.replace(TINY_CONFIG, compile=True, optimizer="compiled", compile_mode="max-autotune")
     assert step_mode(fast, cuda) == "compiled+captured, optimizer compiled, max-autotune"
-    assert step_mode(dataclasses.replace(CFG, attention_kernel="math"), cpu) == "eager, attention math"
+    assert step_mode(dataclasses.replace(TINY_CONFIG, attention_kernel="math"), cpu) == "eager, attention math"
 
 
 def test_a_window_reuses_a_committed_measurement_of_the_same_engine_gpu_and_options(tmp_path, monkeypatch):

@@ -10,37 +10,14 @@ import threading
 import time
 
 import pytest
-from conftest import make_episodes
-from test_train import ROOT
+from conftest import ROOT, TINY, make_episodes
 
 from commands.sweep.command import main
 from commands.sweep.grid import group_dir, run_dir
 from datasets.synthetic import write_d4rl
 
-TINY = [
-    "--env",
-    "hopper",
-    "--d-model",
-    "32",
-    "--n-head",
-    "2",
-    "--n-layer",
-    "2",
-    "--s",
-    "8",
-    "--batch-size",
-    "16",
-    "--warmup-steps",
-    "2",
-    "--eval-every",
-    "1000",
-    "--eval-episodes",
-    "2",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-]
+SWEEP_RUN = ["--env", "hopper", *TINY, "--batch-size", "16", "--warmup-steps", "2", "--eval-every", "1000"]
+SWEEP_RUN += ["--eval-episodes", "2"]
 
 pytestmark = pytest.mark.xdist_group("ray")  # one test process runs them all, with one Ray instance
 
@@ -76,7 +53,7 @@ def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
         "--out",
         str(tmp_path / "local"),
         "--",
-        *TINY,
+        *SWEEP_RUN,
         "--steps",
         "6",
     )
@@ -90,7 +67,7 @@ def test_ray_backend_gives_the_local_pools_table(tmp_path, ray, capsys):
         "--out",
         str(tmp_path / "ray"),
         "--",
-        *TINY,
+        *SWEEP_RUN,
         "--steps",
         "6",
     )
@@ -129,7 +106,7 @@ def test_a_killed_ray_task_is_run_again_and_resumes_from_its_checkpoint(tmp_path
         "--out",
         str(out),
         "--",
-        *TINY,
+        *SWEEP_RUN,
         "--steps",
         str(steps),
         "--checkpoint-every",

@@ -1,31 +1,14 @@
 import dataclasses
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import make_episodes
+from conftest import SMALL, TINY, hopper_file, run
 
 from datasets.loaders import load_dataset
-from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.training.loop import train
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
-
-
-def hopper_file(tmp_path) -> Path:
-    path = tmp_path / "hopper_tiny.hdf5"
-    write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=3))
-    return path
-
-
-def run(*args, **kw):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kw)
 
 
 def test_end_to_end_train_then_evaluate(tmp_path):
@@ -84,22 +67,7 @@ def test_bad_input_exits_with_a_message(tmp_path):
 
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
-    cfg = Config(
-        dataset="tiny",
-        d_model=32,
-        n_head=2,
-        n_layer=2,
-        s=8,
-        steps=24,
-        warmup_steps=5,
-        batch_size=8,
-        eval_every=1000,
-        eval_episodes=1,
-        checkpoint_every=1000,
-        device="cpu",
-        seed=7,
-        precision="fp32",
-    )
+    cfg = Config(**SMALL, steps=24, checkpoint_every=1000, seed=7)
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=10), data)  # "interrupted" at step 10
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True)
@@ -114,23 +82,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
 def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys):
     """--compile changes how the step runs, not what it computes (dropout 0: no random masks)."""
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
-    cfg = Config(
-        dataset="tiny",
-        d_model=32,
-        n_head=2,
-        n_layer=2,
-        s=8,
-        steps=6,
-        warmup_steps=2,
-        batch_size=8,
-        dropout=0.0,
-        eval_every=1000,
-        eval_episodes=1,
-        checkpoint_every=1000,
-        device="cpu",
-        seed=3,
-        precision="fp32",
-    )
+    cfg = Config(**{**SMALL, "warmup_steps": 2}, steps=6, dropout=0.0, checkpoint_every=1000, seed=3)
     from torch._dynamo.utils import counters
 
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager")), data)

@@ -17,12 +17,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import make_episodes
+from conftest import QUICK, assert_user_error, exit_of, make_episodes, write_minari
 from gymnasium.envs.registration import EnvSpec
-from test_bad_input import QUICK, _exit_of
-from test_data import write_minari
-from test_files import run_dir  # noqa: F401 (a 2-step run on a tiny hopper dataset)
-from test_reliability import assert_user_error
 
 from commands.sweep import records
 from datasets.loaders import load_dataset
@@ -307,9 +303,9 @@ def test_records_are_bounded_in_total_json_and_never_read_through_a_link(tmp_pat
 # --- the run folder ---
 
 
-def exit_of(main, capsys, *phrases):
+def assert_exits_2(main, capsys, *phrases):
     """``main`` under the commands' error exit: status 2 and one ``error:`` paragraph naming ``phrases``."""
-    code, err = _exit_of(main, capsys)
+    code, err = exit_of(main, capsys)
     assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err
     assert all(phrase in err for phrase in phrases), (phrases, err)
 
@@ -318,7 +314,7 @@ def train_py(capsys, *argv, phrase):
     """``train.py argv``, in this process (it stops before training), refused naming ``phrase``."""
     from dt_primal.training.command import train_command
 
-    exit_of(lambda: train_command([str(a) for a in argv], load_dataset), capsys, phrase)
+    assert_exits_2(lambda: train_command([str(a) for a in argv], load_dataset), capsys, phrase)
 
 
 def test_a_run_never_writes_through_a_link_nor_over_a_users_file(tmp_path, capsys):
@@ -471,7 +467,7 @@ def test_options_out_of_range(tmp_path, capsys):
     train_py(capsys, "--dataset", data, "--warmup-steps", 10**26, "--out", tmp_path / "a", phrase=huge)
     for jobs in ("0", "-1"):
         argv = ["--datasets", "hopper", "--models", "dt", "--seeds", "0", "--jobs", jobs, "--out", str(tmp_path / "s")]
-        exit_of(lambda: sweep(argv), capsys, f"--jobs must be at least 1 (got {jobs})")  # noqa: B023
+        assert_exits_2(lambda: sweep(argv), capsys, f"--jobs must be at least 1 (got {jobs})")  # noqa: B023
     not_text = os.fsdecode(os.fsencode(tmp_path) + b"/\xff")  # as Python hands a command line's bytes over
     train_py(capsys, "--dataset", data, "--out", not_text, phrase="--out holds bytes that are not UTF-8 text")
 
