@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one threa
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "train.py"]
 # no dropout: each rank draws masks for its share of the batch, one process for all of it
 # --ksvd-rank, not TINY's --s: torchrun's own parser would take --s for an abbreviation of one of its options
-ARGS = ["--ksvd-rank" if a == "--s" else a for a in TINY] + ["--dropout", "0", "--batch-size", "8", "--warmup-steps", "5"]
-ARGS += ["--eval-every", "100000", "--eval-episodes", "1", "--seed", "3"]
+ARGS = ["--ksvd-rank" if a == "--s" else a for a in TINY] + ["--dropout", "0", "--batch-size", "8"]
+ARGS += ["--warmup-steps", "5", "--eval-every", "100000", "--eval-episodes", "1", "--seed", "3"]
 
 
 def saved(out):
