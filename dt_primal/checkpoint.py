@@ -24,14 +24,14 @@ from dt_primal.errors import UserError
 from dt_primal.model.members import stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.run_folder import PREVIOUS
-from dt_primal.untrusted import load_torch
+from dt_primal.untrusted import is_count, load_torch
 
 FORMAT = 2
 CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
 FORMAT_1_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
 # model fields added after the first checkpoints, at the value every file written before the field had
-UNRECORDED = {"activation": "gelu", "timestep_init": "gpt2"}
+OLDER_FILES_DEFAULTS = {"activation": "gelu", "timestep_init": "gpt2"}
 
 
 def plain(value):
@@ -46,6 +46,34 @@ def plain(value):
     if isinstance(value, (list, tuple)):
         return type(value)(plain(v) for v in value)
     return value
+
+
+def member_checkpoint(
+    model: dict,
+    optimizer: dict,
+    step: int,
+    rng: dict,
+    config: Config,
+    task,
+    state_mean: np.ndarray,
+    state_std: np.ndarray,
+    dataset: str,
+    model_config: ModelConfig,
+) -> dict:
+    """One member's checkpoint, as ``save_checkpoints`` writes it (its ``format`` added there): the keys
+    ``CHECKPOINT_KEYS`` and ``TRAINING_STATE_KEYS`` that ``read_checkpoint`` and ``load_checkpoint`` read."""
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "step": step,
+        "rng": rng,
+        "config": dataclasses.asdict(config),
+        "task": dataclasses.asdict(task),
+        "state_mean": state_mean,
+        "state_std": state_std,
+        "dataset": dataset,
+        "model_config": dataclasses.asdict(model_config),
+    }
 
 
 def _write(path: Path, payload: dict) -> Path:
@@ -120,7 +148,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         )
     for part in ("model_config", "config"):
         if isinstance(ckpt[part], dict):
-            ckpt[part] = {**UNRECORDED, **ckpt[part]}
+            ckpt[part] = {**OLDER_FILES_DEFAULTS, **ckpt[part]}
     try:
         arch = ModelConfig.from_record(ckpt["model_config"])
         ckpt["state_mean"], ckpt["state_std"] = (
@@ -139,7 +167,7 @@ def _check_values(ckpt: dict, path) -> None:
     """What acting needs of the values: a step count, finite weights, finite statistics with a positive
     spread (a NaN or a zero there turns every action into NaN)."""
     step = ckpt["step"]
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    if not is_count(step):
         raise UserError(
             f"{path} is damaged: its step is {str(step)[:40]!r}, not a count. Use an earlier copy or retrain."
         )
@@ -229,9 +257,9 @@ def _upgrade(ckpt: dict, path: str | os.PathLike) -> dict:
 def _older_model_config(ckpt: dict) -> dict:
     """The architecture of a checkpoint written before checkpoints stored it: from its config, its
     sizes and, for fields its config left unresolved, its weights' shapes; the config gets them too,
-    so that --resume continues with them; fields it predates take their values then (``UNRECORDED``)."""
+    so that --resume continues with them; fields it predates take their values then (``OLDER_FILES_DEFAULTS``)."""
     cfg, weights = ckpt["config"], ckpt["model"]
-    for name, value in UNRECORDED.items():
+    for name, value in OLDER_FILES_DEFAULTS.items():
         cfg.setdefault(name, value)
     if cfg["s"] is None:  # the KSVD rank is Λ's width; a softmax-only model has no rank (any value builds it)
         cfg["s"] = next((v.shape[-1] for k, v in weights.items() if k.endswith("attn.Lambda")), 64)

@@ -52,7 +52,8 @@ DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
 # fields newer than some records, at the value every record before them had: how the step runs, not what it computes
 ADDED_LATER = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa"}
-OWN_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")  # the ModelConfig fields that are not a Config field as it is
+# the ModelConfig fields that are not a Config field as it is
+MODEL_ONLY_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Config:
     def model_config(self, state_dim: int, act_dim: int) -> ModelConfig:
         """The architecture this run trains for observations of size ``state_dim`` and actions of size
         ``act_dim`` (``s`` and ``max_ep_len`` as ``resolved`` gives them, else their defaults)."""
-        same = {f.name: getattr(self, f.name) for f in fields(ModelConfig) if f.name not in OWN_FIELDS}
+        same = {f.name: getattr(self, f.name) for f in fields(ModelConfig) if f.name not in MODEL_ONLY_FIELDS}
         return ModelConfig(
             state_dim=state_dim,
             act_dim=act_dim,
@@ -188,13 +189,13 @@ class Config:
                 "need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
                 "and --reward-scale > 0"
             )
-        problems += _more_problems(self)
+        problems += _value_problems(self)
         if problems:
             raise UserError("Invalid configuration: " + "; ".join(problems) + ". Fix these options and run again.")
         return self
 
 
-def _more_problems(cfg: Config) -> list[str]:
+def _value_problems(cfg: Config) -> list[str]:
     """Validation beyond the ranges above: values that pass a comparison but still break a run (inf,
     empty strings, seeds NumPy cannot take)."""
     problems = []

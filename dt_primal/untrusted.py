@@ -16,8 +16,8 @@ allocate. Each kind of file, and what is admitted from it:
   admits (a registered id without ``module:``, the entry point Gymnasium registers for it, no
   wrappers, numeric constructor options only); checked before Minari reads anything. Its episodes in
   the Arrow format are read by ``dt_primal.arrow_episodes``, each file checked against itself there.
-- run records (``eval.json``, ``evals.jsonl``), ``read_record``, ``read_curve``: JSON objects of at most
-  ``MAX_RECORD`` bytes whose step is a count and whose reports hold numbers where numbers belong.
+- run records (``eval.json``, ``evals.jsonl``), ``dt_primal.records``: JSON objects of at most
+  ``MAX_RECORD`` bytes (``read_json``) whose step is a count and whose reports hold numbers where numbers belong.
 - records archive (``.tgz``), ``commands.sweep.records``: run records under relative ``seed_N`` paths,
   regular files of at most ``MAX_RECORD`` bytes.
 - ONNX policies (``check_onnx_policy``): loaded from their bytes (no external weight files), standard
@@ -38,7 +38,6 @@ import os
 import pickle
 import re
 import stat
-import sys
 import zipfile
 from pathlib import Path
 
@@ -49,8 +48,7 @@ from dt_primal.errors import UserError
 # deflate, the strongest compression HDF5 applies without plugins, cannot shrink data more than 1032:1
 MAX_RATIO = 1100
 MAX_RECORD = 16 * 2**20  # a run record (eval.json, evals.jsonl, dataset.json) is a few kB
-MAX_LINE = 2**20  # a line of evals.jsonl: one evaluation's reports, a few kB
-ADMITTED = "lists, dicts, numbers, strings, tensors and NumPy arrays"
+ADMITTED_IN_WORDS = "lists, dicts, numbers, strings, tensors and NumPy arrays"
 
 
 def check_fits_memory(nbytes: int, path, what: str) -> None:
@@ -157,10 +155,10 @@ def write_file(path, data: bytes | str, what: str) -> None:
         raise
 
 
-def refused(path, name: str) -> UserError:
+def not_admitted(path, name: str) -> UserError:
     """The error for a file that names ``name``, which is not admitted."""
     return UserError(
-        f"{path} was refused: reading it would call {name}, and dt-primal reads only {ADMITTED} from a "
+        f"{path} was refused: reading it would call {name}, and dt-primal reads only {ADMITTED_IN_WORDS} from a "
         f"file, because unpickling anything else can run code on this machine (nothing in the file was "
         f"run). Do not use the file unless you know where it came from; ask for one written by train.py, "
         f"or for a dataset as an .hdf5 file."
@@ -249,10 +247,10 @@ class _PlainUnpickler(pickle.Unpickler):
         try:
             return ADMITTED_GLOBALS[f"{module}.{name}"]
         except KeyError:
-            raise refused(self.path, f"{module}.{name}") from None
+            raise not_admitted(self.path, f"{module}.{name}") from None
 
 
-def _refusal(path, exc: Exception) -> UserError | None:
+def _unpickling_error(path, exc: Exception) -> UserError | None:
     """The UserError for a pickle that names or rebuilds something not admitted (``exc`` raised by either
     unpickler); None for other failures."""
     if isinstance(exc, UserError):
@@ -260,13 +258,13 @@ def _refusal(path, exc: Exception) -> UserError | None:
             exc
             if str(path) in str(exc)
             else UserError(
-                f"{path} was refused: {exc}. dt-primal reads only {ADMITTED} as NumPy and torch.save write them; use a "
-                f"file written by train.py, or a dataset as an .hdf5 file."
+                f"{path} was refused: {exc}. dt-primal reads only {ADMITTED_IN_WORDS} as NumPy and torch.save write "
+                f"them; use a file written by train.py, or a dataset as an .hdf5 file."
             )
         )
     named = re.search(r"GLOBAL ([\w.]+)", str(exc))
     if named and isinstance(exc, pickle.UnpicklingError):
-        return refused(path, named.group(1))
+        return not_admitted(path, named.group(1))
     return None
 
 
@@ -279,7 +277,7 @@ def load_pickle(path) -> object:
             return _unwrap(_PlainUnpickler(f, path).load())
     except Exception as exc:
         raise (
-            _refusal(path, exc)
+            _unpickling_error(path, exc)
             or UserError(
                 f"Cannot unpickle {path} ({type(exc).__name__}: {str(exc)[:200]}); the file may be truncated or not a "
                 f"pickle."
@@ -323,7 +321,7 @@ def load_torch(path) -> object:
         with torch.serialization.safe_globals(admitted + NUMPY_DTYPES):
             return _unwrap(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as exc:
-        refusal = _refusal(path, exc)
+        refusal = _unpickling_error(path, exc)
         if refusal is not None:
             raise refusal from None
         raise
@@ -421,10 +419,7 @@ def check_minari_metadata(meta: object, where: str) -> None:
             f"writes hdf5 or arrow."
         )
     episodes, steps = (meta.get(k) for k in ("total_episodes", "total_steps"))
-    if (
-        not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (episodes, steps))
-        or episodes > steps
-    ):
+    if not all(is_count(n) for n in (episodes, steps)) or episodes > steps:
         raise UserError(
             f"{where}'s metadata.json declares {str(episodes)[:40]} episodes and {str(steps)[:40]} steps; "
             f"they must be counts, with no more episodes than steps."
@@ -489,26 +484,8 @@ def is_count(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def _is_number(x: object) -> bool:
+def is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _reports_ok(reports: object) -> bool:
-    """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read."""
-    return (
-        isinstance(reports, list)
-        and bool(reports)
-        and all(
-            isinstance(r, dict)
-            and _is_number(r.get("target"))
-            and is_count(r.get("episodes", 0))
-            and (
-                _is_number(r.get("normalized_mean"))
-                or (r.get("normalized_mean") is None and _is_number(r.get("return_mean")))
-            )
-            for r in reports
-        )
-    )
 
 
 def read_json(path, what: str, remedy: str, limit: int = MAX_RECORD) -> object:
@@ -519,49 +496,6 @@ def read_json(path, what: str, remedy: str, limit: int = MAX_RECORD) -> object:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UserError(f"{what} {path} is not JSON ({str(exc)[:100]}); it is damaged. {remedy}") from None
-
-
-def read_record(path, reports: bool = True) -> dict:
-    """A finished run's ``eval.json``, a JSON object checked for what the tables read: its step and its
-    reports (``reports`` False: only that it is an object, for its config)."""
-    record = read_json(
-        path,
-        "The run record",
-        "Restore it from the run's folder or from git, or evaluate its checkpoint again.",
-    )
-    if not (
-        isinstance(record, dict)
-        and (not reports or is_count(record.get("step")) and _reports_ok(record.get("targets")))
-    ):
-        raise UserError(
-            f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
-            f"writes them in eval.json); it is damaged. Restore it, or evaluate its checkpoint again."
-        )
-    return record
-
-
-def read_curve(path) -> list[dict]:
-    """The evaluations of a run's ``evals.jsonl`` (one JSON object per line: a step and its reports); a line
-    that is not one (such as the last line of a run killed while writing it) is left out, and said."""
-    if not os.path.exists(path):
-        return []
-    curve, damaged = [], 0
-    for line in read_bytes(path, "The learning curve", 4 * MAX_RECORD).decode(errors="replace").splitlines():
-        try:
-            point = json.loads(line) if len(line) <= MAX_LINE else None
-        except (ValueError, RecursionError):
-            point = None
-        if isinstance(point, dict) and is_count(point.get("step")) and _reports_ok(point.get("reports")):
-            curve.append(point)
-        else:
-            damaged += bool(line.strip())
-    if damaged:
-        print(
-            f"note: {path}: left out {damaged} damaged line{'s' * (damaged > 1)} (a run killed while writing "
-            f"one, or an edited file)",
-            file=sys.stderr,
-        )
-    return curve
 
 
 MAX_ONNX = 2**31  # an exported policy: its weights (the paper's model: a few MB) and graph in one file
@@ -589,7 +523,7 @@ def _onnx_meta(meta: dict, path) -> dict:
         and mean.shape == std.shape
         and 0 < len(mean) <= 100_000
         and bool(np.all(std > 0))
-        and _is_number(values["reward_scale"])
+        and is_number(values["reward_scale"])
         and values["reward_scale"] > 0
         and is_count(values["context"])
         and 1 <= values["context"] <= 100_000
@@ -611,7 +545,7 @@ def _onnx_meta(meta: dict, path) -> dict:
 
 
 def _numbers(x) -> bool:
-    return isinstance(x, list) and all(_is_number(v) for v in x)
+    return isinstance(x, list) and all(is_number(v) for v in x)
 
 
 def _float32_ok(meta: dict) -> bool:

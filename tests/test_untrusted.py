@@ -520,7 +520,8 @@ def test_a_dataset_id_with_shell_syntax_is_never_suggested_as_a_command(tmp_path
 def test_a_fifo_a_device_or_a_folder_is_named_and_refused_without_waiting(tmp_path):
     """Every file a user gives is opened without blocking and checked on the open file: a FIFO as a record
     (dataset.json, evals.jsonl, a throughput file) hung, /dev/zero read until memory ran out."""
-    from dt_primal.untrusted import read_curve, read_json
+    from dt_primal.records import read_curve
+    from dt_primal.untrusted import read_json
 
     fifo = tmp_path / "dataset.json"
     os.mkfifo(fifo)

@@ -8,7 +8,6 @@ GPUs train data-parallel under ``torchrun`` (``distributed.py``)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from tqdm import tqdm
 
 from dt_primal.checkpoint import (
     load_members,
+    member_checkpoint,
     model_from_checkpoints,
     rng_state,
     save_checkpoints,
@@ -35,13 +35,13 @@ from dt_primal.evaluation.rollout import evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.provenance import provenance
+from dt_primal.records import append_point, keep_curve, write_record
 from dt_primal.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
 from dt_primal.training.checks import check_seeds
 from dt_primal.training.distributed import Interrupted, StopSignal, agreed_precision, check_batch_split
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
 from dt_primal.training.resume import check_same_dataset, check_steps_left, check_unchanged, resuming
 from dt_primal.training.step import TrainStep
-from dt_primal.untrusted import read_curve, write_file
 
 
 def train(
@@ -185,9 +185,7 @@ class TrainingRun:
         if self.rank == 0:
             for m, path in zip(self.members, self.curves):
                 m.folder.mkdir(parents=True, exist_ok=True)
-                curve = read_curve(path)
-                kept = "".join(json.dumps(c) + "\n" for c in curve if c["step"] <= self.step)
-                write_file(path, kept, "The learning curve")
+                keep_curve(path, self.step)
                 self.writers.append(SummaryWriter(str(m.folder)))
         cfg = self.cfg
         if cfg.compile and self.rank == 0 and self.step < cfg.steps:
@@ -276,13 +274,8 @@ class TrainingRun:
         """The periodic evaluation: its scores to TensorBoard, evals.jsonl and the progress bar."""
         per_member, step = self.evaluate(self.cfg.eval_episodes_during), self.step
         for writer, path, reports in zip(self.writers, self.curves, per_member):
-            for r in reports:
-                if r["normalized_mean"] is not None:
-                    writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
-                writer.add_scalar(f"eval/return_{r['target']:g}", r["return_mean"], step)
-            kept = [{k: v for k, v in r.items() if k not in ("returns", "lengths")} for r in reports]
-            with path.open("a") as f:
-                f.write(json.dumps({"step": step, "reports": kept}) + "\n")
+            log_scores(writer, reports, step)
+            append_point(path, step, reports)
         self.bar.write(
             f"step {step}: "
             + "; ".join(
@@ -296,18 +289,18 @@ class TrainingRun:
         save_checkpoints(
             [m.last for m in self.members],
             [
-                {
-                    "model": member_state(self.model, i),
-                    "optimizer": self.train_step.member_optimizer_state(i),
-                    "step": self.step,
-                    "rng": rng_state(self.gens[i]),
-                    "config": dataclasses.asdict(m.cfg),
-                    "task": dataclasses.asdict(m.task),
-                    "state_mean": m.state_mean,
-                    "state_std": m.state_std,
-                    "dataset": m.data.source,
-                    "model_config": dataclasses.asdict(model_config(m)),
-                }
+                member_checkpoint(
+                    member_state(self.model, i),
+                    self.train_step.member_optimizer_state(i),
+                    self.step,
+                    rng_state(self.gens[i]),
+                    m.cfg,
+                    m.task,
+                    m.state_mean,
+                    m.state_std,
+                    m.data.source,
+                    model_config(m),
+                )
                 for i, m in enumerate(self.members)
             ],
         )
@@ -337,9 +330,7 @@ class TrainingRun:
         seconds = time.perf_counter() - t0
         results, made = [], provenance(self.device)
         for writer, m, reports in zip(self.writers, self.members, per_member):
-            for r in reports:
-                if r["normalized_mean"] is not None:
-                    writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], self.step)
+            log_scores(writer, reports, self.step)
             writer.close()
             # the checkpoint relative to --out: the record names no machine path
             result = run_record(
@@ -353,6 +344,14 @@ class TrainingRun:
                 ensemble=self.seeds,
                 eval_seconds=seconds,
             )
-            write_file(m.folder / RECORD, json.dumps(result, indent=1), "The run record")
+            write_record(m.folder / RECORD, result)
             results.append(result)
         return results
+
+
+def log_scores(writer: SummaryWriter, reports: list[dict], step: int) -> None:
+    """An evaluation's mean return and normalised score per target, as TensorBoard scalars."""
+    for r in reports:
+        if r["normalized_mean"] is not None:
+            writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
+        writer.add_scalar(f"eval/return_{r['target']:g}", r["return_mean"], step)

@@ -1,0 +1,97 @@
+"""A run's records, written and read here alone: ``eval.json`` (its final evaluation, with its config and
+provenance: ``evaluation.reports.run_record``) and ``evals.jsonl`` (its learning curve: one JSON object per
+evaluation during training, a step and its reports). Read as files a user may be given: bounded
+(``untrusted.read_json``, ``read_bytes``) and checked for the numbers the tables read."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from dt_primal.errors import UserError
+from dt_primal.untrusted import MAX_RECORD, is_count, is_number, read_bytes, read_json, write_file
+
+MAX_LINE = 2**20  # a line of evals.jsonl: one evaluation's reports, a few kB
+UNKEPT = ("returns", "lengths")  # per-episode lists: in eval.json, not in every line of the curve
+
+
+def write_record(path: Path, record: dict) -> None:
+    """A run's ``eval.json``."""
+    write_file(path, json.dumps(record, indent=1), "The run record")
+
+
+def append_point(path: Path, step: int, reports: list[dict]) -> None:
+    """One evaluation during training, as a line of ``evals.jsonl``."""
+    kept = [{k: v for k, v in r.items() if k not in UNKEPT} for r in reports]
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": step, "reports": kept}) + "\n")
+
+
+def keep_curve(path: Path, last_step: int) -> None:
+    """``evals.jsonl`` without the evaluations after ``last_step`` (those of a run continued from an older
+    checkpoint), and without damaged lines."""
+    kept = "".join(json.dumps(c) + "\n" for c in read_curve(path) if c["step"] <= last_step)
+    write_file(path, kept, "The learning curve")
+
+
+def _reports_ok(reports: object) -> bool:
+    """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read."""
+    return (
+        isinstance(reports, list)
+        and bool(reports)
+        and all(
+            isinstance(r, dict)
+            and is_number(r.get("target"))
+            and is_count(r.get("episodes", 0))
+            and (
+                is_number(r.get("normalized_mean"))
+                or (r.get("normalized_mean") is None and is_number(r.get("return_mean")))
+            )
+            for r in reports
+        )
+    )
+
+
+def read_record(path, reports: bool = True) -> dict:
+    """A finished run's ``eval.json``, a JSON object checked for what the tables read: its step and its
+    reports (``reports`` False: only that it is an object, for its config)."""
+    record = read_json(
+        path,
+        "The run record",
+        "Restore it from the run's folder or from git, or evaluate its checkpoint again.",
+    )
+    if not (
+        isinstance(record, dict)
+        and (not reports or is_count(record.get("step")) and _reports_ok(record.get("targets")))
+    ):
+        raise UserError(
+            f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
+            f"writes them in eval.json); it is damaged. Restore it, or evaluate its checkpoint again."
+        )
+    return record
+
+
+def read_curve(path) -> list[dict]:
+    """The evaluations of a run's ``evals.jsonl`` (one JSON object per line: a step and its reports); a line
+    that is not one (such as the last line of a run killed while writing it) is left out, and said."""
+    if not os.path.exists(path):
+        return []
+    curve, damaged = [], 0
+    for line in read_bytes(path, "The learning curve", 4 * MAX_RECORD).decode(errors="replace").splitlines():
+        try:
+            point = json.loads(line) if len(line) <= MAX_LINE else None
+        except (ValueError, RecursionError):
+            point = None
+        if isinstance(point, dict) and is_count(point.get("step")) and _reports_ok(point.get("reports")):
+            curve.append(point)
+        else:
+            damaged += bool(line.strip())
+    if damaged:
+        print(
+            f"note: {path}: left out {damaged} damaged line{'s' * (damaged > 1)} (a run killed while writing "
+            f"one, or an edited file)",
+            file=sys.stderr,
+        )
+    return curve
