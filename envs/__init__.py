@@ -10,6 +10,7 @@ its dataset says.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -168,6 +169,11 @@ class Task:
     def make(self, **kwargs) -> gym.Env:
         return gym.make(EnvSpec.from_json(self.spec) if self.spec else self.gym_id, **kwargs)
 
+    def limits(self) -> TaskLimits:
+        """The sizes, action bounds and time limit of the task's environment, made once per process to read
+        them (``_limits``). A ValueError where it cannot be made or its spaces are not flat boxes."""
+        return _limits(self)
+
     @property
     def time_limit(self) -> int | None:
         """Steps after which the environment ends an episode (None: never)."""
@@ -179,6 +185,37 @@ class Task:
         if isinstance(record, str):
             return get_task(record)
         return cls(**{**record, "targets": tuple(record["targets"])})
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    obs_dim: int
+    low: np.ndarray  # (act_dim,) action bounds
+    high: np.ndarray
+    time_limit: int  # steps after which the environment ends an episode
+
+
+@functools.cache
+def _limits(task: Task) -> TaskLimits:
+    try:
+        env = task.make()
+    except Exception as exc:  # a missing package, bad kwargs in the dataset's EnvSpec, ...
+        raise ValueError(
+            f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it needs, or "
+            f"pass --env with another environment."
+        ) from exc
+    try:
+        spaces = (env.observation_space, env.action_space)
+        if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in spaces):
+            raise ValueError(
+                f"{task.gym_id} has the observation space {spaces[0]} and the action space {spaces[1]}; a "
+                f"Decision Transformer here needs vectors of real numbers for both (continuous control, as the "
+                f"MuJoCo tasks)."
+            )
+        low, high = (np.asarray(bound, np.float64) for bound in (spaces[1].low, spaces[1].high))
+        return TaskLimits(spaces[0].shape[0], low, high, int(env.spec.max_episode_steps or 1000))
+    finally:
+        env.close()
 
 
 TASKS: dict[str, Task] = {

@@ -8,13 +8,9 @@ once. A problem is a ``UserError`` that says what is wrong and what to do.
 
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import torch
 
 from dt_primal.config import Config
@@ -23,7 +19,7 @@ from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
 from dt_primal.run_folder import check_no_links
 from dt_primal.untrusted import read_json
-from envs import Task
+from envs import Task, TaskLimits
 
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear
 # embedding and a layer norm whose squares overflow float32 from about 1e19 on (every action is then
@@ -143,43 +139,12 @@ def check_report_path(out: Path, checkpoints: list[Path] = ()) -> None:
         )
 
 
-@dataclass(frozen=True)
-class TaskLimits:
-    obs_dim: int
-    low: np.ndarray  # (act_dim,) action bounds
-    high: np.ndarray
-    time_limit: int  # steps after which the environment ends an episode
-
-
-@functools.cache
 def task_limits(task: Task) -> TaskLimits:
-    """The action bounds and the time limit of a task's environment (made once per process); an
-    environment that cannot be made, or whose spaces are not flat boxes, is refused."""
+    """``task.limits()``: an environment that cannot be made, or whose spaces are not flat boxes, is refused."""
     try:
-        env = task.make()
-    except Exception as exc:  # a missing package, bad kwargs in the dataset's EnvSpec, ...
-        raise UserError(
-            f"Cannot make the environment {task.gym_id} ({type(exc).__name__}: {exc}); install what it "
-            f"needs, or pass --env with another environment."
-        ) from exc
-    if not all(
-        isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-        for space in (env.observation_space, env.action_space)
-    ):
-        env.close()
-        raise UserError(
-            f"{task.gym_id} has the observation space {env.observation_space} and the action space "
-            f"{env.action_space}; a Decision Transformer here needs vectors of real numbers for both "
-            f"(continuous control, as the MuJoCo tasks)."
-        )
-    limits = TaskLimits(
-        env.observation_space.shape[0],
-        np.asarray(env.action_space.low, np.float64),
-        np.asarray(env.action_space.high, np.float64),
-        int(env.spec.max_episode_steps or 1000),
-    )
-    env.close()
-    return limits
+        return task.limits()
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def env_sizes(task: Task) -> tuple[int, int]:
