@@ -39,33 +39,12 @@ FULL = "results/table4"  # the full protocol, on a GPU
 LEGACY = "results/legacy"
 PRIMAL = LABELS["primal"]
 
-# The Primal.+DT paper's Table 4 (Chen et al., NeurIPS 2023), D4RL v2, mean ± the spread over its 3 seeds:
-# (Primal.+DT, its DT row). That DT row follows Flowformer's settings and is, as far as the papers show,
-# Flowformer's reproduction of DT, not the DT paper's own numbers (DT_OWN).
-PAPER = {
-    "halfcheetah/medium-expert": ((77.8, 22.1), (83.8, 3.3)),
-    "hopper/medium-expert": ((111.5, 0.2), (104.0, 2.5)),
-    "walker2d/medium-expert": ((108.9, 0.1), (107.7, 0.6)),
-    "halfcheetah/medium": ((43.0, 0.0), (42.4, 0.1)),
-    "hopper/medium": ((74.5, 0.6), (64.2, 1.1)),
-    "walker2d/medium": ((77.9, 7.8), (70.6, 3.2)),
-    "halfcheetah/medium-replay": ((38.9, 0.4), (34.6, 0.6)),
-    "hopper/medium-replay": ((88.5, 12.5), (79.7, 7.4)),
-    "walker2d/medium-replay": ((76.8, 10.3), (62.9, 5.0)),
-}
-PAPER_SEEDS = 3
-# The Decision Transformer paper's own D4RL numbers (Chen et al., NeurIPS 2021, Table 2).
-DT_OWN = {
-    "halfcheetah/medium-expert": 86.8,
-    "hopper/medium-expert": 107.6,
-    "walker2d/medium-expert": 108.1,
-    "halfcheetah/medium": 42.6,
-    "hopper/medium": 67.6,
-    "walker2d/medium": 74.0,
-    "halfcheetah/medium-replay": 36.6,
-    "hopper/medium-replay": 82.7,
-    "walker2d/medium-replay": 66.6,
-}
+# the published scores compared with, and the comparisons beside Table 4: data, each file saying what it holds
+PUBLISHED = json.loads((ROOT / "results" / "published.json").read_text())
+PAPER = {k: (tuple(r["primal_dt"]), tuple(r["dt"])) for k, r in PUBLISHED["rows"].items()}  # (Primal.+DT, DT)
+DT_OWN = {k: r["dt_own"] for k, r in PUBLISHED["rows"].items()}
+PAPER_SEEDS, PAPER_GAIN = PUBLISHED["seeds"], PUBLISHED["gain"]
+COMPARISONS = json.loads((ROOT / "results" / "comparisons.json").read_text())["sections"]
 ORDER = [
     f"{env}/{level}"
     for level in ("medium-expert", "medium", "medium-replay")
@@ -144,9 +123,6 @@ def held(folder: Path) -> list[str]:
     keys = [row_key(d) for d in TABLE4]
     ids = [p.name.replace("_", "/") for p in folder.glob("dt-primal_*") if p.is_dir()]
     return sorted((d for d in ids if row_key(d) in keys), key=lambda d: keys.index(row_key(d)))
-
-
-PAPER_GAIN = 5.3  # the paper's Primal.+DT − DT on the mean of its Table 4 (77.5 − 72.2)
 
 
 def seeds_needed(rows: list[dict], gap: float = PAPER_GAIN) -> tuple[float, int] | None:
@@ -361,74 +337,11 @@ def reference() -> Path:
 SECTIONS = {
     "table4": table4_sections,
     "table4-full": lambda: table4(ROOT / FULL),
-    "dt-baselines": lambda: compare(
-        [
-            ("results/dt-paper-cpu", ["dt"], "DT (dt-primal)", "dt"),
-            ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT (d3rlpy)", "d3rlpy-dt"),
-        ],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0", "dt-primal/halfcheetah/medium-expert-v0"],
-        "DT (dt-primal)",
-        "DT (d3rlpy)",
-    ),
-    "dt-relu": lambda: compare(
-        [
-            ("results/dt-paper-cpu", ["dt"], "DT, GELU (dt-primal)", "dt"),
-            ("results/dt-paper-cpu-relu", ["dt"], "DT, ReLU (dt-primal)", "dt"),
-            ("results/d3rlpy-crosscheck-cpu", ["d3rlpy-dt"], "DT, GELU (d3rlpy)", "d3rlpy-dt"),
-            ("results/d3rlpy-crosscheck-cpu-relu", ["d3rlpy-dt"], "DT, ReLU (d3rlpy)", "d3rlpy-dt"),
-        ],
-        ["dt-primal/halfcheetah/medium-expert-v0"],
-        "DT, ReLU (dt-primal)",
-        "DT, ReLU (d3rlpy)",
-    ),
-    "dt-paper-gpt2": lambda: compare(
-        [
-            ("results/dt-paper-cpu-gpt2-init", ["dt"], "DT, gpt2 init", "dt"),
-            ("results/dt-paper-cpu", ["dt"], "DT, torch init", "dt"),
-        ],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-v0"],
-        "DT, torch init",
-        "DT, gpt2 init",
-    ),
-    "init-dt": lambda: compare(
-        [
-            ("results/table4-cpu-init", ["dt"], "DT, torch", "dt"),
-            ("results/table4-cpu-gpt2-init", ["dt"], "DT, gpt2", "dt"),
-        ],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
-        "DT, torch",
-        "DT, gpt2",
-    ),
-    "init-primal": lambda: compare(
-        [
-            ("results/table4-cpu-init", ["primal"], "Primal.+DT, torch", "primal"),
-            ("results/table4-cpu-gpt2-init", ["primal"], "Primal.+DT, gpt2", "primal"),
-        ],
-        ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
-        "Primal.+DT, torch",
-        "Primal.+DT, gpt2",
-    ),
-    **{
-        f"timestep-{model}": (
-            lambda model=model: compare(
-                [
-                    ("results/table4-cpu", [model], f"{LABELS[model]}, N(0, 1)", model),
-                    ("results/legacy/table4-cpu-gpt2-timestep", [model], f"{LABELS[model]}, N(0, 0.02)", model),
-                ],
-                ["dt-primal/hopper/medium-replay-v0", "dt-primal/walker2d/medium-replay-v0"],
-                f"{LABELS[model]}, N(0, 1)",
-                f"{LABELS[model]}, N(0, 0.02)",
-            )
-        )
-        for model in ("dt", "primal")
-    },
     "ablation": ablation,
-    "gpu": lambda: compare(
-        [("results/gpu-hopper-medium-replay", ["dt", "primal"], "", "")],
-        ["dt-primal/hopper/medium-replay-v0"],
-        PRIMAL,
-        DT_MATCHED,
-    ),
+    **{
+        name: lambda c=c: compare([tuple(p) for p in c["parts"]], c["datasets"], *c["compare"])
+        for name, c in COMPARISONS.items()
+    },
 }
 BLOCK = re.compile(r"(<!-- BEGIN generated: (?P<name>[\w-]+) -->\n).*?(<!-- END generated: (?P=name) -->)", re.S)
 
