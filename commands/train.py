@@ -1,8 +1,8 @@
 """``python -m commands.train ARGS`` is ``python train.py ARGS`` (how a sweep's local workers start a group):
-``dt_primal.training.command.train_command`` reading data with a checkout's ``datasets.loaders``, which
+``dt_primal.cli.train.train_command`` reading data with a checkout's ``datasets.loaders``, which
 also builds the offline suite's datasets."""
 
-from dt_primal.console import train
+from dt_primal.cli.console import train
 
 
 def suite_loader():

@@ -1,4 +1,4 @@
-"""``python -m dt_primal.export CKPT OUT.onnx``: a trained policy as an ONNX graph that runs without PyTorch.
+"""A trained policy (``python -m dt_primal.cli.export CKPT OUT.onnx``) as an ONNX graph that runs without PyTorch.
 
 The graph is one step of acting: the last K steps of normalised states (B, K, obs_dim), actions (B, K,
 act_dim), returns-to-go (B, K, 1) and timesteps (B, K) → the newest step's action (B, act_dim), with the
@@ -11,7 +11,6 @@ NumPy (docs/policy.md). Exporting needs torch, onnx and onnxscript (``pip instal
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -23,7 +22,6 @@ import numpy as np
 import torch
 
 from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
-from dt_primal.errors import UserError
 from dt_primal.untrusted import ONNX_FORMAT as FORMAT  # what a reader of the file accepts
 from dt_primal.untrusted import check_target, write_file
 
@@ -107,34 +105,3 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     out = Path(out)
     write_file(out, proto.SerializeToString(), "The ONNX policy")  # weights inside the file: a policy is one file
     return out
-
-
-def main(argv: list[str] | None = None, prog: str = "python -m dt_primal.export") -> None:
-    from dt_primal.cli import run_main
-
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__,
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("checkpoint", help="a train.py checkpoint (last.pt)")
-    p.add_argument("out", help="the ONNX file to write (.onnx)")
-    args = p.parse_args(argv)
-
-    def run():
-        if Path(args.out).suffix != ".onnx":
-            raise UserError(f"{args.out}: the policy is written as an .onnx file; name it so.")
-        try:
-            import onnx  # noqa: F401
-            import onnxscript  # noqa: F401
-        except ImportError as exc:
-            raise UserError(f"Exporting needs onnx and onnxscript ({exc}): pip install onnx onnxscript.") from None
-        path = export(args.checkpoint, args.out)
-        print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
-
-    run_main(run)
-
-
-if __name__ == "__main__":
-    main()

@@ -509,7 +509,9 @@ def _onnx_meta(meta: dict, path) -> dict:
     try:
         values = {k: json.loads(meta[k]) for k in ONNX_META}
     except (KeyError, TypeError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path} is not a policy exported by python -m dt_primal.export (metadata: {exc}).") from None
+        raise UserError(
+            f"{path} is not a policy exported by python -m dt_primal.cli.export (metadata: {exc})."
+        ) from None
     if values["format"] != ONNX_FORMAT:
         raise UserError(f"{path} is in format {str(values['format'])[:40]!r}, not {ONNX_FORMAT!r}: export it again.")
     mean, std = (
@@ -620,7 +622,7 @@ def check_onnx_policy(path):
         raise UserError(
             f"{path} stores {len(external)} of its tensors ({', '.join(external[:3])[:120]}) as external data, "
             f"in other files; an exported policy is one file, and those files were not read. Export it again "
-            f"with python -m dt_primal.export."
+            f"with python -m dt_primal.cli.export."
         )
     options = ort.SessionOptions()
     options.log_severity_level = 3

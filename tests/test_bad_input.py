@@ -22,13 +22,13 @@ from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
 from dt_primal import machine, run_folder
 from dt_primal.cli import run_main
+from dt_primal.cli.train import train_command
 from dt_primal.config import Config, make_config
 from dt_primal.data import Trajectories
 from dt_primal.errors import phase
 from dt_primal.evaluation import checks as evaluate_checks
 from dt_primal.evaluation.reports import write_report
 from dt_primal.training import checks, memory
-from dt_primal.training.command import train_command
 from dt_primal.training.resume import record_dataset
 
 

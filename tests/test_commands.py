@@ -13,16 +13,16 @@ from commands.sweep import command as sweep
 from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision
+from dt_primal.cli import train as run
+from dt_primal.cli.evaluate import evaluate_command
 from dt_primal.config import Config, make_config
-from dt_primal.evaluation.command import evaluate_command
-from dt_primal.training import command as run
 from dt_primal.training import loop as training
 from dt_primal.training import memory
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
 LIBRARY = (
-    "dt_primal, dt_primal.console, dt_primal.training.command, dt_primal.evaluation.command, dt_primal.loaders, "
+    "dt_primal, dt_primal.cli.console, dt_primal.cli.train, dt_primal.cli.evaluate, dt_primal.loaders, "
     "commands.train, commands.sweep.command, commands.spectrum, dt_primal.training.loop, "
     "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
     "dt_primal.cli, dt_primal.precision, dt_primal.process, "
@@ -85,8 +85,8 @@ sys.meta_path.insert(0, Spy())
 sys.argv = ["{name}", "--help"]
 try:
     if "{kind}" == "console":  # an installed command line: pyproject.toml's [project.scripts]
-        import dt_primal.console
-        dt_primal.console.{name}()
+        import dt_primal.cli.console
+        dt_primal.cli.console.{name}()
     else:
         runpy.run_{kind}("{name}", run_name="__main__")
 except SystemExit:

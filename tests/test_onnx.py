@@ -211,7 +211,7 @@ def test_export_writes_beside_its_target_and_renames_never_through_a_link(export
     is untouched), a FIFO does not block it; a folder, a missing folder or a name too long is status 2 at once."""
     import os
 
-    from dt_primal.export import main
+    from dt_primal.cli.export import main
 
     def status(out) -> int:
         try:

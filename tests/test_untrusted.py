@@ -312,7 +312,7 @@ def assert_exits_2(main, capsys, *phrases):
 
 def train_py(capsys, *argv, phrase):
     """``train.py argv``, in this process (it stops before training), refused naming ``phrase``."""
-    from dt_primal.training.command import train_command
+    from dt_primal.cli.train import train_command
 
     assert_exits_2(lambda: train_command([str(a) for a in argv], load_dataset), capsys, phrase)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from commands.sweep.grid import group_dir, in_process, python_path, run_group
 from datasets.loaders import load_dataset
+from dt_primal.cli.train import Loader
 from dt_primal.errors import UserError
-from dt_primal.training.command import Loader
 
 
 class Stopped(Exception):

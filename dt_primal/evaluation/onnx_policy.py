@@ -1,4 +1,4 @@
-"""Acting with a policy exported to ONNX (``python -m dt_primal.export``) on onnxruntime and NumPy: no
+"""Acting with a policy exported to ONNX (``python -m dt_primal.cli.export``) on onnxruntime and NumPy: no
 torch. The bookkeeping is ``Acting``'s, as the PyTorch ``Policy``'s; the forward pass is the file's graph.
 
   policy = dt_primal.load_policy("policy.onnx")
@@ -55,7 +55,7 @@ class OnnxPolicy(Acting):
         except Exception as exc:  # onnxruntime's own errors: a graph that fails on these inputs
             raise UserError(
                 f"The ONNX policy failed while acting ({type(exc).__name__}: {str(exc)[:200]}); the file is "
-                f"damaged or was not written by python -m dt_primal.export. Export it again."
+                f"damaged or was not written by python -m dt_primal.cli.export. Export it again."
             ) from None
         if np.shape(action) != (width, self.act_dim) or not np.isfinite(action).all():
             raise UserError(

@@ -9,6 +9,5 @@ checks.py        the run's data and options checked against the task before anyt
 memory.py        what the step needs in memory, refused before it is allocated
 resume.py        --resume: every member or none, the options a run may change, the data it started on
 distributed.py   the processes of a torchrun run: process group, agreed precision, stopping together
-command.py       ``train_command``: the training command as a function
 throughput.py    the step of new members, timed (the benchmarks, a sweep's time budget)
 """

@@ -1,5 +1,5 @@
 """The training command as a function, ``train_command(argv, load_dataset)``: what ``train.py``, the
-installed ``dt-primal-train`` (``dt_primal.console``) and a sweep's workers run. The installed command reads
+installed ``dt-primal-train`` (``dt_primal.cli.console``) and a sweep's workers run. The installed command reads
 the standard formats (``dt_primal.loaders``); a checkout passes ``datasets.loaders.load_dataset``, which
 also builds its offline suite's datasets."""
 

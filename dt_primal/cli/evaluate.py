@@ -1,5 +1,5 @@
 """The evaluation command as a function, ``evaluate_command(argv)``: what ``evaluate.py`` and the installed
-``dt-primal-evaluate`` (``dt_primal.console``) run."""
+``dt-primal-evaluate`` (``dt_primal.cli.console``) run."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from envs import Task
 
 DESCRIPTION = """Evaluate one or more checkpoints (e.g. one per seed) with batched rollouts and write a JSON
 report and a Markdown table (per checkpoint and target, then the mean across checkpoints with its
-95 % interval). A policy exported to ONNX (``python -m dt_primal.export``) evaluates like its
+95 % interval). A policy exported to ONNX (``python -m dt_primal.cli.export``) evaluates like its
 checkpoint, on onnxruntime.
 
   python evaluate.py runs/hopper/seed_*/last.pt --episodes 100 --out runs/hopper/eval100.json

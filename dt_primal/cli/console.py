@@ -17,8 +17,8 @@ def train(loader: Callable[[], Callable] | None = None) -> None:
     ``loader()`` returns (imported after the process settings: a checkout's reads its suite too)."""
     configure_process()
     from dt_primal.cli import run_main
+    from dt_primal.cli.train import train_command
     from dt_primal.loaders import load_dataset
-    from dt_primal.training.command import train_command
 
     run_main(lambda: train_command(sys.argv[1:], loader() if loader else load_dataset))
 
@@ -27,14 +27,14 @@ def evaluate() -> None:
     """``dt-primal-evaluate``: ``evaluate_command``."""
     configure_process()
     from dt_primal.cli import run_main
-    from dt_primal.evaluation.command import evaluate_command
+    from dt_primal.cli.evaluate import evaluate_command
 
     run_main(lambda: evaluate_command(sys.argv[1:]))
 
 
 def export() -> None:
-    """``dt-primal-export``: ``python -m dt_primal.export``."""
+    """``dt-primal-export``: ``python -m dt_primal.cli.export``."""
     configure_process()
-    from dt_primal.export import main
+    from dt_primal.cli.export import main
 
     main(prog="dt-primal-export")
