@@ -10,10 +10,11 @@ from pathlib import Path
 from dt_primal.checkpoint import load_checkpoint
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
+from dt_primal.evaluation import video
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.onnx_policy import onnx_run
 from dt_primal.evaluation.reports import across_text, run_record, scoring, write_report
-from dt_primal.evaluation.rollout import evaluation_seeds, rollout
+from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
 from dt_primal.provenance import provenance
@@ -27,6 +28,13 @@ checkpoint, on onnxruntime.
   python evaluate.py runs/hopper/seed_*/last.pt --episodes 100 --out runs/hopper/eval100.json
   python evaluate.py runs/hopper/policy.onnx --episodes 100 --out runs/hopper/eval-onnx.json
 """
+
+
+def run_names(paths: list[Path]) -> list[str]:
+    """How video files name the run of each checkpoint: its folder for ``last.pt`` (``runs/hopper/seed_0``),
+    else its path without the suffix; numbered where two are the same."""
+    names = [str(p.parent if p.name == "last.pt" else p.with_suffix("")) for p in paths]
+    return names if len(set(names)) == len(names) else [f"{n}-{i}" for i, n in enumerate(names)]
 
 
 def resolved_precision(given: str | None, cfg: dict, model_config: dict, device, done: dict) -> str:
@@ -50,10 +58,7 @@ def policy_of(ckpts: list[dict], given: str | None, device, done: dict):
     return policy_from_checkpoints(ckpts, device, precision)
 
 
-def evaluate_command(argv: list[str]) -> None:
-    """``evaluate.py argv``: load and check the checkpoints (or exported policies), evaluate each group of one
-    architecture as one ensemble, write the report and print it. Bad input raises UserError; run it under
-    ``dt_primal.cli.run_main`` for the command line's messages and exit statuses."""
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
@@ -67,8 +72,29 @@ def evaluate_command(argv: list[str]) -> None:
         help="worker processes stepping the environments (default: none on a CPU, one per core beside a "
         'GPU; docs/benchmarks.md, "Evaluation speed")',
     )
+    p.add_argument(
+        "--video",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also render the first episode of every checkpoint and target (--video-episodes N: the first N), "
+        'replayed from the evaluation, into DIR as MP4 and PNG strip (needs pip install "dt-primal[video]")',
+    )
+    p.add_argument("--video-episodes", type=int, default=1, help="episodes per target rendered with --video")
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="with --video and several checkpoints: also one clip per target of their episodes side by side",
+    )
     add_config_args(p, only=("device", "targets", "seed", "precision", "ref_min", "ref_max"))
-    args = p.parse_args(argv)
+    return p
+
+
+def evaluate_command(argv: list[str]) -> None:
+    """``evaluate.py argv``: load and check the checkpoints (or exported policies), evaluate each group of one
+    architecture as one ensemble, write the report and print it. Bad input raises UserError; run it under
+    ``dt_primal.cli.run_main`` for the command line's messages and exit statuses."""
+    args = parser().parse_args(argv)
     check_evaluate_args(args)
     given = overrides(args)
     refs = Config(ref_min=given.get("ref_min"), ref_max=given.get("ref_max")).validate().ref_scores
@@ -94,7 +120,7 @@ def evaluate_command(argv: list[str]) -> None:
         groups.setdefault((targets, tuple(ckpt["model_config"].items()), cfg["reward_scale"], one), []).append(i)
     print(scoring(task, given.get("targets")))
     made = provenance(device)
-    results, precisions = [None] * len(ckpts), {}
+    results, precisions, filmed = [None] * len(ckpts), {}, []
     for (targets, *_), members in groups.items():
         cfgs = [ckpts[i]["config"] for i in members]
         for i, cfg in zip(members, cfgs):
@@ -105,6 +131,7 @@ def evaluate_command(argv: list[str]) -> None:
         policy = policy_of([ckpts[i] for i in members], given.get("precision"), device, precisions)
         precision = policy.precision
         seed = given.get("seed")
+        recorder = Recorder(args.video_episodes) if args.video else None
         with phase("evaluate.py"):
             per_member = rollout(
                 policy,
@@ -114,7 +141,11 @@ def evaluate_command(argv: list[str]) -> None:
                 env_workers=args.env_workers,
                 progress=True,
                 seeds=evaluation_seeds([cfg["seed"] if seed is None else seed for cfg in cfgs]),
+                recorder=recorder,
             )
+        if recorder is not None:
+            runs = [run_names(args.checkpoints)[i] for i in members]
+            filmed += video.render(task, recorder.recorded(), per_member, runs, args.video)
         for i, cfg, reports in zip(members, cfgs, per_member):
             results[i] = run_record(
                 str(args.checkpoints[i]),
@@ -126,6 +157,8 @@ def evaluate_command(argv: list[str]) -> None:
                 made,
                 precision=precision,
             )
+    if args.side_by_side and filmed:
+        video.side_by_side(filmed, args.video)
     summary = write_report(results, args.out)
     print(args.out.with_suffix(".md").read_text())
     for r in summary["across_checkpoints"]:

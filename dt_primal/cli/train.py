@@ -70,6 +70,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="scale dataset actions that lie outside the task's action space into its bounds (else refused)",
     )
+    p.add_argument(
+        "--video",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="render the final evaluation's first episode of every seed and target into DIR, as MP4 and PNG "
+        'strip (as evaluate.py --video; needs pip install "dt-primal[video]")',
+    )
     add_config_args(p)
     return p
 
@@ -113,7 +121,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
             )
         record_dataset(folder, list(datas.values()), resume=args.resume)
         try:
-            results = train(cfg, datas, resume=args.resume, seeds=seeds)
+            results = train(cfg, datas, resume=args.resume, seeds=seeds, video=args.video)
         except Interrupted as exc:
             print(f"\n{exc}", file=sys.stderr)
             sys.exit(128 + exc.signum)

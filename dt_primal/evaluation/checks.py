@@ -88,11 +88,24 @@ def _is_report_table(path: Path) -> bool:
         return False
 
 
+def check_video_args(args) -> None:
+    """``--video DIR``, ``--video-episodes N`` (1 to --episodes) and ``--side-by-side`` (needs --video)."""
+    video = getattr(args, "video", None)
+    episodes = getattr(args, "video_episodes", 1)
+    if not 1 <= episodes <= args.episodes:
+        raise UserError(f"--video-episodes must be between 1 and --episodes {args.episodes} (got {episodes}).")
+    if getattr(args, "side_by_side", False) and video is None:
+        raise UserError("--side-by-side puts rendered episodes side by side: give --video DIR too.")
+    if video is not None and video.exists() and not video.is_dir():
+        raise UserError(f"--video {video} is a file; give a folder for the videos.")
+
+
 def check_evaluate_args(args) -> None:
     """evaluate.py's options, before any checkpoint is loaded: ``args`` has ``checkpoints, episodes,
     out, env_workers`` and optionally ``targets, seed, device, precision``."""
     if args.episodes < 1:
         raise UserError(f"--episodes must be at least 1 (got {args.episodes}).")
+    check_video_args(args)
     if args.env_workers is not None and args.env_workers < 1:
         raise UserError(f"--env-workers must be at least 1 (got {args.env_workers}); leave it out for the default.")
     names = ("device", "precision", "seed", "targets")

@@ -31,7 +31,8 @@ from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline, run_record
-from dt_primal.evaluation.rollout import evaluation_seeds, rollout
+from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
+from dt_primal.evaluation.video import render
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.provenance import provenance
@@ -45,14 +46,19 @@ from dt_primal.training.step import TrainStep
 
 
 def train(
-    cfg: Config, data: Trajectories | dict[str, Trajectories], resume: bool = False, seeds: list[int] | None = None
+    cfg: Config,
+    data: Trajectories | dict[str, Trajectories],
+    resume: bool = False,
+    seeds: list[int] | None = None,
+    video: Path | None = None,
 ) -> list[dict] | None:
     """Train every (dataset, seed) as one ensemble, each member exactly as it would train alone:
     ``data`` one dataset (``cfg.dataset``) or several by name, ``seeds`` default ``cfg.seed`` alone.
     Members write into ``member_folders`` (OUT, OUT/seed_N, or OUT/DATASET/MODEL/seed_N); returns
     each member's final evaluation report (also written to its ``eval.json``). Under torchrun every
     process draws the same batches and trains on its share; rank 0 alone writes files and
-    evaluates, and the other ranks return None."""
+    evaluates, and the other ranks return None. ``video``: the final evaluation's first episode of every member
+    and target rendered into that folder (``dt_primal.evaluation.video``)."""
     run = TrainingRun(cfg, data, resume, seeds)
     with StopSignal(run.device) as stop:
         while run.step < run.cfg.steps:
@@ -69,7 +75,7 @@ def train(
                 run.checkpoint()
             if stopping:
                 run.stop(stop.signum)
-    return run.finish()
+    return run.finish(video)
 
 
 class TrainingRun:
@@ -258,7 +264,7 @@ class TrainingRun:
                     writer.add_scalar(f"ksvd/lambda_abs_max/{k}", values.abs().max().item(), step)
         self.bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{self.n_log / seconds:.1f}")
 
-    def evaluate(self, episodes: int) -> list[list[dict]]:
+    def evaluate(self, episodes: int, recorder: Recorder | None = None) -> list[list[dict]]:
         """``episodes`` episodes per target of every member at once: per member, a report per target."""
         members = self.members
         with phase("evaluation"):
@@ -268,6 +274,7 @@ class TrainingRun:
                 [m.targets for m in members],
                 episodes,
                 seeds=evaluation_seeds([m.cfg.seed for m in members]),
+                recorder=recorder,
             )
 
     def evaluate_and_record(self) -> None:
@@ -318,16 +325,20 @@ class TrainingRun:
         for writer in self.writers:
             writer.close()
 
-    def finish(self) -> list[dict] | None:
-        """The final evaluation of every member, written to its eval.json (rank 0; the others return None)."""
+    def finish(self, video: Path | None = None) -> list[dict] | None:
+        """The final evaluation of every member, written to its eval.json (rank 0; the others return None), its
+        first episodes rendered into ``video``."""
         self.bar.close()
         if self.rank != 0:
             return None
         if not self.members[0].last.exists():  # zero steps asked for: still leave a checkpoint to evaluate
             self.checkpoint()
         t0 = time.perf_counter()
-        per_member = self.evaluate(self.cfg.eval_episodes)
+        recorder = Recorder(1) if video else None
+        per_member = self.evaluate(self.cfg.eval_episodes, recorder)
         seconds = time.perf_counter() - t0
+        if recorder is not None:
+            render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video)
         results, made = [], provenance(self.device)
         for writer, m, reports in zip(self.writers, self.members, per_member):
             log_scores(writer, reports, self.step)

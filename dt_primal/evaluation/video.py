@@ -1,0 +1,211 @@
+"""Rollout videos: evaluated episodes replayed and rendered offscreen, written as an MP4 and a PNG strip.
+
+The episodes are the evaluated ones: ``rollout`` keeps their actions (``Recorder``), and each is replayed
+here in a fresh environment of its task, reset with its evaluation seed and stepped with those actions,
+so its frames show the very episode whose return the report gives (the replayed return is checked
+against it). Rendering runs in a worker process of its own: MuJoCo's OpenGL backend is chosen there
+(``MUJOCO_GL``: ``egl`` on GPU machines and with Mesa's software EGL, else ``osmesa``), and nothing of it
+reaches the evaluating process. Frames are kept at about ``FPS`` per second of simulated time.
+Needs imageio and imageio-ffmpeg (``pip install "dt-primal[video]"``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import multiprocessing
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from envs import Task, quiet_mujoco_warnings
+
+FPS = 30  # frames per second of simulated time
+SIZE = (320, 240)  # width, height
+BACKENDS = ("egl", "osmesa")  # headless OpenGL backends MuJoCo renders with, tried in this order
+STRIP_FRAMES = 6  # frames of the PNG strip, evenly spaced over the episode
+
+
+def missing() -> str | None:
+    """What video writing lacks here (a message), or None."""
+    try:
+        import imageio  # noqa: F401
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError as exc:
+        return f'writing videos needs imageio and imageio-ffmpeg ({exc}): pip install "dt-primal[video]"'
+    return None
+
+
+def _replay(task: Task, seed: int, actions: np.ndarray, path: Path | None = None, size=SIZE) -> tuple:
+    """In a worker process (``_pool``): the episode of ``task`` reset with ``seed`` and stepped with ``actions``,
+    rendered at about ``FPS`` frames per simulated second, streamed into ``path``.mp4 with a strip of it in
+    ``path``.png (None: nothing written); (its return, frames rendered, seconds per frame)."""
+    import time
+
+    quiet_mujoco_warnings()  # as the commands' own process (dt_primal.process)
+    env = task.make(render_mode="rgb_array", width=size[0], height=size[1])
+    try:
+        env.reset(seed=seed)
+        every = max(1, round(1 / (getattr(env.unwrapped, "dt", 1 / FPS) * FPS)))
+        shown = [0] + [s for s in range(1, len(actions) + 1) if s % every == 0 or s == len(actions)]
+        strip = set(np.linspace(0, len(shown) - 1, min(STRIP_FRAMES, len(shown))).round().astype(int).tolist())
+        env.render()  # the first frame makes the renderer's camera
+        total, kept, t0 = 0.0, [], time.perf_counter()
+        with _writer(path) as mp4:
+            for k, step in enumerate(shown):
+                for action in actions[(shown[k - 1] if k else 0) : step]:
+                    total += float(env.step(action)[1])
+                frame = _frame(env)
+                mp4.append_data(frame)
+                if k in strip:
+                    kept.append(frame)
+        if path is not None:
+            _imwrite(path, "png", np.concatenate(kept, axis=1))
+        return total, len(shown), (time.perf_counter() - t0) / len(shown)
+    finally:
+        env.close()
+
+
+def _writer(path: Path | None):
+    """An MP4 writer for ``path``.mp4 (``append_data`` per frame), or one that keeps nothing."""
+    import contextlib
+
+    if path is None:
+        return contextlib.nullcontext(type("Nothing", (), {"append_data": staticmethod(lambda frame: None)}))
+    import imageio.v2 as imageio
+
+    return imageio.get_writer(path.with_name(f"{path.name}.mp4"), fps=FPS, macro_block_size=8)
+
+
+def _imwrite(path: Path, kind: str, image: np.ndarray) -> Path:
+    import imageio.v2 as imageio
+
+    out = path.with_name(f"{path.name}.{kind}")
+    imageio.imwrite(out, image)
+    return out
+
+
+def _frame(env) -> np.ndarray:
+    """One frame, the camera looking at the body's root where the task's renderer has a free camera (MuJoCo's
+    locomotion tasks: HalfCheetah's would otherwise stay where the run started while the body runs off)."""
+    viewer = getattr(getattr(env.unwrapped, "mujoco_renderer", None), "viewer", None)
+    data = getattr(env.unwrapped, "data", None)
+    if viewer is not None and data is not None and len(data.xpos) > 1:
+        viewer.cam.lookat[:2] = data.xpos[1][:2]
+    return env.render()
+
+
+def _probe(task: Task) -> bool:
+    """In a worker process: whether MuJoCo renders a frame of ``task`` with the process's backend."""
+    try:
+        return _replay(task, 0, np.zeros((0, 1)), None, (16, 16))[1] == 1
+    except Exception:  # noqa: BLE001 (any failure to set up OpenGL means: not this backend)
+        return False
+
+
+def _pool(backend: str, workers: int = 1) -> concurrent.futures.ProcessPoolExecutor:
+    """Fresh worker processes rendering with ``backend`` (``MUJOCO_GL``, read as MuJoCo loads: set in their
+    environment as they start, never left in this process's)."""
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    before = os.environ.get("MUJOCO_GL")
+    os.environ["MUJOCO_GL"] = backend
+    try:
+        for job in [pool.submit(int) for _ in range(workers)]:  # start them all now, in this environment
+            job.result()
+    finally:
+        if before is None:
+            del os.environ["MUJOCO_GL"]
+        else:
+            os.environ["MUJOCO_GL"] = before
+    return pool
+
+
+def backend(task: Task) -> str | None:
+    """The OpenGL backend that renders ``task`` here: ``MUJOCO_GL`` when set, else the first of ``BACKENDS``."""
+    for name in [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else BACKENDS:
+        with _pool(name) as pool:
+            if pool.submit(_probe, task).result():
+                return name
+    return None
+
+
+def file_name(run: str, episode: dict) -> str:
+    """``RUN_target-T_seed-S_return-R[_score-N]``: the run, target, environment seed and what the episode scored."""
+    run = re.sub(r"[^A-Za-z0-9_.-]+", "-", run).strip("-") or "run"
+    score = "" if episode.get("score") is None else f"_score-{episode['score']:.1f}"
+    return f"{run}_target-{episode['target']:g}_seed-{episode['seed']}_return-{episode['return']:.1f}{score}"
+
+
+def _renderer(task: Task) -> str | None:
+    """The backend to render ``task`` with, or None after a note saying why videos cannot be written here."""
+    problem = missing()
+    chosen = None if problem else backend(task)
+    if problem is None and chosen is None:
+        problem = (
+            "MuJoCo cannot render offscreen here: install Mesa's EGL (apt install libegl1 libgl1-mesa-dri) "
+            "or OSMesa (apt install libosmesa6), or set MUJOCO_GL to a backend that works"
+        )
+    if problem:
+        print(f"note: no video: {problem}", file=sys.stderr)
+    return chosen
+
+
+def render(
+    tasks: Task | list[Task], recorded: list[dict], reports: list[list[dict]], runs: list[str], folder: Path
+) -> list[dict]:
+    """The ``recorded`` episodes (``Recorder.recorded``) of members named ``runs``, of ``tasks`` (one, or one per
+    member), whose per-member reports are ``reports``, rendered into ``folder``: per episode its run, target,
+    seed, return, score and ``path``
+    (the files are ``path``.mp4 and ``path``.png). Where videos cannot be written here, a note says why and
+    nothing is written (the evaluation's results stand as they are)."""
+    tasks = tasks if isinstance(tasks, list) else [tasks] * len(runs)
+    chosen = _renderer(tasks[0])
+    if chosen is None:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    episodes = []
+    for e in recorded:
+        report = next(r for r in reports[e["member"]] if r["target"] == e["target"])
+        evaluated = float(report["returns"][e["episode"]])
+        task = tasks[e["member"]]
+        episode = dict(e, run=runs[e["member"]], task=task, score=task.normalize(evaluated), **{"return": evaluated})
+        episodes.append(dict(episode, path=folder / file_name(episode["run"], episode)))
+    with _pool(chosen, min(os.cpu_count() or 1, len(episodes))) as pool:
+        jobs = [pool.submit(_replay, e["task"], e["seed"], e["actions"], e["path"]) for e in episodes]
+        for e, job in zip(episodes, jobs):
+            total, frames, per_frame = job.result()
+            if not np.isclose(total, e["return"], rtol=1e-6, atol=1e-6):
+                print(
+                    f"note: the replayed episode returned {total:.3f}, the evaluated {e['return']:.3f}", file=sys.stderr
+                )
+            print(f"video: {e['path']}.mp4 ({frames} frames, {per_frame:.3f} s per frame, {chosen})")
+    return [{k: v for k, v in e.items() if k not in ("actions", "task")} for e in episodes]
+
+
+def side_by_side(episodes: list[dict], folder: Path) -> list[Path]:
+    """For each target and episode rendered of several runs (``render``'s episodes), one clip of them side by
+    side (shorter episodes hold their last frame) and their strips one above the other: ``folder``/
+    ``side-by-side_target-T_episode-E``.mp4 and .png."""
+    import imageio.v2 as imageio
+
+    written = []
+    for key in dict.fromkeys((e["target"], e["episode"]) for e in episodes):
+        same = [e for e in episodes if (e["target"], e["episode"]) == key]
+        if len(same) < 2:
+            continue
+        path = folder / f"side-by-side_target-{key[0]:g}_episode-{key[1]}"
+        readers = [imageio.get_reader(e["path"].with_name(f"{e['path'].name}.mp4")) for e in same]
+        last = [None] * len(readers)
+        with _writer(path) as mp4:
+            for frames in itertools.zip_longest(*readers):
+                last = [f if f is not None else old for f, old in zip(frames, last)]
+                mp4.append_data(np.concatenate(last, axis=1))
+        for reader in readers:
+            reader.close()
+        strips = [imageio.imread(e["path"].with_name(f"{e['path'].name}.png")) for e in same]
+        written += [path.with_name(f"{path.name}.mp4"), _imwrite(path, "png", np.concatenate(strips, axis=0))]
+        print(f"video: {written[-2]} ({', '.join(e['run'] for e in same)})")
+    return written

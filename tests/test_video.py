@@ -1,0 +1,125 @@
+"""Rollout videos: the rendered episodes are the evaluated ones, the evaluation is the same with or without
+them, and a machine that cannot render says so and still evaluates."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run
+
+from dt_primal.evaluation import video
+from envs import TASKS
+
+pytest.importorskip("imageio_ffmpeg")
+
+
+def evaluate(run_dir, out, *extra, env=None):
+    res = run(
+        "evaluate.py",
+        str(run_dir / "last.pt"),
+        "--episodes",
+        "2",
+        "--targets",
+        "3600",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    return res, json.loads(out.read_text())
+
+
+def test_the_video_shows_the_evaluated_episode_and_changes_no_score(run_dir, tmp_path):
+    _, plain = evaluate(run_dir, tmp_path / "plain.json")
+    res, filmed = evaluate(run_dir, tmp_path / "filmed.json", "--video", str(tmp_path / "v"), "--video-episodes", "2")
+    assert [c["targets"] for c in filmed["checkpoints"]] == [c["targets"] for c in plain["checkpoints"]]
+    returns = plain["checkpoints"][0]["targets"][0]["returns"]
+    clips = sorted((tmp_path / "v").glob("*.mp4"))
+    assert len(clips) == 2 and len(list((tmp_path / "v").glob("*.png"))) == 2, res.stderr
+    named = sorted(float(c.name.split("_return-")[1].split("_")[0].removesuffix(".mp4")) for c in clips)
+    assert np.allclose(named, sorted(returns), atol=0.05)  # each file is one evaluated episode, by its return
+    assert "replayed episode returned" not in res.stderr  # the replay gave the evaluated return
+    import imageio.v2 as imageio
+
+    frames = imageio.mimread(clips[0])
+    assert frames[0].shape == (240, 320, 3) and np.ptp(frames[0]) > 0  # a picture, not a blank frame
+
+
+def test_no_renderer_is_a_note_and_the_evaluation_still_runs(run_dir, tmp_path, monkeypatch, capsys):
+    from dt_primal.cli.evaluate import evaluate_command
+
+    monkeypatch.setattr(video, "backend", lambda task: None)  # as on a machine without EGL or OSMesa
+    argv = [str(run_dir / "last.pt"), "--episodes", "1", "--device", "cpu", "--out", str(tmp_path / "r.json")]
+    evaluate_command([*argv, "--video", str(tmp_path / "v")])
+    err = capsys.readouterr().err
+    assert "note: no video: MuJoCo cannot render offscreen here" in err and "apt install" in err
+    assert json.loads((tmp_path / "r.json").read_text())["checkpoints"] and not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_a_few_frames_of_each_task_render_and_encode(name, tmp_path):
+    task = TASKS[name]
+    chosen = video.backend(task)
+    if chosen is None:
+        pytest.skip("no offscreen OpenGL backend on this machine")
+    with video._pool(chosen) as pool:
+        actions = np.zeros((8, len(task.limits().low)))
+        total, frames, _ = pool.submit(video._replay, task, 0, actions, tmp_path / "clip").result()
+    import imageio.v2 as imageio
+
+    clip = imageio.mimread(tmp_path / "clip.mp4")
+    assert frames >= 2 and len(clip) == frames and clip[0].shape == (240, 320, 3) and np.isfinite(total)
+    assert imageio.imread(tmp_path / "clip.png").shape[0] == 240
+
+
+@pytest.mark.parametrize(
+    "extra, phrase",
+    [
+        (["--video", "V", "--video-episodes", "3"], "--video-episodes must be between 1 and --episodes 2"),
+        (["--side-by-side"], "--side-by-side puts rendered episodes side by side: give --video DIR too"),
+        (["--video", "FILE"], "is a file; give a folder"),
+    ],
+)
+def test_video_options_that_cannot_work_are_refused(run_dir, tmp_path, extra, phrase):
+    from conftest import assert_user_error
+
+    (tmp_path / "FILE").write_text("x")
+    extra = [str(tmp_path / a) if a in ("V", "FILE") else a for a in extra]
+    res = run("evaluate.py", str(run_dir / "last.pt"), "--episodes", "2", "--out", str(tmp_path / "r.json"), *extra)
+    assert_user_error(res, phrase)
+
+
+def test_two_checkpoints_side_by_side(run_dir, tmp_path):
+    ckpt = str(run_dir / "last.pt")  # the same checkpoint twice: two runs as far as the videos go
+    args = ["--episodes", "1", "--targets", "3600", "--out", str(tmp_path / "r.json"), "--side-by-side"]
+    res = run("evaluate.py", ckpt, ckpt, *args, "--video", str(tmp_path / "v"))
+    clip = tmp_path / "v" / "side-by-side_target-3600_episode-0.mp4"
+    import imageio.v2 as imageio
+
+    assert imageio.mimread(clip)[0].shape == (240, 640, 3), res.stderr
+    assert imageio.imread(clip.with_suffix(".png")).shape[0] == 480
+
+
+def test_train_py_films_its_final_evaluation(tmp_path):
+    from conftest import QUICK, hopper_file
+
+    out, folder = tmp_path / "run", tmp_path / "v"
+    res = run(
+        "train.py",
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *QUICK,
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--video",
+        str(folder),
+    )
+    assert res.returncode == 0, res.stderr
+    record = json.loads((out / "eval.json").read_text())
+    clips = sorted(folder.glob("seed-0_target-*.mp4"))
+    assert [c.name.split("_")[1] for c in clips] == sorted(f"target-{r['target']:g}" for r in record["targets"])
