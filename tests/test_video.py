@@ -130,3 +130,21 @@ def test_train_py_films_its_final_evaluation(tmp_path, renders):
     record = json.loads((out / "eval.json").read_text())
     clips = sorted(folder.glob("seed-0_target-*.mp4"))
     assert [c.name.split("_")[1] for c in clips] == sorted(f"target-{r['target']:g}" for r in record["targets"])
+
+
+def test_a_sweep_films_its_best_and_worst_seed_side_by_side(run_dir, tmp_path, renders):
+    import shutil
+
+    from commands.sweep.clips import best_and_worst, film
+
+    group = tmp_path / "sweep" / "tiny" / "primal"
+    for seed in (0, 1, 2):
+        shutil.copytree(run_dir, group / f"seed_{seed}")
+    row = {"dataset": "tiny", "name": "primal", "dir": str(group), "finished_seeds": [0, 1, 2]}
+    row["targets"] = [{"seeds": [20.0, 35.0, 5.0]}]
+    assert best_and_worst(row) == [1, 2]
+    (folder,) = film([row], tmp_path / "videos")
+    assert len(list(folder.glob("side-by-side_target-*.mp4"))) == 2  # the run's two targets
+    assert {p.name.split("_target-")[0] for p in folder.glob("*seed_*.mp4")} == {
+        f"{str(group).strip('/').replace('/', '-')}-seed_{s}" for s in (1, 2)
+    }

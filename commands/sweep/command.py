@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from commands.sweep.budget import choose, estimate, load_throughput, measure, parse_duration
+from commands.sweep.clips import film
 from commands.sweep.grid import (
     BUSY,
     TABLE4,
@@ -132,6 +133,12 @@ def parser() -> argparse.ArgumentParser:
         'the tables as "DT (DT paper\'s settings)" beside this folder\'s "DT (matched settings)"',
     )
     p.add_argument("--report-dir", type=Path, default=None, help="where the tables and plots go (default --out)")
+    p.add_argument(
+        "--video",
+        action="store_true",
+        help="also film each dataset and model's best and worst seed, one episode per target, side by side, into "
+        'REPORT/videos (evaluate.py --video; needs pip install "dt-primal[video]")',
+    )
     return p
 
 
@@ -236,3 +243,5 @@ def main(argv: list[str] | None = None) -> None:
     plot_curves(args.out, rows, report)
     drew = plot_intervals(rows, report)
     print(f"wrote {report}/results.md, results.csv, results.png, curves.png{', intervals.png' * drew}")
+    if args.video:
+        print(f"wrote the clips of {len(film(rows, report / 'videos'))} datasets and models into {report}/videos")
