@@ -12,11 +12,13 @@ Needs imageio and imageio-ffmpeg (``pip install "dt-primal[video]"``).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import multiprocessing
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +45,6 @@ def _replay(task: Task, seed: int, actions: np.ndarray, path: Path | None = None
     """In a worker process (``_pool``): the episode of ``task`` reset with ``seed`` and stepped with ``actions``,
     rendered at about ``FPS`` frames per simulated second, streamed into ``path``.mp4 with a strip of it in
     ``path``.png (None: nothing written); (its return, frames rendered, seconds per frame)."""
-    import time
-
     quiet_mujoco_warnings()  # as the commands' own process (dt_primal.process)
     env = task.make(render_mode="rgb_array", width=size[0], height=size[1])
     try:
@@ -69,12 +69,17 @@ def _replay(task: Task, seed: int, actions: np.ndarray, path: Path | None = None
         env.close()
 
 
+class _Discard(contextlib.nullcontext):
+    """A writer that keeps nothing (a probe's frames)."""
+
+    def append_data(self, frame: np.ndarray) -> None:
+        pass
+
+
 def _writer(path: Path | None):
     """An MP4 writer for ``path``.mp4 (``append_data`` per frame), or one that keeps nothing."""
-    import contextlib
-
     if path is None:
-        return contextlib.nullcontext(type("Nothing", (), {"append_data": staticmethod(lambda frame: None)}))
+        return _Discard(_Discard())
     import imageio.v2 as imageio
 
     return imageio.get_writer(path.with_name(f"{path.name}.mp4"), fps=FPS, macro_block_size=8)
