@@ -148,3 +148,12 @@ def test_a_sweep_films_its_best_and_worst_seed_side_by_side(run_dir, tmp_path, r
     assert {p.name.split("_target-")[0] for p in folder.glob("*seed_*.mp4")} == {
         f"{str(group).strip('/').replace('/', '-')}-seed_{s}" for s in (1, 2)
     }
+
+
+def test_train_py_refuses_a_video_folder_that_is_a_file_before_training(tmp_path):
+    from conftest import QUICK, assert_user_error, hopper_file
+
+    (tmp_path / "FILE").write_text("x")
+    args = ["--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(tmp_path / "run")]
+    assert_user_error(run("train.py", *args, "--video", str(tmp_path / "FILE")), "is a file; give a folder")
+    assert not (tmp_path / "run").exists()

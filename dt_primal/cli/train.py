@@ -16,6 +16,7 @@ from dt_primal.config import PRESETS, Config, add_config_args, make_config, over
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import across_text, normalized_text, scoring, write_report
+from dt_primal.evaluation.video import check_folder
 from dt_primal.run_folder import CHECKPOINT, hold_run_folder, member_folders
 from dt_primal.training.checks import check_run_inputs
 from dt_primal.training.distributed import Interrupted, distributed
@@ -88,6 +89,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
     exits with 128 + the signal (SystemExit). Run it under ``dt_primal.cli.run_main`` for the messages
     and exit statuses of the command line."""
     args = parser().parse_args(argv)
+    check_folder(args.video)
     given = overrides(args)
     if args.seeds and "seed" in given:
         raise UserError(

@@ -16,6 +16,7 @@ import torch
 from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
+from dt_primal.evaluation.video import check_folder
 from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
 from dt_primal.run_folder import check_no_links
 from dt_primal.untrusted import read_json
@@ -96,8 +97,7 @@ def check_video_args(args) -> None:
         raise UserError(f"--video-episodes must be between 1 and --episodes {args.episodes} (got {episodes}).")
     if getattr(args, "side_by_side", False) and video is None:
         raise UserError("--side-by-side puts rendered episodes side by side: give --video DIR too.")
-    if video is not None and video.exists() and not video.is_dir():
-        raise UserError(f"--video {video} is a file; give a folder for the videos.")
+    check_folder(video)
 
 
 def check_evaluate_args(args) -> None:

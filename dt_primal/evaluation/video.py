@@ -23,12 +23,19 @@ from pathlib import Path
 
 import numpy as np
 
+from dt_primal.errors import UserError
 from envs import Task, quiet_mujoco_warnings
 
 FPS = 30  # frames per second of simulated time
 SIZE = (320, 240)  # width, height
 BACKENDS = ("egl", "osmesa")  # headless OpenGL backends MuJoCo renders with, tried in this order
 STRIP_FRAMES = 6  # frames of the PNG strip, evenly spaced over the episode
+
+
+def check_folder(folder: Path | None) -> None:
+    """``--video DIR`` names a folder (or nothing yet), checked before any work that ends in writing into it."""
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise UserError(f"--video {folder} is a file; give a folder for the videos.")
 
 
 def missing() -> str | None:
