@@ -25,9 +25,8 @@ from commands.sweep.grid import TABLE4
 from commands.sweep.plots import plot_intervals
 from commands.sweep.results import DT_MATCHED, LABELS, collect
 from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interval_sections, seed_scores, short
-from dt_primal.checkpoint import OLDER_FILES_DEFAULTS
 from dt_primal.cli import run_main
-from dt_primal.config import Config
+from dt_primal.config import ADDED_LATER, Config
 from dt_primal.evaluation.reports import pm, table
 from dt_primal.records import read_record
 from dt_primal.run_folder import RECORD, run_dir, seed_folder
@@ -59,7 +58,7 @@ MODEL_FIELDS = (
 
 def setting(config: dict, name: str):
     """A record's config value ``name``; for a field added later, the value every record without it had."""
-    return config.get(name, OLDER_FILES_DEFAULTS.get(name))
+    return config.get(name, ADDED_LATER.get(name))
 
 
 def records(group: Path, seeds) -> list[dict]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dt_primal.config import Config
+from dt_primal.config import ADDED_LATER, Config
 from dt_primal.errors import UserError
 from dt_primal.model.members import stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
@@ -30,8 +30,6 @@ FORMAT = 2
 CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
 FORMAT_1_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
-# model fields added after the first checkpoints, at the value every file written before the field had
-OLDER_FILES_DEFAULTS = {"activation": "gelu", "timestep_init": "gpt2"}
 
 
 def plain(value):
@@ -146,9 +144,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
             f"{path} has checkpoint format {ckpt['format']}, which this version of dt-primal (format "
             f"{FORMAT}) cannot read; use the version that wrote it."
         )
-    for part in ("model_config", "config"):
+    for part, kind in (("model_config", ModelConfig), ("config", Config)):
         if isinstance(ckpt[part], dict):
-            ckpt[part] = {**OLDER_FILES_DEFAULTS, **ckpt[part]}
+            names = {f.name for f in dataclasses.fields(kind)}
+            ckpt[part] = {**{k: v for k, v in ADDED_LATER.items() if k in names}, **ckpt[part]}
     try:
         arch = ModelConfig.from_record(ckpt["model_config"])
         ckpt["state_mean"], ckpt["state_std"] = (
@@ -257,9 +256,9 @@ def _upgrade(ckpt: dict, path: str | os.PathLike) -> dict:
 def _older_model_config(ckpt: dict) -> dict:
     """The architecture of a checkpoint written before checkpoints stored it: from its config, its
     sizes and, for fields its config left unresolved, its weights' shapes; the config gets them too,
-    so that --resume continues with them; fields it predates take their values then (``OLDER_FILES_DEFAULTS``)."""
+    so that --resume continues with them; fields it predates take their values then (``config.ADDED_LATER``)."""
     cfg, weights = ckpt["config"], ckpt["model"]
-    for name, value in OLDER_FILES_DEFAULTS.items():
+    for name, value in ADDED_LATER.items():
         cfg.setdefault(name, value)
     if cfg["s"] is None:  # the KSVD rank is Λ's width; a softmax-only model has no rank (any value builds it)
         cfg["s"] = next((v.shape[-1] for k, v in weights.items() if k.endswith("attn.Lambda")), 64)

@@ -50,8 +50,16 @@ PAPER_S = {
 }
 DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
-# fields newer than some records, at the value every record before them had: how the step runs, not what it computes
-ADDED_LATER = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa"}
+# fields newer than some records (checkpoints, eval.json, throughput files), at the value every record written
+# before them had: the model's MLP activation and timestep table (what it computes, also ModelConfig fields), and
+# the step's compile mode, optimizer and attention kernel (how it runs)
+ADDED_LATER = {
+    "activation": "gelu",
+    "timestep_init": "gpt2",
+    "compile_mode": "default",
+    "optimizer": "fused",
+    "attention_kernel": "sdpa",
+}
 # the ModelConfig fields that are not a Config field as it is
 MODEL_ONLY_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")
 

@@ -431,7 +431,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 def recorded_model(rows: list[dict]) -> dict:
     """The MLP activation and timestep table of dt-primal's runs in ``rows``, from their eval.json's config;
     where none is recorded, those every run before the options had: GELU and a N(0, 0.02) table."""
-    from dt_primal.checkpoint import OLDER_FILES_DEFAULTS as before
+    from dt_primal.config import ADDED_LATER as before
 
     for r in rows:
         for seed in r["finished_seeds"]:
