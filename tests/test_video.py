@@ -72,9 +72,9 @@ def test_no_renderer_is_a_note_and_the_evaluation_still_runs(run_dir, tmp_path, 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_a_few_frames_of_each_task_render_and_encode(name, tmp_path, renders):
     task = TASKS[name]
-    with video._pool(renders) as pool:
+    with video.renderers(renders) as pool:
         actions = np.zeros((8, len(task.limits().low)))
-        total, frames, _ = pool.submit(video._replay, task, 0, actions, tmp_path / "clip").result()
+        total, frames, _ = pool.submit(video.replay, task, 0, actions, tmp_path / "clip").result()
     import imageio.v2 as imageio
 
     clip = imageio.mimread(tmp_path / "clip.mp4")

@@ -48,8 +48,8 @@ def missing() -> str | None:
     return None
 
 
-def _replay(task: Task, seed: int, actions: np.ndarray, path: Path | None = None, size=SIZE) -> tuple:
-    """In a worker process (``_pool``): the episode of ``task`` reset with ``seed`` and stepped with ``actions``,
+def replay(task: Task, seed: int, actions: np.ndarray, path: Path | None = None, size=SIZE) -> tuple:
+    """In a worker process (``renderers``): the episode of ``task`` reset with ``seed`` and stepped with ``actions``,
     rendered at about ``FPS`` frames per simulated second, streamed into ``path``.mp4 with a strip of it in
     ``path``.png (None: nothing written); (its return, frames rendered, seconds per frame)."""
     quiet_mujoco_warnings()  # as the commands' own process (dt_primal.process)
@@ -113,12 +113,12 @@ def _frame(env) -> np.ndarray:
 def _probe(task: Task) -> bool:
     """In a worker process: whether MuJoCo renders a frame of ``task`` with the process's backend."""
     try:
-        return _replay(task, 0, np.zeros((0, 1)), None, (16, 16))[1] == 1
+        return replay(task, 0, np.zeros((0, 1)), None, (16, 16))[1] == 1
     except Exception:  # noqa: BLE001 (any failure to set up OpenGL means: not this backend)
         return False
 
 
-def _pool(backend: str, workers: int = 1) -> concurrent.futures.ProcessPoolExecutor:
+def renderers(backend: str, workers: int = 1) -> concurrent.futures.ProcessPoolExecutor:
     """Fresh worker processes rendering with ``backend`` (``MUJOCO_GL``, read as MuJoCo loads: set in their
     environment as they start, never left in this process's)."""
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
@@ -138,7 +138,7 @@ def _pool(backend: str, workers: int = 1) -> concurrent.futures.ProcessPoolExecu
 def backend(task: Task) -> str | None:
     """The OpenGL backend that renders ``task`` here: ``MUJOCO_GL`` when set, else the first of ``BACKENDS``."""
     for name in [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else BACKENDS:
-        with _pool(name) as pool:
+        with renderers(name) as pool:
             if pool.submit(_probe, task).result():
                 return name
     return None
@@ -185,8 +185,8 @@ def render(
         task = tasks[e["member"]]
         episode = dict(e, run=runs[e["member"]], task=task, score=task.normalize(evaluated), **{"return": evaluated})
         episodes.append(dict(episode, path=folder / file_name(episode["run"], episode)))
-    with _pool(chosen, min(os.cpu_count() or 1, len(episodes))) as pool:
-        jobs = [pool.submit(_replay, e["task"], e["seed"], e["actions"], e["path"]) for e in episodes]
+    with renderers(chosen, min(os.cpu_count() or 1, len(episodes))) as pool:
+        jobs = [pool.submit(replay, e["task"], e["seed"], e["actions"], e["path"]) for e in episodes]
         for e, job in zip(episodes, jobs):
             total, frames, per_frame = job.result()
             if not np.isclose(total, e["return"], rtol=1e-6, atol=1e-6):
