@@ -117,11 +117,11 @@ def _spaces(meta: dict) -> tuple[list[int], list[np.dtype]]:
     return [math.prod(s["shape"]) for s in spaces], [np.dtype(s["dtype"]) for s in spaces]
 
 
-def _episode(path: Path, rows: int, meta: dict):
-    """The columns of the episode file ``path``, of ``rows`` rows, checked (``_check_batch``), then decoded."""
+def _episode(path: Path, rows: int, dims: list[int], types: list[np.dtype]):
+    """The columns of the episode file ``path``, of ``rows`` rows of spaces of ``dims`` numbers of ``types``,
+    checked (``_check_batch``), then decoded."""
     import pyarrow as pa
 
-    dims, types = _spaces(meta)
     data = pa.py_buffer(untrusted.read_bytes(path, "The Arrow episode file", MAX_FILE))
     if data[:6].to_pybytes() != b"ARROW1":
         raise ValueError("it is not an Arrow IPC file")
@@ -177,7 +177,7 @@ def read_episodes(data: Path, meta: dict, where: str) -> list[dict]:
                 f"The dataset is damaged: download or make it again."
             )
         try:
-            obs, actions, rewards, terms, _ = _episode(files[0], steps + 1, meta)
+            obs, actions, rewards, terms, _ = _episode(files[0], steps + 1, dims, types)
         except (ValueError, struct.error, pa.ArrowException, StopIteration) as exc:
             raise UserError(
                 f"{where}'s episode file {files[0]} was refused: {str(exc)[:200]}. The dataset is damaged: "
