@@ -121,6 +121,8 @@ def evaluate_command(argv: list[str]) -> None:
     print(scoring(task, given.get("targets")))
     made = provenance(device)
     results, precisions, filmed = [None] * len(ckpts), {}, []
+    chosen = video.renderer(task) if args.video else None
+    runs = run_names(args.checkpoints)
     for (targets, *_), members in groups.items():
         cfgs = [ckpts[i]["config"] for i in members]
         for i, cfg in zip(members, cfgs):
@@ -131,7 +133,7 @@ def evaluate_command(argv: list[str]) -> None:
         policy = policy_of([ckpts[i] for i in members], given.get("precision"), device, precisions)
         precision = policy.precision
         seed = given.get("seed")
-        recorder = Recorder(args.video_episodes) if args.video else None
+        recorder = Recorder(args.video_episodes) if chosen else None
         with phase("evaluate.py"):
             per_member = rollout(
                 policy,
@@ -144,8 +146,8 @@ def evaluate_command(argv: list[str]) -> None:
                 recorder=recorder,
             )
         if recorder is not None:
-            runs = [run_names(args.checkpoints)[i] for i in members]
-            filmed += video.render(task, recorder.recorded(), per_member, runs, args.video)
+            named = [runs[i] for i in members]
+            filmed += video.render(task, recorder.recorded(), per_member, named, args.video, chosen)
         for i, cfg, reports in zip(members, cfgs, per_member):
             results[i] = run_record(
                 str(args.checkpoints[i]),

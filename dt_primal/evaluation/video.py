@@ -83,21 +83,25 @@ class _Discard(contextlib.nullcontext):
         pass
 
 
+def named(path: Path, kind: str) -> Path:
+    """``path``.``kind``: a clip's file (its name ends in a number, which is no suffix to replace)."""
+    return path.with_name(f"{path.name}.{kind}")
+
+
 def _writer(path: Path | None):
     """An MP4 writer for ``path``.mp4 (``append_data`` per frame), or one that keeps nothing."""
     if path is None:
         return _Discard(_Discard())
     import imageio.v2 as imageio
 
-    return imageio.get_writer(path.with_name(f"{path.name}.mp4"), fps=FPS, macro_block_size=8)
+    return imageio.get_writer(named(path, "mp4"), fps=FPS, macro_block_size=8)
 
 
 def _imwrite(path: Path, kind: str, image: np.ndarray) -> Path:
     import imageio.v2 as imageio
 
-    out = path.with_name(f"{path.name}.{kind}")
-    imageio.imwrite(out, image)
-    return out
+    imageio.imwrite(named(path, kind), image)
+    return named(path, kind)
 
 
 def _frame(env) -> np.ndarray:
@@ -151,8 +155,9 @@ def file_name(run: str, episode: dict) -> str:
     return f"{run}_target-{episode['target']:g}_seed-{episode['seed']}_return-{episode['return']:.1f}{score}"
 
 
-def _renderer(task: Task) -> str | None:
-    """The backend to render ``task`` with, or None after a note saying why videos cannot be written here."""
+def renderer(task: Task) -> str | None:
+    """The backend to render ``task`` with (once per command, before its evaluation), or None after a note saying
+    why videos cannot be written here."""
     problem = missing()
     chosen = None if problem else backend(task)
     if problem is None and chosen is None:
@@ -166,17 +171,18 @@ def _renderer(task: Task) -> str | None:
 
 
 def render(
-    tasks: Task | list[Task], recorded: list[dict], reports: list[list[dict]], runs: list[str], folder: Path
+    tasks: Task | list[Task],
+    recorded: list[dict],
+    reports: list[list[dict]],
+    runs: list[str],
+    folder: Path,
+    chosen: str,
 ) -> list[dict]:
     """The ``recorded`` episodes (``Recorder.recorded``) of members named ``runs``, of ``tasks`` (one, or one per
-    member), whose per-member reports are ``reports``, rendered into ``folder``: per episode its run, target,
-    seed, return, score and ``path``
-    (the files are ``path``.mp4 and ``path``.png). Where videos cannot be written here, a note says why and
-    nothing is written (the evaluation's results stand as they are)."""
+    member), whose per-member reports are ``reports``, rendered with the backend ``chosen`` (``renderer``) into
+    ``folder``: per episode its run, target, seed, return, score and ``path`` (the files are ``path``.mp4 and
+    ``path``.png)."""
     tasks = tasks if isinstance(tasks, list) else [tasks] * len(runs)
-    chosen = _renderer(tasks[0])
-    if chosen is None:
-        return []
     folder.mkdir(parents=True, exist_ok=True)
     episodes = []
     for e in recorded:
@@ -209,7 +215,7 @@ def side_by_side(episodes: list[dict], folder: Path) -> list[Path]:
         if len(same) < 2:
             continue
         path = folder / f"side-by-side_target-{key[0]:g}_episode-{key[1]}"
-        readers = [imageio.get_reader(e["path"].with_name(f"{e['path'].name}.mp4")) for e in same]
+        readers = [imageio.get_reader(named(e["path"], "mp4")) for e in same]
         last = [None] * len(readers)
         with _writer(path) as mp4:
             for frames in itertools.zip_longest(*readers):
@@ -217,7 +223,7 @@ def side_by_side(episodes: list[dict], folder: Path) -> list[Path]:
                 mp4.append_data(np.concatenate(last, axis=1))
         for reader in readers:
             reader.close()
-        strips = [imageio.imread(e["path"].with_name(f"{e['path'].name}.png")) for e in same]
-        written += [path.with_name(f"{path.name}.mp4"), _imwrite(path, "png", np.concatenate(strips, axis=0))]
+        strips = [imageio.imread(named(e["path"], "png")) for e in same]
+        written += [named(path, "mp4"), _imwrite(path, "png", np.concatenate(strips, axis=0))]
         print(f"video: {written[-2]} ({', '.join(e['run'] for e in same)})")
     return written

@@ -32,7 +32,7 @@ from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline, run_record
 from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
-from dt_primal.evaluation.video import render
+from dt_primal.evaluation.video import render, renderer
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.provenance import provenance
@@ -333,12 +333,13 @@ class TrainingRun:
             return None
         if not self.members[0].last.exists():  # zero steps asked for: still leave a checkpoint to evaluate
             self.checkpoint()
+        chosen = renderer(self.members[0].task) if video else None  # before the evaluation's clock starts
+        recorder = Recorder(1) if chosen else None
         t0 = time.perf_counter()
-        recorder = Recorder(1) if video else None
         per_member = self.evaluate(self.cfg.eval_episodes, recorder)
         seconds = time.perf_counter() - t0
         if recorder is not None:
-            render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video)
+            render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video, chosen)
         results, made = [], provenance(self.device)
         for writer, m, reports in zip(self.writers, self.members, per_member):
             log_scores(writer, reports, self.step)
