@@ -135,9 +135,12 @@ class Config:
     @classmethod
     def from_record(cls, record: object) -> Config:
         """The run config a checkpoint or an exported policy stored: exactly this class's fields (the readers
-        take the dict's values), valid; ValueError or UserError when it is not one."""
+        take the dict's values), valid; ValueError or UserError when it is not one. Of ``ADDED_LATER``, the step's
+        fields are filled in; the model's only the checkpoint reader fills (every export records them)."""
         names = {f.name for f in fields(cls)}
-        record = {**ADDED_LATER, **record} if isinstance(record, dict) else record
+        model = {f.name for f in fields(ModelConfig)}
+        later = {k: v for k, v in ADDED_LATER.items() if k not in model}
+        record = {**later, **record} if isinstance(record, dict) else record
         if not isinstance(record, dict) or set(record) != names:
             raise ValueError(f"a run config needs exactly the fields {', '.join(sorted(names))}")
         return cls(**record).validate()
