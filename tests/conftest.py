@@ -1,9 +1,9 @@
 """What the tests share: temporary Minari homes, tiny datasets and runs, the tiny model's options, and
-the assertions every bad-input test makes (status 2, one message, no traceback)."""
+the assertions every bad-input test makes (status 2, one message, no traceback), a hostile pickle."""
 
+import contextlib
 import os
 import pickle
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +19,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy mac
 # the tiny model, as train.py's options and as Config fields
 TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
 QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
+TWO_STEPS = [*QUICK, "--steps", "2"]  # a run of two steps, the bad-input tests' tiny run
 SWEEP_RUN = ["--env", "hopper", *TINY, "--steps", "6", "--warmup-steps", "2", "--eval-every", "3"]
 SWEEP_RUN += ["--eval-episodes-during", "1", "--eval-episodes", "2"]  # what a sweep's tiny runs train
 FORMAT1 = ROOT / "tests" / "fixtures" / "format1"  # last.pt: 3 steps on hopper.pkl, written by commit 3d6ec5d
@@ -76,13 +77,22 @@ def make_episodes(lengths=(7, 3, 12), obs_dim=11, act_dim=3, seed=0):
     return eps
 
 
-def hopper_file(tmp_path) -> Path:
-    """A D4RL file of 4 Hopper-sized episodes."""
+def hopper_file(tmp_path, name="hopper_tiny.hdf5", **change) -> Path:
+    """A D4RL file of 4 Hopper-sized episodes (158 steps), ``change`` mapping an array's key to a function of it."""
     from datasets.synthetic import write_d4rl
 
-    path = tmp_path / "hopper_tiny.hdf5"
-    write_d4rl(path, make_episodes(lengths=(40, 25, 60, 33), seed=3))
-    return path
+    eps = make_episodes(lengths=(40, 25, 60, 33), seed=3)
+    for key, f in change.items():
+        eps = [dict(e, **{key: f(e[key])}) for e in eps]
+    write_d4rl(tmp_path / name, eps)
+    return tmp_path / name
+
+
+def small_config(**change):
+    """The tiny model's run config (``SMALL``) with ``change``."""
+    from dt_primal.config import make_config
+
+    return make_config(**{**SMALL, **change})
 
 
 def write_minari(dataset_id, episodes, env="Hopper-v5", data_format="hdf5"):
@@ -119,9 +129,17 @@ def write_pickle(path, episodes):
     path.write_bytes(pickle.dumps(trajs))
 
 
-def run(*args, **kw):
-    """``python ARGS`` in the repository root: its completed process, output captured."""
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kw)
+def run(*args, env=None):
+    """``python ARGS`` in the repository root, one thread, ``env`` added to the environment: its completed
+    process, output captured."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**ENV, **(env or {})},
+    )
 
 
 def assert_user_error(res, *phrases):
@@ -132,9 +150,13 @@ def assert_user_error(res, *phrases):
         assert phrase in res.stderr, (phrase, res.stderr)
 
 
-def raises(phrase):
-    """A UserError whose message holds ``phrase``."""
-    return pytest.raises(UserError, match=re.escape(phrase))
+@contextlib.contextmanager
+def raises(*phrases):
+    """A UserError whose message names each of ``phrases`` (the option, the value, the file: not the sentence)."""
+    with pytest.raises(UserError) as refusal:
+        yield refusal
+    for phrase in phrases:
+        assert phrase in str(refusal.value), (phrase, str(refusal.value))
 
 
 def exit_of(main, capsys):
@@ -144,6 +166,40 @@ def exit_of(main, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_main(main)
     return exit_info.value.code, capsys.readouterr().err
+
+
+def exits_2(main, capsys, *phrases):
+    """``main`` under the commands' error exit: status 2 and one ``error:`` paragraph naming ``phrases``."""
+    code, err = exit_of(main, capsys)
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err
+    assert all(phrase in err for phrase in phrases), (phrases, err)
+
+
+def train_exits_2(capsys, *argv, phrase):
+    """``train.py ARGV`` in this process, refused before training with status 2, naming ``phrase``."""
+    from datasets.loaders import load_dataset
+    from dt_primal.cli.train import train_command
+
+    exits_2(lambda: train_command([str(a) for a in argv], load_dataset), capsys, phrase)
+
+
+class Payload:
+    """Unpickled, it creates the file ``target``: what a hostile checkpoint or dataset would do."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return open, (self.target, "w")
+
+
+@pytest.fixture
+def marker_module(tmp_path):
+    """A module that, imported, creates a file: (folder to put on PYTHONPATH, the file)."""
+    target = tmp_path / "imported"
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "dtp_marker.py").write_text(f"open({str(target)!r}, 'w').close()\n")
+    return tmp_path / "mods", target
 
 
 @pytest.fixture(scope="module")

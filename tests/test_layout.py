@@ -149,3 +149,13 @@ def test_reading_records_needs_neither_torch_nor_the_simulator():
     )
     res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+def test_the_model_owns_its_config():
+    """model/transformer.py builds a DecisionTransformer from its ModelConfig alone: it imports nothing of the
+    run's config."""
+    tree = ast.parse((ROOT / "dt_primal" / "model" / "transformer.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    assert "dt_primal.config" not in imported

@@ -60,11 +60,6 @@ def test_end_to_end_train_then_evaluate(tmp_path):
     assert (tmp_path / "ev.md").read_text().startswith("| checkpoint")
 
 
-def test_bad_input_exits_with_a_message(tmp_path):
-    res = run("train.py", "--dataset", str(tmp_path / "missing.hdf5"), "--out", str(tmp_path / "x"))
-    assert res.returncode == 2 and "does not exist" in res.stderr and "Traceback" not in res.stderr
-
-
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(**SMALL, steps=24, checkpoint_every=1000, seed=7)

@@ -1,5 +1,4 @@
-"""What the commands do to their process and what the library leaves alone; --precision auto; options
-that argparse used to guess; sizes and step counts that cannot work."""
+"""What the commands do to their process and what the library leaves alone; --precision auto."""
 
 import json
 import subprocess
@@ -7,17 +6,13 @@ import sys
 
 import pytest
 import torch
-from conftest import ENV, ROOT, SMALL, TINY, assert_user_error, hopper_file, raises
+from conftest import ENV, ROOT, SMALL, hopper_file
 
-from commands.sweep import command as sweep
-from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision
-from dt_primal.cli import train as run
 from dt_primal.cli.evaluate import evaluate_command
 from dt_primal.config import Config, make_config
 from dt_primal.training import loop as training
-from dt_primal.training import memory
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
@@ -162,73 +157,3 @@ def test_a_run_records_the_resolved_precision(tmp_path, monkeypatch, capsys, sha
         )
         assert f"precision: {used} (auto: " in capsys.readouterr().out
         assert json.loads(report.read_text())["checkpoints"][0]["precision"] == used
-
-
-# --- options argparse used to complete, sizes and step counts that cannot work ---
-
-
-def test_abbreviated_options_are_unknown_in_every_command(tmp_path, capsys):
-    res = subprocess.run(
-        [sys.executable, "evaluate.py", "x.pt", "--env", "walker2d", "--out", str(tmp_path / "e.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-    )
-    assert res.returncode == 2 and "unrecognized arguments: --env walker2d" in res.stderr, res.stderr
-    for parse in (
-        lambda: run.parser().parse_args(["--eval-ep", "3"]),
-        lambda: sweep.main(["--datasets", "x", "--model", "dt", "--out", str(tmp_path)]),
-        lambda: datasets_main.main(["stats", "--episode", "3"]),
-    ):
-        with pytest.raises(SystemExit) as exit_:
-            parse()
-        assert exit_.value.code == 2 and "unrecognized arguments: --" in capsys.readouterr().err
-
-
-def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, monkeypatch):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--dataset",
-            str(hopper_file(tmp_path)),
-            *TINY,
-            "--batch-size",
-            "100000000",
-            "--steps",
-            "2",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-    )
-    assert_user_error(
-        res, "--batch-size 100000000 needs at least", "for the activations of one training step", "Lower --batch-size"
-    )
-    monkeypatch.setattr(memory, "available_bytes", lambda device: (1 << 30, "available memory"))
-    cfg = make_config("quick", batch_size=256)
-    memory.check_batch_memory(cfg, members=2)  # at least 0.7 GiB: may fit
-    with raises("more than the 1.0 GiB of available memory here"):
-        memory.check_batch_memory(cfg, members=3)
-    for changes in ({"d_model": 8192, "n_head": 4}, {"s": 10**9}):  # the weights alone: not a batch to lower
-        with raises("The model's weights, gradients and optimizer state need about"):
-            memory.check_batch_memory(make_config("quick", **changes), members=1)
-    with raises("Even one window of context 1000000"):  # was: "Lower --batch-size (about 0 fits at most)"
-        memory.check_batch_memory(make_config("quick", context=10**6), members=1)
-
-
-def test_resume_of_a_run_past_steps_says_so(tmp_path, capsys):
-    data = load_dataset(str(hopper_file(tmp_path)))
-    cfg = make_config(**SMALL, steps=3, out=str(tmp_path / "run"))
-    training.train(cfg, data)
-    with raises(f"{tmp_path / 'run' / 'last.pt'} is already at step 3, past --steps 2: there is nothing to train"):
-        training.train(make_config(**SMALL, steps=2, out=cfg.out), data, resume=True)
-    capsys.readouterr()
-    training.train(cfg, data, resume=True)  # exactly at --steps: the final evaluation again, and a line saying so
-    assert "already at step 3 = --steps; nothing to train, only the final evaluation runs" in capsys.readouterr().out

@@ -1,0 +1,171 @@
+"""Records read from a user's files (run records, curves, records archives, a GPU window's throughput file), and
+the reports and tables written beside a user's files."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import (
+    ROOT,
+    assert_user_error,
+    run,
+)
+
+from commands.sweep import records
+from dt_primal import untrusted
+from dt_primal.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
+
+
+def test_evaluate_py_records_each_checkpoint_as_training_records_its_run(run_dir, tmp_path):
+    """One record schema: evaluate.py's report holds, per checkpoint, what train.py's eval.json holds (the
+    config and provenance included), besides what each writer adds."""
+    res = run("evaluate.py", str(run_dir / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "ev.json"))
+    assert res.returncode == 0, res.stderr
+    evaluated = json.loads((tmp_path / "ev.json").read_text())["checkpoints"][0]
+    trained = json.loads((run_dir / "eval.json").read_text())
+    assert set(evaluated) - {"precision"} == set(trained) - {"ensemble", "eval_seconds"}
+    assert evaluated["config"] == trained["config"] and evaluated["provenance"].keys() == trained["provenance"].keys()
+
+
+def test_a_malformed_record_is_a_message_in_the_aggregation(run_dir, tmp_path):
+    seed = tmp_path / "sweep" / "hopper" / "dt" / "seed_0"
+    seed.mkdir(parents=True)
+    for text, phrase in (
+        ('{"step": 3, "targets": [{"target": "high"}]}', "lacks a step count or per-target reports"),
+        ('{"step": ', "is not JSON"),
+    ):
+        (seed / "eval.json").write_text(text)
+        res = run(
+            "-m",
+            "commands.sweep",
+            "--datasets",
+            "hopper",
+            "--models",
+            "dt",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path / "sweep"),
+            "--aggregate-only",
+        )
+        assert_user_error(res, f"The run record {seed / 'eval.json'}", phrase)
+
+
+def test_a_fifo_a_device_or_a_folder_is_named_and_refused_without_waiting(tmp_path):
+    """Every file a user gives is opened without blocking and checked on the open file: a FIFO as a record
+    (dataset.json, evals.jsonl, a throughput file) hung, /dev/zero read until memory ran out."""
+    from dt_primal.records import read_curve
+    from dt_primal.untrusted import read_json
+
+    fifo = tmp_path / "dataset.json"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "FIFO"), (Path("/dev/zero"), "device"), (tmp_path, "folder")):
+        with pytest.raises(UserError, match=kind):
+            read_json(path, "The record", "")
+        with pytest.raises(UserError, match=kind):
+            read_curve(path)
+    with pytest.raises(UserError, match="too long"):
+        read_json(tmp_path / ("x" * 300), "The record", "")
+    (tmp_path / "big.json").write_bytes(b" " * 100 + b"1")
+    with pytest.raises(UserError, match="larger than 50 bytes"):
+        read_json(tmp_path / "big.json", "The record", "", limit=50)
+    assert read_json(tmp_path / "big.json", "The record", "", limit=101) == 1
+    point = {"step": 1, "reports": [{"target": 1.0, "episodes": 1, "normalized_mean": 5.0}]}
+    (tmp_path / "evals.jsonl").write_text(json.dumps(point) + "\n" + "[" * (2**20 + 1) + "\n")
+    assert read_curve(tmp_path / "evals.jsonl") == [point]  # an overlong line is left out, unparsed
+
+
+def test_a_records_archive_entry_larger_than_a_record_is_not_read(tmp_path):
+    with tarfile.open(tmp_path / "big.tgz", "w:gz") as tar:
+        info = tarfile.TarInfo("hopper/dt/seed_0/eval.json")
+        info.size = untrusted.MAX_RECORD + 1
+        tar.addfile(info, io.BytesIO(b" " * info.size))
+    with pytest.raises(UserError, match="declares 16777217 bytes, where a run record is a few kB"):
+        records.from_archive(tmp_path / "big.tgz")
+
+
+def test_records_are_bounded_in_total_json_and_never_read_through_a_link(tmp_path):
+    """An archive of many records of 16 MiB each (80 kB per GiB compressed) wrote them all; a record that is not
+    JSON was copied as it was; packing a folder followed links."""
+    with tarfile.open(tmp_path / "bomb.tgz", "w:gz") as tar:
+        for i in range(5):
+            info = tarfile.TarInfo(f"d/dt/seed_{i}/eval.json")
+            info.size = untrusted.MAX_RECORD
+            tar.addfile(info, io.BytesIO(b" " * info.size))
+    assert (tmp_path / "bomb.tgz").stat().st_size < 200_000
+    with pytest.raises(UserError, match="more than 64 MiB of records"):
+        records.from_archive(tmp_path / "bomb.tgz")
+    with tarfile.open(tmp_path / "text.tgz", "w:gz") as tar:
+        info = tarfile.TarInfo("d/dt/seed_0/eval.json")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    with pytest.raises(UserError, match="eval.json is not JSON"):
+        records.from_archive(tmp_path / "text.tgz")
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere" / "seed_1"
+    (sweep / "d" / "dt" / "seed_0").mkdir(parents=True)
+    (sweep / "d" / "dt" / "seed_0" / "eval.json").write_text('{"step": 1}')
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "eval.json").write_text('{"secret": 1}')
+    (sweep / "d" / "dt" / "seed_1").symlink_to(elsewhere)
+    (sweep / "d" / "dt" / "seed_0" / "evals.jsonl").symlink_to(elsewhere / "eval.json")
+    assert records.from_folder(sweep) == {"d/dt/seed_0/eval.json": b'{"step": 1}'}
+
+
+def test_a_records_archive_whose_file_and_folder_share_a_path_writes_nothing(tmp_path):
+    record = json.dumps({"step": 1}).encode()
+    with tarfile.open(tmp_path / "clash.tgz", "w:gz") as tar:
+        for name in ("a/seed_0/eval.json", "a/seed_0/eval.json/seed_1/eval.json"):
+            info = tarfile.TarInfo(name)
+            info.size = len(record)
+            tar.addfile(info, io.BytesIO(record))
+    res = run("-m", "commands.sweep.records", str(tmp_path / "clash.tgz"), str(tmp_path / "dst"))
+    assert_user_error(res, "a file, folder or link is in the way", "Nothing was written")
+    assert not (tmp_path / "dst").exists() or not any((tmp_path / "dst").rglob("*.json"))
+
+
+@pytest.mark.parametrize("content", ["fifo", "/dev/zero", '{"records": [{"members": 1e400}]}'])
+def test_a_gpu_windows_throughput_file_is_checked_before_the_window_starts(tmp_path, content):
+    path = tmp_path / "throughput.json"
+    if content == "fifo":
+        os.mkfifo(path)
+    elif content.startswith("/dev"):
+        path = Path(content)
+    else:
+        path.write_text(content)
+    cmd = [sys.executable, "-m", "commands.gpu_window", "start", "--out", str(tmp_path / "out")]
+    res = subprocess.run([*cmd, "--throughput", str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 2 and "--throughput" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_evaluate_never_overwrites_an_unrelated_table_beside_its_report(run_dir, tmp_path):
+    (tmp_path / "X.md").write_text("# my notes\n")
+    res = run("evaluate.py", str(run_dir / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "X.json"))
+    assert_user_error(res, "is not a table evaluate.py wrote")
+    assert (tmp_path / "X.md").read_text() == "# my notes\n"
+
+
+def test_a_sweeps_tables_and_figures_replace_a_link_in_its_folder_never_write_through_it(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from commands.sweep.plots import save_figure
+    from commands.sweep.tables import write_csv
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    for name in ("results.csv", "results.png"):
+        (tmp_path / name).symlink_to(victim)
+    write_csv([], tmp_path / "results.csv")
+    save_figure(plt.figure(), tmp_path / "results.png", 50)
+    assert victim.read_text() == "keep"
+    assert not (tmp_path / "results.csv").is_symlink() and (tmp_path / "results.csv").read_text().startswith("dataset")
+    assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
