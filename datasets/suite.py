@@ -143,7 +143,7 @@ def _quiet_ctrl_c() -> None:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
-def _rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: int | None = None) -> list[dict]:
+def rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: int | None = None) -> list[dict]:
     """``steps`` transitions in ``ROLLOUT_PARTS`` parts with seeds seed·P + k, each in its own process
     (default: when there are 50k steps or more; starting one costs seconds). Same data either way."""
     sizes = [steps // ROLLOUT_PARTS + (k < steps % ROLLOUT_PARTS) for k in range(ROLLOUT_PARTS)]
@@ -343,11 +343,11 @@ def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, se
         f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
     )
     if level == "random":
-        episodes = _rollouts(task, None, steps, seed)
+        episodes = rollouts(task, None, steps, seed)
         algorithm, seeds = "uniform random actions", rollout_seeds
     elif level in ("medium", "expert"):
         meta = GaussianActor.load(policy_file(task, policy_name(level, version)))[1]
-        episodes = _rollouts(task, policy_name(level, version), steps, seed)
+        episodes = rollouts(task, policy_name(level, version), steps, seed)
         algorithm = f"{algo}, policy exported at learner step {meta['step']}"
         seeds = f"learner seed {meta['train_seed']}, {rollout_seeds}"
     elif level == "medium-replay":

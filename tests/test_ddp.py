@@ -85,10 +85,10 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
 def test_a_signal_that_lands_during_the_all_reduce_is_kept_for_the_next_step(monkeypatch):
     import dt_primal.training.distributed as distributed
 
-    stop = distributed.StopSignal(torch.device("cpu"))
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
     # the signal arrives while this process waits in the all-reduce; the other process had none to report
-    monkeypatch.setattr(distributed.dist, "all_reduce", lambda flag, op: stop._handle(signal.SIGTERM, None))
-    assert not stop.requested()
-    monkeypatch.setattr(distributed.dist, "all_reduce", lambda flag, op: None)
-    assert stop.requested() and stop.signum == signal.SIGTERM
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda flag, op: os.kill(os.getpid(), signal.SIGTERM))
+    with distributed.StopSignal(torch.device("cpu")) as stop:
+        assert not stop.requested()
+        monkeypatch.setattr(distributed.dist, "all_reduce", lambda flag, op: None)
+        assert stop.requested() and stop.signum == signal.SIGTERM

@@ -53,7 +53,7 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
     def interrupted_rollouts(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(suite, "_rollouts", interrupted_rollouts)
+    monkeypatch.setattr(suite, "rollouts", interrupted_rollouts)
     code, err = exit_of(lambda: load_dataset("dt-primal/hopper/random-v0"), capsys)
     assert code == 130
     assert err.strip().count("\n") == 0 and "interrupted while building dt-primal/hopper/random-v0" in err, err
@@ -65,7 +65,7 @@ def test_ctrl_c_while_building_a_suite_dataset(capsys, monkeypatch):
     def broken_rollouts(*args, **kwargs):
         raise BrokenProcessPool("A process in the process pool was terminated abruptly")
 
-    monkeypatch.setattr(suite, "_rollouts", broken_rollouts)
+    monkeypatch.setattr(suite, "rollouts", broken_rollouts)
     with raises("Building dt-primal/hopper/random-v0 stopped: a worker process ended abruptly"):
         load_dataset("dt-primal/hopper/random-v0")
     with raises("Building dt-primal/hopper/random-v0 stopped"):  # python -m datasets build: the same message

@@ -307,8 +307,8 @@ def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
 
 
 def test_rollout_parts_give_the_same_data_in_worker_processes():
-    serial = suite._rollouts(HOPPER, None, 400, seed=3, processes=1)
-    parallel = suite._rollouts(HOPPER, None, 400, seed=3, processes=2)
+    serial = suite.rollouts(HOPPER, None, 400, seed=3, processes=1)
+    parallel = suite.rollouts(HOPPER, None, 400, seed=3, processes=2)
     assert sum(len(e["actions"]) for e in serial) == 400 and len(serial) == len(parallel)
     for a, b in zip(serial, parallel):
         for k in a:
