@@ -8,7 +8,6 @@ the DT paper's size, in fp32 / tf32 / bf16. The members are one tensor dimension
   python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
       --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
   python bench/ensemble_speed.py --count-ops --members 1 4 --sizes spec --precisions fp32   # operations per update
-  python bench/ensemble_speed.py --device cuda --members 18 --modes compiled+captured --precisions bf16 --profile
   python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
 
 One update = every member draws its batch of 64 windows (K 20) and takes one AdamW step. Each
@@ -192,18 +191,6 @@ def main() -> None:
         "timing (views aside: each is about one kernel launch on a GPU); writes its own section",
     )
     p.add_argument(
-        "--profile",
-        action="store_true",
-        help="per setting: the FLOPs of an update, the model-FLOPs utilisation at the timed rate and the five "
-        "kernels (operators on a CPU) with the most device time, from torch.profiler; its own section",
-    )
-    p.add_argument(
-        "--peak-tflops",
-        type=float,
-        default=989.4,
-        help="--profile: the device's peak for the precision, in TFLOP/s (default: an H100 SXM's dense bf16)",
-    )
-    p.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -228,8 +215,6 @@ def main() -> None:
     )
     if args.count_ops:
         return ops_section(args, data)
-    if args.profile:
-        return profile_section(args, data)
     if args.from_json:
         docs = [json.loads(path.read_text()) for path in args.from_json]
         records, info = [r for doc in docs for r in doc["records"]], docs[0]["info"]
@@ -299,92 +284,6 @@ def main() -> None:
         body,
         args.quick,
         info,
-    )
-
-
-def profile_setting(
-    data, size: str, members: int, mode: str, precision: str, device: str, warmup: int, updates: int, peak_tflops: float
-) -> dict:
-    """FLOPs of one update (``FlopCounterMode`` on an eager update: the matrix products and attention),
-    the model-FLOPs utilisation at the rate ``time_setting`` measures, and the five kernels with the
-    most device time (self time of the operators on a CPU) over ``updates`` profiled updates."""
-    from torch.profiler import ProfilerActivity, profile
-    from torch.utils.flop_counter import FlopCounterMode
-
-    eager = library_step(data, size, members, precision, device, capture=False)
-    eager()
-    with FlopCounterMode(display=False) as flops:
-        eager()
-    r = time_setting(data, size, members, mode, precision, device, warmup, updates)
-    step = library_step(data, size, members, precision, device, compile="compiled" in mode, capture="captured" in mode)
-    for _ in range(warmup):
-        step()
-    cuda = device.startswith("cuda")
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        for _ in range(updates):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    events = [e for e in prof.key_averages() if own(e) > 0 and not e.key.startswith(("ProfilerStep", "cudaGraph"))]
-    total = sum(own(e) for e in events)
-    top = [(e.key, own(e) / total) for e in sorted(events, key=own, reverse=True)[:5]]
-    return r | {
-        "gflop_per_member_update": flops.get_total_flops() / members / 1e9,
-        "mfu": flops.get_total_flops() * r["updates_per_s"] / (peak_tflops * 1e12),
-        "top": top,
-    }
-
-
-def profile_section(args, data) -> None:
-    """``--profile``: FLOPs, model-FLOPs utilisation and the largest kernels per setting, as a section."""
-    rows = []
-    for size, precision, mode, m, warmup in settings(args):
-        r = profile_setting(data, size, m, mode, precision, args.device, warmup, args.updates, args.peak_tflops)
-        rows.append(
-            [
-                SIZES[size][0],
-                precision,
-                mode,
-                m,
-                f"{r['gflop_per_member_update']:.1f}",
-                f"{r['member_updates_per_s']:.1f}",
-                f"**{r['mfu']:.1%}**",
-                "; ".join(f"`{name[:60]}` {share:.0%}" for name, share in r["top"]),
-            ]
-        )
-        print(" | ".join(map(str, rows[-1])), flush=True)
-    body = "\n".join(
-        [
-            f"The library's training step on `--device {args.device}`, Primal.+DT (3 layers, K 20, batch 64 per "
-            f"member, "
-            "s 64): GFLOP per member-update (counted by `torch.utils.flop_counter.FlopCounterMode` on an eager "
-            f"update), "
-            f"member-updates/s ({args.updates} timed updates), the model-FLOPs utilisation against a peak of "
-            f"{args.peak_tflops:g} TFLOP/s, and the five kernels with the most device time over {args.updates} "
-            f"profiled "
-            f"updates (`torch.profiler`; on a CPU the operators' self time), with their share of it.",
-            "",
-            common.md_table(
-                [
-                    "size",
-                    "precision",
-                    "mode",
-                    "members",
-                    "GFLOP per member-update",
-                    "member-updates/s",
-                    "MFU",
-                    "largest kernels (share of device time)",
-                ],
-                rows,
-            ),
-        ]
-    )
-    common.write_section(
-        common.device_key("ensemble_profile", args.device),
-        f"Ensembles: FLOPs, utilisation and largest kernels ({args.device})",
-        body,
-        args.quick,
     )
 
 

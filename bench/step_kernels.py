@@ -1,6 +1,6 @@
 """Where one training update's time goes: every kernel above 1 % of the device time, named in full, with
-the phase of the step that launched it, the device time per phase, and the operators that run outside
-the compiled regions.
+the phase of the step that launched it, the device time per phase, the operators that run outside
+the compiled regions, and the update's FLOPs against the device's peak.
 
   python bench/step_kernels.py --device cuda --members 9 -- --compile --optimizer compiled   # on a GPU, < 1 min
   python bench/step_kernels.py --members 2 -- --compile --optimizer compiled  # on a CPU: operators, not kernels
@@ -10,14 +10,18 @@ The library's training step (``dt_primal.training.throughput.fresh_step``, Prima
 bf16 on CUDA, fp32 on a CPU; options after ``--`` are train.py's) runs ``--warmup`` updates, then
 ``--updates`` updates under ``torch.profiler``, uncaptured so that each kernel's launch names its phase
 (the step's ``record_function`` labels: sample, gather + forward + loss, backward, optimizer or, compiled,
-clip + AdamW + bookkeeping). On a CPU the "kernels" are the operators' self time. Writes a JSON file
-(``--json``) and prints the tables last.
+clip + AdamW + bookkeeping). On a CPU the "kernels" are the operators' self time. The FLOPs of one update
+are counted by ``torch.utils.flop_counter.FlopCounterMode`` on an eager update (the matrix products and
+attention); over the profiled device time they give the utilisation of ``--peak-tflops`` while the device is
+busy (a captured step's wall time adds only the gaps between replays). Writes a JSON file (``--json``) and
+prints the tables last.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -25,6 +29,7 @@ from pathlib import Path
 import common
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.flop_counter import FlopCounterMode
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config, add_config_args, make_config, overrides
@@ -83,8 +88,18 @@ def kernels(events, cuda: bool) -> list[tuple[str, str, float]]:
     return [(e.name, phase_of(e), e.self_cpu_time_total) for e in events if e.name not in skip]
 
 
-def profile_step(cfg: Config, data, members: int, warmup: int, updates: int) -> dict:
+def flops_per_update(cfg: Config, data, members: int) -> float:
+    """The FLOPs of one eager update of ``members`` members (the same arithmetic as compiled)."""
+    step = fresh_step(dataclasses.replace(cfg, compile=False), data, range(members), cfg.device, capture=False)
+    step()
+    with FlopCounterMode(display=False) as flops:
+        step()
+    return flops.get_total_flops()
+
+
+def profile_step(cfg: Config, data, members: int, warmup: int, updates: int, peak_tflops: float) -> dict:
     """The profile of ``updates`` uncaptured updates of ``members`` members after ``warmup``."""
+    flops = flops_per_update(cfg, data, members)
     step = fresh_step(cfg, data, range(members), cfg.device, capture=False, phase=record_function)
     for _ in range(warmup):
         step()
@@ -106,6 +121,7 @@ def profile_step(cfg: Config, data, members: int, warmup: int, updates: int) -> 
         launches[name, phase] += 1
     total = sum(by_phase.values()) or 1.0
     outside = outside_compiled(one.events())
+    tflops = flops * updates / (total * 1e-6) / 1e12
     return {
         "mode": step_mode(cfg, torch.device(cfg.device)),
         "device": cfg.device,
@@ -113,6 +129,10 @@ def profile_step(cfg: Config, data, members: int, warmup: int, updates: int) -> 
         "precision": step.precision,
         "engine": engine_hash(),
         "device_ms_per_update": total / updates / 1e3,
+        "gflop_per_member_update": flops / members / 1e9,
+        "tflops_while_busy": tflops,
+        "peak_tflops": peak_tflops,
+        "share_of_peak": tflops / peak_tflops,
         "phases": {p: us / updates / 1e3 for p, us in sorted(by_phase.items(), key=lambda kv: -kv[1])},
         "kernels": [
             {"name": n, "phase": p, "share": us / total, "ms_per_update": us / updates / 1e3, "per_update": c}
@@ -139,7 +159,9 @@ def report(r: dict) -> str:
         [
             f"{r['mode']}, {r['precision']}, {r['members']} members: {r['device_ms_per_update']:.2f} {time} per "
             f"update (uncaptured); operators outside compiled regions per update: {out['total']} "
-            f"({', '.join(f'{n} {c}' for n, c in list(out['counts'].items())[:8])})",
+            f"({', '.join(f'{n} {c}' for n, c in list(out['counts'].items())[:8])}); "
+            f"{r['gflop_per_member_update']:.1f} GFLOP per member-update, {r['tflops_while_busy']:.1f} TFLOP/s over "
+            f"the {time}: {r['share_of_peak']:.1%} of {r['peak_tflops']:g}",
             phases,
             common.md_table(["share", f"{time} per update", "launches per update", "phase", "kernel (in full)"], rows),
         ]
@@ -154,6 +176,12 @@ def main() -> None:
     p.add_argument("--members", type=int, default=9)
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation happens there)")
     p.add_argument("--updates", type=int, default=5, help="profiled updates")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=989.4,
+        help="the device's peak for the precision, in TFLOP/s (default: an H100's or H200's dense bf16)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the profile to this file")
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 2 updates")
     args = p.parse_args(argv[:cut])
@@ -166,7 +194,8 @@ def main() -> None:
         base |= dict(d_model=128, n_head=1)
     cfg = make_config("paper", **(base | changes))
     data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
-    r = profile_step(cfg, data, args.members, args.warmup, args.updates) | {"info": common.run_info()}
+    r = profile_step(cfg, data, args.members, args.warmup, args.updates, args.peak_tflops)
+    r |= {"info": common.run_info()}
     if args.json:
         args.json.write_text(json.dumps(r, indent=1, default=str))
     print(report(r))

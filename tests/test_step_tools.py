@@ -45,7 +45,7 @@ def test_a_variant_passes_only_when_it_computes_the_step_of_the_defaults(data, m
 
 def test_the_profile_names_the_phase_of_every_kernel_and_what_runs_outside_compiled_regions(data):
     r = step_kernels.profile_step(
-        dataclasses.replace(TINY_CONFIG, model="primal"), data, members=2, warmup=1, updates=2
+        dataclasses.replace(TINY_CONFIG, model="primal"), data, members=2, warmup=1, updates=2, peak_tflops=1.0
     )
     assert {"sample", "gather + forward + loss", "backward", "AdamW"} <= set(r["phases"])
     assert r["kernels"] and all(k["share"] >= 0.01 and k["phase"] in r["phases"] for k in r["kernels"])
@@ -53,6 +53,9 @@ def test_the_profile_names_the_phase_of_every_kernel_and_what_runs_outside_compi
     eager = r["outside_compiled"]["total"]
     assert eager > 100 and r["outside_compiled"]["counts"]["aten::randint"] == 2  # eager: everything is outside
     assert r["mode"] == "eager" and r["engine"] == engine_hash()
+    # the tiny model's matrix products: at least 2·d_model² multiply-adds per token and linear layer
+    assert 2 * 32**2 * 8 * 20 / 1e9 < r["gflop_per_member_update"] < 1.0
+    assert r["share_of_peak"] == pytest.approx(r["tflops_while_busy"])
 
 
 def test_step_mode_names_the_options_that_differ_from_the_defaults():
