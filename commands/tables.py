@@ -49,6 +49,15 @@ ORDER = [
     for level in ("medium-expert", "medium", "medium-replay")
     for env in ("halfcheetah", "hopper", "walker2d")
 ]  # the paper's row order
+# the first columns of every table of scores: which runs, then their normalised scores
+SCORE_COLUMNS = (
+    "dataset",
+    "model",
+    "seeds",
+    "high target: last checkpoint",
+    "low target: last checkpoint",
+    "high / low: mean of last 3 evaluations",
+)
 MODEL_FIELDS = (
     "activation",
     "embed_init",
@@ -166,12 +175,7 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
     if not rows:
         return f"No records in `{folder.relative_to(ROOT)}` yet: all 18 rows are missing.\n"
     head = [
-        "dataset",
-        "model",
-        "seeds",
-        "high target: last checkpoint",
-        "low target: last checkpoint",
-        "high / low: mean of last 3 evaluations",
+        *SCORE_COLUMNS,
         "per seed (high)",
         "paper (its Table 4)",
         "ours − paper (high)",
@@ -245,15 +249,7 @@ def compare(parts: list[tuple[str, list[str], str, str]], datasets: list[str], a
             for r in collect(ROOT / folder, datasets, models, [0, 1, 2])
         ]
     rows = [r for d in datasets for r in rows if r["dataset"] == d]
-    head = [
-        "dataset",
-        "model",
-        "seeds",
-        "high target: last checkpoint",
-        "low target: last checkpoint",
-        "high / low: mean of last 3 evaluations",
-        "records",
-    ]
+    head = [*SCORE_COLUMNS, "records"]
     lines = [
         [
             short(r["dataset"]),

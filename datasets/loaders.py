@@ -10,15 +10,9 @@ from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 
 
-def load_dataset(
-    spec: str,
-    env: str | None = None,
-    download: bool = False,
-    build: bool = True,
-    ref_scores: tuple[float, float] | None = None,
-) -> Trajectories:
-    """``dt_primal.loaders.load_dataset``, after building a missing suite dataset (with ``build``: off in
-    multi-process runs, where every process would)."""
+def load_dataset(spec: str, *args, build: bool = True, **kwargs) -> Trajectories:
+    """``dt_primal.loaders.load_dataset`` (the same arguments), after building a missing suite dataset (with
+    ``build``: off in multi-process runs, where every process would)."""
     if spec.startswith(SUITE_NAMESPACE + "/"):
         task, level, version = parse_suite_id(spec)
         if not build and not is_built(spec):
@@ -29,4 +23,4 @@ def load_dataset(
                 f"the run again."
             )
         build_if_missing(spec)
-    return loaders.load_dataset(spec, env, download, build, ref_scores)
+    return loaders.load_dataset(spec, *args, build=build, **kwargs)

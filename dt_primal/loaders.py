@@ -37,6 +37,7 @@ def load_dataset(
     spec: str,
     env: str | None = None,
     download: bool = False,
+    *,
     build: bool = True,
     ref_scores: tuple[float, float] | None = None,
 ) -> Trajectories:

@@ -23,7 +23,7 @@ from dt_primal.training.distributed import Interrupted, distributed
 from dt_primal.training.loop import train
 from dt_primal.training.resume import record_dataset
 
-# load_dataset(spec, env, download, build, ref_scores) -> Trajectories: where the data comes from
+# load_dataset(spec, env, download, *, build, ref_scores) -> Trajectories: where the data comes from
 # (dt_primal.loaders.load_dataset, or a checkout's datasets.loaders.load_dataset; a test may pass another)
 Loader = Callable[..., Trajectories]
 
