@@ -22,10 +22,11 @@ import json
 import resource
 import subprocess
 import sys
-import time
 
 import common  # first: sets OMP_WAIT_POLICY before torch loads
 import torch
+
+from dt_primal.cli import command_parser
 
 RESULTS = common.SCRATCH / "attention_scaling.json"  # raw points of the last full run
 KINDS = {"softmax": (False, 0.1), "softmax-flash": (False, 0.0), "primal": (True, 0.1)}
@@ -73,9 +74,7 @@ def run_point(kind: str, length: int, batch: int, d_model: int, heads: int, s: i
         x.grad = None
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    t0 = time.perf_counter()
-    fwd_bwd()  # first call: also the warm-up of the timing below
-    first = time.perf_counter() - t0
+    first = common.seconds(fwd_bwd)  # also the warm-up of the timing below
     rss_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
     repeats = int(min(10, max(3, budget_s // max(first, 1e-3))))
     median, cpu, times = common.timed(fwd_bwd, repeats, warmup=0)
@@ -219,9 +218,7 @@ def report(results: list[dict], args, skipped: list[str]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=[60, 120, 240, 480, 960, 1920, 3840, 6000, 12000])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--d-model", type=int, default=256)

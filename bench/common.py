@@ -85,6 +85,14 @@ def command_line() -> str:
 # ------------------------------------------------------------------------------ timing
 
 
+def seconds(fn, calls: int = 1) -> float:
+    """Wall seconds of ``calls`` calls of ``fn`` (a warm-up, say: compilation and first allocations)."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return time.perf_counter() - t0
+
+
 def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, float, list[float]]:
     """Median wall seconds and median process CPU seconds (all threads) of ``repeats`` calls of
     ``fn`` after ``warmup`` untimed ones, and all wall times. On a shared machine the CPU time is
@@ -226,10 +234,14 @@ def device_key(key: str, device: str) -> str:
     return key if device == "cpu" else key + "_" + device.replace(":", "")
 
 
-def write_section(key: str, title: str, body: str, quick: bool, info: dict | None = None) -> None:
+def write_section(
+    key: str, title: str, body: str, quick: bool, info: dict | None = None, device: str | None = None
+) -> None:
     """Replace (or append) the section ``key`` of docs/benchmarks.md (of QUICK_DOC for a ``quick``
     smoke run) and print ``body``. ``info``: run_info() of the measurement when it was taken
-    earlier (default: now)."""
+    earlier (default: now). ``device``: the section is that device's (``device_key``), named in the title."""
+    if device:
+        key, title = device_key(key, device), f"{title} ({device})"
     m = info or run_info()
     gpu = f"{m['gpu']} · " if m.get("gpu") else ""
     head = (

@@ -18,7 +18,6 @@ random data (100k steps), as the other training benchmarks.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import json
@@ -31,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dt_primal.model.attention
 import dt_primal.model.dropout
 from datasets.loaders import load_dataset
+from dt_primal.cli import command_parser
 from dt_primal.config import CHOICES, make_config
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import fresh_step, time_updates
@@ -160,9 +160,7 @@ def measure(args, data) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, nargs="+", default=[1, 3])
     p.add_argument(
@@ -322,12 +320,7 @@ def ops_section(args, data) -> None:
             common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows),
         ]
     )
-    common.write_section(
-        common.device_key("ensemble_ops", args.device),
-        f"Ensembles: operations per update ({args.device})",
-        body,
-        args.quick,
-    )
+    common.write_section("ensemble_ops", "Ensembles: operations per update", body, args.quick, device=args.device)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ forward and stepping.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import common  # sets OMP_WAIT_POLICY before torch loads
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 import dt_primal.evaluation.rollout as rollout_module
+from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.model.transformer import DecisionTransformer
@@ -85,7 +85,7 @@ def in_rollout(task, n: int, workers: int, steps: int, device: str, members: int
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--episodes", type=int, nargs="+", default=[64, 256], help="episodes at once (all members)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -128,12 +128,7 @@ def main() -> None:
             common.md_table(header, rows),
         ]
     )
-    common.write_section(
-        common.device_key("eval_overhead", args.device),
-        f"Evaluation: where a step's time goes ({args.device})",
-        body,
-        args.quick,
-    )
+    common.write_section("eval_overhead", "Evaluation: where a step's time goes", body, args.quick, device=args.device)
 
 
 if __name__ == "__main__":

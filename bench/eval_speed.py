@@ -28,6 +28,7 @@ import common  # sets OMP_WAIT_POLICY before torch loads
 import numpy as np
 import torch
 
+from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
@@ -152,9 +153,7 @@ def models_to_run(args) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(__doc__)
     p.add_argument("--checkpoint", help="a dt-primal DIR/last.pt to evaluate instead of untrained models")
     p.add_argument("--episodes", type=int, default=100, help="episodes of the batched run (default 100)")
     p.add_argument("--seq-episodes", type=int, default=2, help="episodes timed one at a time (then extrapolated)")

@@ -13,7 +13,6 @@ depend on training): a checkpoint written by ``dt_primal.checkpoint`` as train.p
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -24,6 +23,7 @@ import common
 import numpy as np
 
 from dt_primal import load_policy
+from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.export import export
 
@@ -53,7 +53,7 @@ def time_act(policy, obs: np.ndarray, calls: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(__doc__)
     p.add_argument("--models", nargs="+", default=["primal", "dt"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 100])
     p.add_argument("--rounds", type=int, default=7)

@@ -21,12 +21,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import common
 import torch
 
 from datasets.loaders import load_dataset
+from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.training.throughput import fresh_step
 
@@ -142,10 +142,7 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
 
         dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
     step = fresh_step(spec_config(**changes), load_data(), [0], **options)
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    first = time.perf_counter() - t0
+    first = common.seconds(step, warmup)
     median, cpu, _ = common.timed(step, steps, warmup=0)
     return {
         "variant": name,
@@ -158,9 +155,7 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(__doc__)
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median)")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))

@@ -32,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from datasets.loaders import load_dataset
+from dt_primal.cli import command_parser
 from dt_primal.config import Config, add_config_args, make_config, overrides
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import engine_hash, fresh_step
@@ -171,7 +172,7 @@ def report(r: dict) -> str:
 def main() -> None:
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, default=9)
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation happens there)")

@@ -30,6 +30,7 @@ import common
 import torch
 
 from datasets.loaders import load_dataset
+from dt_primal.cli import command_parser
 from dt_primal.config import add_config_args, make_config, overrides
 from dt_primal.precision import resolve_precision
 from dt_primal.training.step import step_mode
@@ -161,7 +162,7 @@ def fastest(doc: dict) -> dict | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, default=9)
     p.add_argument("--warmup", type=int, default=8, help="untimed updates (at least 5: capture, compilation)")

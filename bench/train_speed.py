@@ -30,6 +30,7 @@ from pathlib import Path
 import common
 
 from datasets.loaders import load_dataset
+from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.training.throughput import fresh_step
 
@@ -96,9 +97,7 @@ def fmt(r: dict | None, key: str = "updates_per_s") -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(__doc__)
     p.add_argument("--updates", type=int, default=30, help="timed updates per setting")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first")
     p.add_argument("--rounds", type=int, default=3, help="time every setting this many times, report medians")

@@ -21,7 +21,6 @@ Extrapolated: a 100k-step run = startup + 100k training steps + 9 intermediate e
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -31,6 +30,7 @@ import common
 import numpy as np
 import torch
 
+from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
@@ -66,9 +66,7 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(__doc__)
     p.add_argument("--steps", type=int, default=300, help="training steps of the measured run")
     p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (the paper's)")
     p.add_argument("--eval-episodes", type=int, default=100, help="final evaluation episodes per target")

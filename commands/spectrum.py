@@ -14,7 +14,6 @@ from dt_primal.process import configure_process
 if __name__ == "__main__":
     configure_process()  # a command: its process-wide settings, before torch loads
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 from commands.sweep.plots import save_figure
 from datasets.loaders import load_dataset
 from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
-from dt_primal.cli import run_main
+from dt_primal.cli import command_parser, run_main
 from dt_primal.cli.train import Loader
 from dt_primal.data import WindowSampler
 from dt_primal.untrusted import write_file
@@ -59,12 +58,7 @@ def full_windows(ckpt: dict, n: int, seed: int, load_dataset: Loader) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m commands.spectrum",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser(__doc__, prog="python -m commands.spectrum")
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--windows", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)

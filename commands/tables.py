@@ -13,7 +13,6 @@ as clearly marked legacy sections, from every ``results/legacy/table4-*`` folder
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -25,7 +24,7 @@ from commands.sweep.grid import TABLE4
 from commands.sweep.plots import plot_intervals
 from commands.sweep.results import DT_MATCHED, LABELS, collect
 from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interval_sections, seed_scores, short
-from dt_primal.cli import run_main
+from dt_primal.cli import command_parser, run_main
 from dt_primal.config import ADDED_LATER, Config
 from dt_primal.evaluation.reports import pm, table
 from dt_primal.records import read_record
@@ -353,9 +352,7 @@ def draw_figures() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m commands.tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = command_parser(__doc__, prog="python -m commands.tables")
     p.add_argument("--check", action="store_true", help="only compare: exit 1 if docs/results.md is out of date")
     args = p.parse_args(argv)
     old = DOC.read_text()

@@ -8,16 +8,15 @@ from dt_primal.process import configure_process
 if __name__ == "__main__":
     configure_process()  # a command: its process-wide settings, before torch loads
 
-import argparse
 from pathlib import Path
 
 from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build_at_once, build_id, buildable, suite_id
-from dt_primal.cli import run_main
+from dt_primal.cli import command_parser, run_main
 from envs import TASKS
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m datasets", description=__doc__)
+    p = command_parser(__doc__, prog="python -m datasets")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train-policy", allow_abbrev=False, help="train (or resume) the behaviour learner of one task")
     t.add_argument("--env", choices=list(TASKS), required=True)

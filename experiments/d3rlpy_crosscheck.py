@@ -76,6 +76,8 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from dt_primal.cli import command_parser  # noqa: E402
+
 MODEL = "d3rlpy-dt"  # the "model" folder name of d3rlpy's runs: OUT/<dataset slug>/d3rlpy-dt/seed_N
 D3RLPY_LABEL = "d3rlpy DT (DT paper's settings, fp32)"
 
@@ -475,12 +477,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="experiments/d3rlpy_crosscheck.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser(__doc__, prog="experiments/d3rlpy_crosscheck.py")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser(
         "train", allow_abbrev=False, help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation"

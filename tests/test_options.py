@@ -27,6 +27,7 @@ from conftest import (
     train_exits_2,
 )
 
+from commands import tables
 from commands.sweep import command as sweep
 from datasets import __main__ as datasets_main
 from datasets.loaders import load_dataset
@@ -135,6 +136,7 @@ def test_abbreviated_options_are_unknown_in_every_command(tmp_path, capsys):
         lambda: train_cli.parser().parse_args(["--eval-ep", "3"]),
         lambda: sweep.main(["--datasets", "x", "--model", "dt", "--out", str(tmp_path)]),
         lambda: datasets_main.main(["stats", "--episode", "3"]),
+        lambda: tables.main(["--chec"]),  # every command's parser is dt_primal.cli.command_parser
     ):
         with pytest.raises(SystemExit) as exit_:
             parse()

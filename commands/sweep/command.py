@@ -48,16 +48,12 @@ from commands.sweep.ray_cluster import run_groups_on_ray
 from commands.sweep.results import DT_PAPER, collect
 from commands.sweep.tables import write_tables
 from datasets.suite import SUITE_NAMESPACE, buildable, is_built
+from dt_primal.cli import command_parser
 from dt_primal.errors import UserError
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m commands.sweep",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser(__doc__, prog="python -m commands.sweep")
     p.add_argument(
         "--datasets",
         nargs="+",

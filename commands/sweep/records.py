@@ -15,7 +15,6 @@ is refused (a run is never recorded twice with two results).
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import re
@@ -23,7 +22,7 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from dt_primal.cli import run_main
+from dt_primal.cli import command_parser, run_main
 from dt_primal.errors import UserError
 from dt_primal.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
 from dt_primal.untrusted import MAX_RECORD, read_bytes
@@ -136,12 +135,7 @@ def into_archive(records: dict[str, bytes], dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        allow_abbrev=False,
-        prog="python -m commands.sweep.records",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser(__doc__, prog="python -m commands.sweep.records")
     p.add_argument("src", type=Path, help="a sweep folder, or a .tgz archive this command packed")
     p.add_argument("dst", type=Path, help="a folder, or a .tgz archive to write (from a sweep folder)")
     args = p.parse_args(argv)

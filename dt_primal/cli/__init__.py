@@ -1,8 +1,9 @@
-"""The error exit of every command: a ``UserError``, running out of memory or disk, a path too long or a
-Ctrl-C becomes one message and an exit status, never a traceback."""
+"""What every command shares: its parser, and its error exit (a ``UserError``, running out of memory or disk,
+a path too long or a Ctrl-C becomes one message and an exit status, never a traceback)."""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import re
 import sys
@@ -11,6 +12,14 @@ from dt_primal.errors import UserError
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def command_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """A command's parser: its description as written, and no abbreviated options (argparse would complete
+    ``--eval-ep`` to ``--eval-episodes``, and read a misspelt option as another)."""
+    return argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
 
 
 def run_main(main) -> None:

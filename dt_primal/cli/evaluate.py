@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from dt_primal.checkpoint import load_checkpoint
+from dt_primal.cli import command_parser
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation import video
@@ -59,9 +60,7 @@ def policy_of(ckpts: list[dict], given: str | None, device, done: dict):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(DESCRIPTION)
     p.add_argument("checkpoints", nargs="+", type=Path)
     p.add_argument("--episodes", type=int, default=100, help="episodes per target (default 100)")
     p.add_argument("--out", type=Path, required=True, help="JSON report; the Markdown table goes beside it")

@@ -3,21 +3,15 @@ one ONNX file (``dt_primal.export``)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from dt_primal import export as onnx_export
-from dt_primal.cli import run_main
+from dt_primal.cli import command_parser, run_main
 from dt_primal.errors import UserError
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m dt_primal.cli.export") -> None:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=onnx_export.__doc__,
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser(onnx_export.__doc__, prog=prog)
     p.add_argument("checkpoint", help="a train.py checkpoint (last.pt)")
     p.add_argument("out", help="the ONNX file to write (.onnx)")
     args = p.parse_args(argv)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dt_primal.checkpoint import load_checkpoint
+from dt_primal.cli import command_parser
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
@@ -42,9 +43,7 @@ dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard event
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    p = command_parser(DESCRIPTION)
     p.add_argument(
         "--preset",
         choices=list(PRESETS),
