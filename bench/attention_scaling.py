@@ -77,14 +77,11 @@ def run_point(kind: str, length: int, batch: int, d_model: int, heads: int, s: i
     first = common.seconds(fwd_bwd)  # also the warm-up of the timing below
     rss_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
     repeats = int(min(10, max(3, budget_s // max(first, 1e-3))))
-    median, cpu, times = common.timed(fwd_bwd, repeats, warmup=0)
     return {
         "kind": kind,
         "length": length,
         "batch": batch,
-        "seconds": median,
-        "cpu_seconds": cpu,
-        "times": times,
+        **common.timed(fwd_bwd, repeats, warmup=0),
         "peak_bytes": profiled_peak_bytes(fwd_bwd),
         "rss_growth_bytes": rss_growth,
     }

@@ -93,10 +93,10 @@ def seconds(fn, calls: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, float, list[float]]:
-    """Median wall seconds and median process CPU seconds (all threads) of ``repeats`` calls of
-    ``fn`` after ``warmup`` untimed ones, and all wall times. On a shared machine the CPU time is
-    disturbed much less by other jobs than the wall time."""
+def timed(fn, repeats: int, warmup: int = 1) -> dict:
+    """``seconds`` and ``cpu_seconds``, the median wall and process CPU seconds (all threads) of ``repeats``
+    calls of ``fn`` after ``warmup`` untimed ones, and ``times``, all wall times. On a shared machine the CPU
+    time is disturbed much less by other jobs than the wall time."""
     for _ in range(warmup):
         fn()
     walls, cpus = [], []
@@ -105,7 +105,7 @@ def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, float, list[float]]
         fn()
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
-    return statistics.median(walls), statistics.median(cpus), walls
+    return {"seconds": statistics.median(walls), "cpu_seconds": statistics.median(cpus), "times": walls}
 
 
 def loglog_slope(x, y) -> float:

@@ -129,7 +129,7 @@ def matmul_floor(precision: str) -> tuple[float, float]:
         step()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = torch.randn(3840, 256, dtype=dtype), torch.randn(256, 1024, dtype=dtype)
-    seconds, _, _ = common.timed(lambda: a @ b, 50, warmup=5)
+    seconds = common.timed(lambda: a @ b, 50, warmup=5)["seconds"]
     return counter.get_total_flops() / 1e9, 2 * 3840 * 256 * 1024 / seconds / 1e9
 
 
@@ -143,11 +143,9 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
         dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
     step = fresh_step(spec_config(**changes), load_data(), [0], **options)
     first = common.seconds(step, warmup)
-    median, cpu, _ = common.timed(step, steps, warmup=0)
     return {
         "variant": name,
-        "seconds": median,
-        "cpu_seconds": cpu,
+        **common.timed(step, steps, warmup=0),
         "warmup_seconds": first,
         "threads": torch.get_num_threads(),
         "omp": os.environ.get("OMP_WAIT_POLICY", "unset"),
