@@ -2,6 +2,7 @@
 the assertions every bad-input test makes (status 2, one message, no traceback), a hostile pickle."""
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -129,7 +130,7 @@ def write_pickle(path, episodes):
     path.write_bytes(pickle.dumps(trajs))
 
 
-def run(*args, env=None):
+def run(*args, env=None, timeout=300):
     """``python ARGS`` in the repository root, one thread, ``env`` added to the environment: its completed
     process, output captured."""
     return subprocess.run(
@@ -137,7 +138,7 @@ def run(*args, env=None):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env={**ENV, **(env or {})},
     )
 
@@ -212,17 +213,21 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A 2-step run on a tiny hopper dataset: its folder."""
+def tiny_run(folder: Path, **change) -> Path:
+    """A 2-step run of the tiny model (``SMALL`` with ``change``) on two Hopper episodes written to
+    ``folder/hopper_tiny.hdf5``, in ``folder/run``: that run folder."""
     from datasets.loaders import load_dataset
     from datasets.synthetic import write_d4rl
-    from dt_primal.config import make_config
     from dt_primal.training.loop import train
 
-    tmp = tmp_path_factory.mktemp("run")
-    write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
-    data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
-    cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5")}
-    train(make_config(**cfg, env="hopper", steps=2, max_ep_len=50, out=str(tmp / "run")), data)
-    return tmp / "run"
+    data = folder / "hopper_tiny.hdf5"
+    write_d4rl(data, make_episodes(lengths=(40, 25), seed=3))
+    cfg = small_config(**{"dataset": str(data), "env": "hopper", "steps": 2, "max_ep_len": 50, **change})
+    train(dataclasses.replace(cfg, out=str(folder / "run")), load_dataset(str(data), env="hopper"))
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """The folder of a ``tiny_run``, one per test module."""
+    return tiny_run(tmp_path_factory.mktemp("run"))

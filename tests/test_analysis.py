@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import torch
-from conftest import ROOT, SWEEP_RUN, hopper_file, make_episodes
+from conftest import ROOT, SWEEP_RUN, hopper_file, make_episodes, run
 
 from commands.spectrum import layer_spectra
 from commands.sweep.grid import group_dir, run_dir
@@ -17,28 +17,22 @@ from dt_primal.model.transformer import DecisionTransformer
 
 
 def sweep(tmp_path, *data, seeds=("0", "1")):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commands.sweep",
-            "--datasets",
-            *map(str, data),
-            "--models",
-            "dt",
-            "primal",
-            "--seeds",
-            *seeds,
-            "--jobs",
-            "2",
-            "--out",
-            str(tmp_path / "sweep"),
-            "--",
-            *SWEEP_RUN,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    return run(
+        "-m",
+        "commands.sweep",
+        "--datasets",
+        *map(str, data),
+        "--models",
+        "dt",
+        "primal",
+        "--seeds",
+        *seeds,
+        "--jobs",
+        "2",
+        "--out",
+        str(tmp_path / "sweep"),
+        "--",
+        *SWEEP_RUN,
         timeout=400,
     )
 

@@ -2,14 +2,12 @@
 scores and targets come from the dataset; a D4RL task reports as before."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import TINY, make_episodes
+from conftest import TINY, make_episodes, run
 
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
@@ -77,13 +75,7 @@ def ant():
 
 def train(tmp_path, dataset, *args):
     out = tmp_path / "run"
-    res = subprocess.run(
-        [sys.executable, "train.py", "--dataset", dataset, "--out", str(out), *RUN, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run("train.py", "--dataset", dataset, "--out", str(out), *RUN, *args)
     assert res.returncode == 0, res.stderr
     return res, out
 
@@ -109,35 +101,13 @@ def test_a_task_without_reference_scores_reports_returns_and_a_null_score(tmp_pa
     assert "normalised score – (2 episodes)" in res.stdout
 
     ev = tmp_path / "ev.json"
-    res = subprocess.run(
-        [sys.executable, "evaluate.py", str(out / "last.pt"), "--episodes", "2", "--out", str(ev)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run("evaluate.py", str(out / "last.pt"), "--episodes", "2", "--out", str(ev))
     assert res.returncode == 0, res.stderr
     assert json.loads(ev.read_text())["across_checkpoints"][0]["normalized_mean"] is None
     assert ev.with_suffix(".md").read_text().splitlines()[2].endswith("| – |")
     # references given afterwards normalise the same returns
-    res = subprocess.run(
-        [
-            sys.executable,
-            "evaluate.py",
-            str(out / "last.pt"),
-            "--episodes",
-            "2",
-            "--out",
-            str(ev),
-            "--ref-min",
-            "0",
-            "--ref-max",
-            "10",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    res = run(
+        "evaluate.py", str(out / "last.pt"), "--episodes", "2", "--out", str(ev), "--ref-min", "0", "--ref-max", "10"
     )
     assert res.returncode == 0, res.stderr
     r = json.loads(ev.read_text())["across_checkpoints"][0]

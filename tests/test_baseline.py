@@ -8,13 +8,11 @@ stand-in model."""
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import run, tiny_run
 
 from commands.sweep.grid import run_dir
 from commands.sweep.results import DT_MATCHED, DT_PAPER, collect, label_of
@@ -95,7 +93,7 @@ def test_embed_init_chooses_how_the_input_embeddings_and_the_action_head_start()
 
 
 def test_train_py_offers_the_dt_paper_preset():
-    res = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    res = run("train.py", "--help", timeout=60)
     assert res.returncode == 0 and "dt-paper" in res.stdout and "1 head, lr 1e-4" in " ".join(res.stdout.split())
 
 
@@ -459,36 +457,6 @@ def test_timestep_table_starts_at_n01_as_both_papers_code_and_older_checkpoints_
     torch.save(ckpt, tmp_path / "before.pt")
     old = load_checkpoint(tmp_path / "before.pt", resume=True)
     assert old["config"]["timestep_init"] == old["model_config"]["timestep_init"] == "gpt2"
-
-
-def tiny_run(tmp_path, **overrides):
-    """A 2-step run on a tiny hopper dataset, written to tmp_path/run; its folder."""
-    from conftest import make_episodes
-
-    from datasets.loaders import load_dataset
-    from datasets.synthetic import write_d4rl
-    from dt_primal.training.loop import train
-
-    write_d4rl(tmp_path / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
-    data = load_dataset(str(tmp_path / "hopper_tiny.hdf5"), env="hopper")
-    cfg = Config(
-        dataset=str(tmp_path / "hopper_tiny.hdf5"),
-        env="hopper",
-        d_model=32,
-        n_head=2,
-        n_layer=1,
-        s=8,
-        steps=2,
-        warmup_steps=1,
-        eval_every=2,
-        eval_episodes=1,
-        eval_episodes_during=1,
-        device="cpu",
-        out=str(tmp_path / "run"),
-        **overrides,
-    )
-    train(cfg, data)
-    return tmp_path / "run"
 
 
 def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_keep_gelu(tmp_path):

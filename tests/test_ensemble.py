@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ENV, ROOT, SMALL, TINY, hopper_file, make_episodes
+from conftest import ENV, ROOT, SMALL, TINY, hopper_file, make_episodes, run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
@@ -235,34 +235,26 @@ def test_several_datasets_on_the_command_line_train_resume_and_report_per_datase
 
 def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path):
     out = tmp_path / "run"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--dataset",
-            data.source,
-            *TINY,
-            "--seeds",
-            "3",
-            "5",
-            "--steps",
-            "6",
-            "--warmup-steps",
-            "2",
-            "--eval-every",
-            "3",
-            "--eval-episodes-during",
-            "1",
-            "--eval-episodes",
-            "2",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    res = run(
+        "train.py",
+        "--dataset",
+        data.source,
+        *TINY,
+        "--seeds",
+        "3",
+        "5",
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "3",
+        "--eval-episodes-during",
+        "1",
+        "--eval-episodes",
+        "2",
+        "--out",
+        str(out),
     )
     assert res.returncode == 0, res.stderr
     for s in (3, 5):
@@ -274,57 +266,22 @@ def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path
         ]
         assert f"seed {s} target 3600" in res.stdout
     assert (out / "report.md").exists() and "primal seeds 3 5:" in res.stderr  # the progress bar's name
-    res = subprocess.run(
-        [
-            sys.executable,
-            "evaluate.py",
-            *(str(out / f"seed_{s}" / "last.pt") for s in (3, 5)),
-            "--episodes",
-            "2",
-            "--out",
-            str(tmp_path / "ev.json"),
-        ],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    res = run(
+        "evaluate.py",
+        *(str(out / f"seed_{s}" / "last.pt") for s in (3, 5)),
+        "--episodes",
+        "2",
+        "--out",
+        str(tmp_path / "ev.json"),
     )
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "ev.json").read_text())
     for s, ckpt in zip((3, 5), report["checkpoints"]):  # the same episodes as the run's own final evaluation
         assert ckpt["seed"] == s
         assert ckpt["targets"] == json.loads((out / f"seed_{s}" / "eval.json").read_text())["targets"]
-    res = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--out",
-            str(out),
-            "--seeds",
-            "3",
-            "5",
-            "--resume",
-            "--lr",
-            "0.01",
-            "--steps",
-            "8",
-        ],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run("train.py", "--out", str(out), "--seeds", "3", "5", "--resume", "--lr", "0.01", "--steps", "8")
     assert res.returncode == 2 and "--resume cannot change --lr 0.01 (the run has 0.001)" in res.stderr, res.stderr
-    res = subprocess.run(
-        [sys.executable, "train.py", "--out", str(out), "--resume"],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run("train.py", "--out", str(out), "--resume")
     assert res.returncode == 2 and "resume them with --seeds 3 5" in res.stderr, res.stderr
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import run
 
 from dt_primal.evaluation import intervals as iv
 
@@ -77,8 +78,6 @@ def test_a_performance_profile_weighs_datasets_alike():
 
 
 def test_reading_intervals_loads_no_torch():
-    import subprocess
-    import sys
 
     code = "import sys, dt_primal.evaluation.intervals; sys.exit('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert run("-c", code).returncode == 0

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import ROOT, TINY, hopper_file
+from conftest import ROOT, TINY, hopper_file, run
 
 LIMIT = 80
 
@@ -147,7 +147,7 @@ def test_reading_records_needs_neither_torch_nor_the_simulator():
         "import sys, commands.sweep.results, commands.sweep.tables, commands.sweep.plots, commands.sweep.records\n"
         "print(sorted({'torch', 'gymnasium', 'mujoco'} & set(sys.modules)))"
     )
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run("-c", script, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
 
 

@@ -13,13 +13,13 @@ import pickle
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("checkpoint", "hdf5", "pickle", "minari", "arrow", "archive", "onnx")
@@ -280,7 +280,7 @@ def read(kind: str, path: Path, scratch: Path) -> None:
 def valid_file(kind: str, folder: Path) -> Path:
     """A valid file of ``kind`` in ``folder`` (for minari and arrow: the dataset's data folder)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import make_episodes, write_minari, write_pickle
+    from conftest import make_episodes, tiny_run, write_minari, write_pickle
 
     from datasets.synthetic import write_d4rl
 
@@ -295,34 +295,12 @@ def valid_file(kind: str, folder: Path) -> Path:
         write_minari("mutations/hopper/valid-v0", eps, data_format="arrow" if kind == "arrow" else "hdf5")
         return Path(os.environ["MINARI_DATASETS_PATH"]) / "mutations/hopper/valid-v0" / "data"
     if kind in ("checkpoint", "onnx"):
-        from datasets.loaders import load_dataset
-        from dt_primal.config import make_config
-        from dt_primal.training.loop import train
-
-        write_d4rl(folder / "hopper.hdf5", eps)
-        cfg = make_config(
-            dataset=str(folder / "hopper.hdf5"),
-            env="hopper",
-            d_model=16,
-            n_head=2,
-            n_layer=1,
-            s=4,
-            steps=1,
-            warmup_steps=1,
-            batch_size=4,
-            eval_every=1000,
-            eval_episodes=1,
-            device="cpu",
-            max_ep_len=50,
-            out=str(folder / "run"),
-            precision="fp32",
-        )
-        train(cfg, load_dataset(str(folder / "hopper.hdf5"), env="hopper"))
+        run = tiny_run(folder)
         if kind == "onnx":
             from dt_primal.export import export
 
-            return export(folder / "run" / "last.pt", folder / "policy.onnx")
-        return folder / "run" / "last.pt"
+            return export(run / "last.pt", folder / "policy.onnx")
+        return run / "last.pt"
     from commands.sweep import records
 
     (folder / "sweep").mkdir()
@@ -385,14 +363,7 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_corrupted_files_load_or_are_refused_with_a_message(kind, tmp_path):
-    res = subprocess.run(
-        [sys.executable, __file__, kind, str(COUNT), "0", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    res = run(__file__, kind, str(COUNT), "0", str(tmp_path), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     print(json.dumps(result))

@@ -5,15 +5,11 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from conftest import (
-    ENV,
-    ROOT,
     SMALL,
     TINY,
     TWO_STEPS,
@@ -123,14 +119,7 @@ def test_options_out_of_range(tmp_path, capsys):
 
 
 def test_abbreviated_options_are_unknown_in_every_command(tmp_path, capsys):
-    res = subprocess.run(
-        [sys.executable, "evaluate.py", "x.pt", "--env", "walker2d", "--out", str(tmp_path / "e.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-    )
+    res = run("evaluate.py", "x.pt", "--env", "walker2d", "--out", str(tmp_path / "e.json"), timeout=120)
     assert res.returncode == 2 and "unrecognized arguments: --env walker2d" in res.stderr, res.stderr
     for parse in (
         lambda: train_cli.parser().parse_args(["--eval-ep", "3"]),
@@ -300,25 +289,18 @@ def test_a_gpu_index_this_machine_lacks(tmp_path, monkeypatch):
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_before_training(tmp_path, monkeypatch):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--dataset",
-            str(hopper_file(tmp_path)),
-            *TINY,
-            "--batch-size",
-            "100000000",
-            "--steps",
-            "2",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    res = run(
+        "train.py",
+        "--dataset",
+        str(hopper_file(tmp_path)),
+        *TINY,
+        "--batch-size",
+        "100000000",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
         timeout=120,
-        env=ENV,
     )
     assert_user_error(
         res, "--batch-size 100000000 needs at least", "for the activations of one training step", "Lower --batch-size"
@@ -426,14 +408,7 @@ def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(t
     assert res.returncode == 0, res.stderr
 
     def evaluate_py(*args):
-        return subprocess.run(
-            [sys.executable, "evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=ENV,
-        )
+        return run("evaluate.py", str(tmp_path / "run" / "last.pt"), "--episodes", "1", *args, timeout=120)
 
     assert_user_error(evaluate_py("--out", str(tmp_path)), "is a directory; give the JSON file to write")
     assert_user_error(

@@ -1,12 +1,9 @@
 """``dt_primal.load_policy``: a trained model that acts with torch and NumPy only, exactly as evaluation does."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
-from conftest import ENV, FORMAT1, ROOT
+from conftest import FORMAT1, run
 
 from dt_primal import load_policy
 from dt_primal.checkpoint import load_checkpoint
@@ -56,21 +53,7 @@ def test_load_policy_acts_without_gymnasium_mujoco_or_minari_as_evaluation_does(
     obs = np.stack([o.reshape(-1) for o, _, _ in seen])
     rewards = np.array([r.reshape(-1)[0] for _, r, _ in seen[1:]])
     np.savez(tmp_path / "steps.npz", obs=obs, rewards=rewards, target=3600.0)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            ACT_WITHOUT_SIMULATORS,
-            str(path),
-            str(tmp_path / "steps.npz"),
-            str(tmp_path / "actions.npy"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-    )
+    res = run("-c", ACT_WITHOUT_SIMULATORS, str(path), str(tmp_path / "steps.npz"), str(tmp_path / "actions.npy"))
     assert res.returncode == 0, res.stderr
     actions = np.load(tmp_path / "actions.npy")
     assert len(actions) > 10 and actions.dtype == np.float32 and np.abs(actions).max() <= 1

@@ -1,13 +1,12 @@
 """The offline suite at a tiny scale, with throwaway behaviour policies in a temporary folder."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import run
 
 import datasets.suite as suite
 from datasets.behaviour import GaussianActor
@@ -319,7 +318,7 @@ def test_halfcheetah_is_made_without_the_settotalmass_warning_line_in_a_command(
     """The commands drop the line (evaluation makes one env per episode: it would repeat); importing envs
     leaves MuJoCo's process-wide warning handler as it was."""
     script = "import envs; envs.TASKS['halfcheetah'].make().close()"
-    printed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    printed = run("-c", script)
     assert "settotalmass" in printed.stderr + printed.stdout
     from dt_primal.process import configure_process
 

@@ -4,13 +4,11 @@ is killed mid-run is run again by Ray and resumes from its checkpoint."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from conftest import ROOT, TINY, make_episodes
+from conftest import TINY, make_episodes, run
 
 from commands.sweep.command import main
 from commands.sweep.grid import group_dir, run_dir
@@ -134,7 +132,7 @@ def test_without_ray_the_sweep_says_how_to_install_it(tmp_path):
         "import main; "
         f"run_main(lambda: main(['--datasets', 'x', '--backend', 'ray', '--out', {str(tmp_path)!r}]))"
     )
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run("-c", code, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert (
         res.stderr.startswith("error: --backend ray needs Ray") and "pip install -r requirements-ray.txt" in res.stderr
