@@ -24,6 +24,7 @@ Back on the CPU machine: ``python -m commands.sweep.records OUT/records.tgz resu
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -32,8 +33,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-from dt_primal.cli import command_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
@@ -360,7 +359,12 @@ def wait(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = command_parser(__doc__, prog="python -m commands.gpu_window")
+    p = argparse.ArgumentParser(  # as dt_primal.cli.command_parser's: this process imports no dt_primal
+        prog="python -m commands.gpu_window",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     p.add_argument("what", choices=["start", "wait"])
     p.add_argument("--out", type=Path, required=True, help="the folder that comes back (8 files at most)")
     p.add_argument("--window", type=float, default=760, help="start: seconds from now until the machine goes")

@@ -139,7 +139,7 @@ def run(*args, env=None, timeout=300):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**ENV, **(env or {})},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},  # the test's environment, as it is now
     )
 
 

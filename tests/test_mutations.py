@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("checkpoint", "hdf5", "pickle", "minari", "arrow", "archive", "onnx")
@@ -363,6 +362,8 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_corrupted_files_load_or_are_refused_with_a_message(kind, tmp_path):
+    from conftest import run  # here: the script's own process has no path to the repository at import
+
     res = run(__file__, kind, str(COUNT), "0", str(tmp_path), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, SMALL, hopper_file
+from conftest import ROOT, SMALL, hopper_file, run
 
 from commands import gpu_window
 from datasets.loaders import load_dataset
@@ -146,3 +146,14 @@ def test_a_given_throughput_file_sets_the_options_the_sweep_trains_with(tmp_path
     record |= {"mode": "captured", "member_updates_per_s": 700.0, "warmup_s": 5.0}
     (tmp_path / "t.json").write_text(json.dumps({"records": [record], "options": ["--optimizer", "compiled"]}))
     assert gpu_window.given_options(gpu_window.read_measurements(tmp_path / "t.json")) == ["--optimizer", "compiled"]
+
+
+def test_the_window_imports_only_the_standard_library_until_its_wheels_are_installed():
+    """``start`` installs the packages the GPU machine lacks: its own process imports none, nor dt_primal."""
+    code = (
+        "import runpy, sys\nsys.argv = ['gpu_window', 'start', '--help']\n"
+        "try:\n    runpy.run_module('commands.gpu_window', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'dt_primal', 'envs', 'datasets', 'numpy', 'torch'}))"
+    )
+    res = run("-c", code)
+    assert res.returncode == 0 and res.stdout.strip().endswith("[]"), res.stdout[-300:] + res.stderr
