@@ -143,6 +143,12 @@ def run(*args, env=None, timeout=300):
     )
 
 
+def two_steps(tmp_path, *options):
+    """``train.py`` on ``hopper_file(tmp_path)``, two steps of the tiny model, with ``options`` (``--out`` among
+    them): its completed process."""
+    return run("train.py", "--dataset", hopper_file(tmp_path), *TWO_STEPS, *options)
+
+
 def assert_user_error(res, *phrases):
     """Exit status 2 and one ``error:`` paragraph naming ``phrases``; no traceback."""
     assert res.returncode == 2, res.stderr

@@ -55,6 +55,12 @@ def assert_same(a, b, atol=1e-6):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=atol, msg=k)
 
 
+def assert_members_same(a, b, seeds=(0, 1), atol=0.0):
+    """The members ``seeds`` of the ensembles in the folders ``a`` and ``b`` have the same weights."""
+    for s in seeds:
+        assert_same(weights(a / f"seed_{s}" / "last.pt"), weights(b / f"seed_{s}" / "last.pt"), atol=atol)
+
+
 def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
     """TrainStep against the update written out with PyTorch's own AdamW, LambdaLR and clip_grad_norm_."""
     cfg = dataclasses.replace(CFG, dropout=0.0, warmup_steps=4)
@@ -158,12 +164,7 @@ def test_resuming_an_ensemble_gives_the_weights_of_an_uninterrupted_one(data, tm
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data, seeds=[0, 1])
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=7), data, seeds=[0, 1])
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True, seeds=[0, 1])
-    for s in (0, 1):
-        assert_same(
-            weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
-            weights(tmp_path / "split" / f"seed_{s}" / "last.pt"),
-            atol=0,
-        )
+    assert_members_same(tmp_path / "straight", tmp_path / "split")
 
 
 def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, tmp_path, monkeypatch):
@@ -189,13 +190,8 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
     steps = [torch.load(tmp_path / "run" / f"seed_{s}" / "last.pt", weights_only=True)["step"] for s in (0, 1)]
     assert steps == [10, 5]
     train(dataclasses.replace(cfg, out=str(tmp_path / "run")), data, resume=True, seeds=[0, 1])
-    for s in (0, 1):
-        assert_same(
-            weights(tmp_path / "straight" / f"seed_{s}" / "last.pt"),
-            weights(tmp_path / "run" / f"seed_{s}" / "last.pt"),
-            atol=0,
-        )
-        assert not (tmp_path / "run" / f"seed_{s}" / "prev.pt").exists()
+    assert_members_same(tmp_path / "straight", tmp_path / "run")
+    assert not any((tmp_path / "run" / f"seed_{s}" / "prev.pt").exists() for s in (0, 1))
 
 
 def test_several_datasets_on_the_command_line_train_resume_and_report_per_dataset(data, other, tmp_path):
@@ -418,10 +414,5 @@ def test_the_captured_step_trains_as_the_eager_step_on_cuda(data, tmp_path):
     train(dataclasses.replace(cfg, out=str(tmp_path / "graph")), data, seeds=[0, 1, 2])
     train(dataclasses.replace(cfg, out=str(tmp_path / "eager"), cuda_graph=False), data, seeds=[0, 1, 2])
     train(dataclasses.replace(cfg, seed=1, out=str(tmp_path / "alone")), data)
-    for s in (0, 1, 2):
-        assert_same(
-            weights(tmp_path / "graph" / f"seed_{s}" / "last.pt"),
-            weights(tmp_path / "eager" / f"seed_{s}" / "last.pt"),
-            atol=1e-5,
-        )
+    assert_members_same(tmp_path / "graph", tmp_path / "eager", seeds=(0, 1, 2), atol=1e-5)
     assert_same(weights(tmp_path / "graph" / "seed_1" / "last.pt"), weights(tmp_path / "alone" / "last.pt"), atol=1e-5)

@@ -21,6 +21,7 @@ from conftest import (
     run,
     small_config,
     train_exits_2,
+    two_steps,
 )
 
 from commands import tables
@@ -141,7 +142,7 @@ def test_abbreviated_options_are_unknown_in_every_command(tmp_path, capsys):
     ],
 )
 def test_seeds_that_cannot_seed_the_members(tmp_path, seeds, phrase):
-    res = run("train.py", "--dataset", str(hopper_file(tmp_path)), *TWO_STEPS, *seeds, "--out", str(tmp_path / "r"))
+    res = two_steps(tmp_path, *seeds, "--out", str(tmp_path / "r"))
     assert_user_error(res, phrase)
 
 
@@ -217,11 +218,8 @@ def test_max_ep_len_far_beyond_any_episode_is_refused_and_below_the_time_limit_n
 
 
 def test_huge_and_non_finite_targets_are_refused(tmp_path):
-    res = run(
-        "train.py",
-        "--dataset",
-        str(hopper_file(tmp_path)),
-        *TWO_STEPS,
+    res = two_steps(
+        tmp_path,
         "--targets",
         "1e30",
         "--out",
@@ -246,11 +244,8 @@ def test_a_target_far_above_the_data_trains_with_one_note(tmp_path, capsys):
 
 
 def test_data_returns_that_overflow_after_scaling_name_reward_scale(tmp_path):
-    res = run(
-        "train.py",
-        "--dataset",
-        str(hopper_file(tmp_path)),
-        *TWO_STEPS,
+    res = two_steps(
+        tmp_path,
         "--reward-scale",
         "1e-42",
         "--out",
@@ -404,7 +399,7 @@ def test_evaluate_targets_and_episodes_against_the_checkpoints(tmp_path):
 
 
 def test_evaluate_py_checks_its_options_and_the_targets_against_the_checkpoint(tmp_path):
-    res = run("train.py", "--dataset", str(hopper_file(tmp_path)), *TWO_STEPS, "--out", str(tmp_path / "run"))
+    res = two_steps(tmp_path, "--out", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
 
     def evaluate_py(*args):

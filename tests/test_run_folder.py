@@ -21,6 +21,7 @@ from conftest import (
     run,
     small_config,
     train_exits_2,
+    two_steps,
     write_pickle,
 )
 
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one threa
 
 def test_out_naming_an_existing_file(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    res = run("train.py", "--dataset", str(hopper_file(tmp_path)), *TWO_STEPS, "--out", str(tmp_path / "notes.txt"))
+    res = two_steps(tmp_path, "--out", str(tmp_path / "notes.txt"))
     assert_user_error(res, f"--out {tmp_path / 'notes.txt'}", "existing file")
     assert (tmp_path / "notes.txt").read_text() == "mine"
     with raises("which is a file, not a folder"):
@@ -50,7 +51,7 @@ def test_out_naming_an_existing_file(tmp_path):
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "run"
     with run_folder.hold_run_folder(out):  # the first run, in this process
-        res = run("train.py", "--dataset", str(hopper_file(tmp_path)), *TWO_STEPS, "--out", str(out))
+        res = two_steps(tmp_path, "--out", str(out))
         assert_user_error(
             res, f"--out {out} is in use by another train.py run (pid {os.getpid()}", "Wait for it to end"
         )
@@ -110,9 +111,7 @@ def test_the_sweeps_lock_on_the_same_folder_does_not_block_its_train_py(tmp_path
     out.mkdir()
     with open(out / ".lock", "w") as lock:  # what commands.sweep holds while its train.py child runs in the folder
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        res = run(
-            "train.py", "--dataset", str(hopper_file(tmp_path)), *TWO_STEPS, "--seeds", "0", "1", "--out", str(out)
-        )
+        res = two_steps(tmp_path, "--seeds", "0", "1", "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert (out / "seed_1" / "eval.json").exists()
 
