@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dt_primal.config import ADDED_LATER, Config
+from dt_primal.config import ADDED_LATER, ADDED_TO_MODEL, Config
 from dt_primal.errors import UserError
 from dt_primal.model.members import stack_members
 from dt_primal.model.transformer import DecisionTransformer, ModelConfig
@@ -144,10 +144,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
             f"{path} has checkpoint format {ckpt['format']}, which this version of dt-primal (format "
             f"{FORMAT}) cannot read; use the version that wrote it."
         )
-    for part, kind in (("model_config", ModelConfig), ("config", Config)):
+    for part, later in (("model_config", ADDED_TO_MODEL), ("config", ADDED_LATER)):
         if isinstance(ckpt[part], dict):
-            names = {f.name for f in dataclasses.fields(kind)}
-            ckpt[part] = {**{k: v for k, v in ADDED_LATER.items() if k in names}, **ckpt[part]}
+            ckpt[part] = {**later, **ckpt[part]}
     try:
         arch = ModelConfig.from_record(ckpt["model_config"])
         ckpt["state_mean"], ckpt["state_std"] = (

@@ -53,13 +53,9 @@ DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episo
 # fields newer than some records (checkpoints, eval.json, throughput files), at the value every record written
 # before them had: the model's MLP activation and timestep table (what it computes, also ModelConfig fields), and
 # the step's compile mode, optimizer and attention kernel (how it runs)
-ADDED_LATER = {
-    "activation": "gelu",
-    "timestep_init": "gpt2",
-    "compile_mode": "default",
-    "optimizer": "fused",
-    "attention_kernel": "sdpa",
-}
+ADDED_TO_MODEL = {"activation": "gelu", "timestep_init": "gpt2"}
+ADDED_TO_STEP = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa"}
+ADDED_LATER = {**ADDED_TO_MODEL, **ADDED_TO_STEP}
 # the ModelConfig fields that are not a Config field as it is
 MODEL_ONLY_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")
 
@@ -135,12 +131,10 @@ class Config:
     @classmethod
     def from_record(cls, record: object) -> Config:
         """The run config a checkpoint or an exported policy stored: exactly this class's fields (the readers
-        take the dict's values), valid; ValueError or UserError when it is not one. Of ``ADDED_LATER``, the step's
-        fields are filled in; the model's only the checkpoint reader fills (every export records them)."""
+        take the dict's values), valid; ValueError or UserError when it is not one. The step's fields added later
+        (``ADDED_TO_STEP``) are filled in; the model's only the checkpoint reader fills (every export records them)."""
         names = {f.name for f in fields(cls)}
-        model = {f.name for f in fields(ModelConfig)}
-        later = {k: v for k, v in ADDED_LATER.items() if k not in model}
-        record = {**later, **record} if isinstance(record, dict) else record
+        record = {**ADDED_TO_STEP, **record} if isinstance(record, dict) else record
         if not isinstance(record, dict) or set(record) != names:
             raise ValueError(f"a run config needs exactly the fields {', '.join(sorted(names))}")
         return cls(**record).validate()
