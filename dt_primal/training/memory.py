@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from dt_primal.config import Config
+from dt_primal.config import DEFAULT_MAX_EP_LEN, Config
 from dt_primal.errors import UserError
 from dt_primal.machine import available_bytes, gib
 
@@ -26,7 +26,11 @@ def weight_bytes(cfg: Config) -> int:
     are left out (small)."""
     d, s = cfg.d_model, cfg.resolved_s()
     primal = 0 if cfg.model == "dt" else cfg.n_layer if cfg.model == "primalformer" else 1
-    params = cfg.n_layer * 12 * d * d + (cfg.max_ep_len or 1000) * d + primal * (2 * d * s + 2 * s * d // cfg.n_head)
+    params = (
+        cfg.n_layer * 12 * d * d
+        + (cfg.max_ep_len or DEFAULT_MAX_EP_LEN) * d
+        + primal * (2 * d * s + 2 * s * d // cfg.n_head)
+    )
     return 16 * params
 
 
