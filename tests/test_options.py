@@ -346,6 +346,9 @@ def _args(tmp_path, **change):
                 seed=None,
                 device=None,
                 precision=None,
+                video=None,
+                video_episodes=1,
+                side_by_side=False,
             ),
             **change,
         }

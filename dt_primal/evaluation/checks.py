@@ -91,13 +91,13 @@ def _is_report_table(path: Path) -> bool:
 
 def check_video_args(args) -> None:
     """``--video DIR``, ``--video-episodes N`` (1 to --episodes) and ``--side-by-side`` (needs --video)."""
-    video = getattr(args, "video", None)
-    episodes = getattr(args, "video_episodes", 1)
-    if not 1 <= episodes <= args.episodes:
-        raise UserError(f"--video-episodes must be between 1 and --episodes {args.episodes} (got {episodes}).")
-    if getattr(args, "side_by_side", False) and video is None:
+    if not 1 <= args.video_episodes <= args.episodes:
+        raise UserError(
+            f"--video-episodes must be between 1 and --episodes {args.episodes} (got {args.video_episodes})."
+        )
+    if args.side_by_side and args.video is None:
         raise UserError("--side-by-side puts rendered episodes side by side: give --video DIR too.")
-    check_folder(video)
+    check_folder(args.video)
 
 
 def check_evaluate_args(args) -> None:
