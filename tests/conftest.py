@@ -115,9 +115,9 @@ def write_minari(dataset_id, episodes, env="Hopper-v5", data_format="hdf5"):
     minari.create_dataset_from_buffers(dataset_id, buffers, env=env, author="tests", data_format=data_format)
 
 
-def write_pickle(path, episodes):
-    """``episodes`` as a decision-transformer pickle."""
-    trajs = [
+def dt_trajectories(episodes) -> list[dict]:
+    """``episodes`` as a decision-transformer pickle holds them: one dict of arrays per trajectory."""
+    return [
         dict(
             observations=e["observations"][:-1],
             next_observations=e["observations"][1:],
@@ -127,7 +127,11 @@ def write_pickle(path, episodes):
         )
         for e in episodes
     ]
-    path.write_bytes(pickle.dumps(trajs))
+
+
+def write_pickle(path, episodes):
+    """``episodes`` as a decision-transformer pickle."""
+    path.write_bytes(pickle.dumps(dt_trajectories(episodes)))
 
 
 def run(*args, env=None, timeout=300):

@@ -17,6 +17,7 @@ from conftest import (
     TWO_STEPS,
     Payload,
     assert_user_error,
+    dt_trajectories,
     hopper_file,
     make_episodes,
     raises,
@@ -344,17 +345,8 @@ def test_a_pickled_d4rl_dict_says_what_it_is(tmp_path):
 
 
 def test_a_pickle_holding_a_huge_integer(tmp_path):
-    eps = make_episodes(lengths=(5, 6))
-    trajs = [
-        dict(
-            observations=e["observations"][:-1],
-            actions=e["actions"],
-            rewards=e["rewards"].tolist(),
-            terminals=e["terminations"],
-        )
-        for e in eps
-    ]
-    trajs[0]["rewards"][0] = 10**400
+    trajs = dt_trajectories(make_episodes(lengths=(5, 6)))
+    trajs[0]["rewards"] = [10**400, *trajs[0]["rewards"][1:].tolist()]
     (tmp_path / "int.pkl").write_bytes(pickle.dumps(trajs))
     with pytest.raises(UserError, match="'rewards' of trajectory 0 is not an array of numbers"):
         load_dataset(str(tmp_path / "int.pkl"), env="hopper")
@@ -393,17 +385,7 @@ def test_a_dataset_pickle_that_would_run_code_is_refused(tmp_path):
 
 
 def test_dataset_pickles_of_plain_data_load_under_numpy_1_and_2_names(tmp_path):
-    eps = make_episodes(lengths=(5, 6))
-    trajs = [
-        dict(
-            observations=e["observations"][:-1],
-            actions=e["actions"],
-            rewards=e["rewards"],
-            terminals=e["terminations"],
-            dones=np.float32(0),
-        )
-        for e in eps
-    ]
+    trajs = [dict(t, dones=np.float32(0)) for t in dt_trajectories(make_episodes(lengths=(5, 6)))]
     blobs = {f"protocol {p}": pickle.dumps(trajs, protocol=p) for p in (2, 4, 5)}
     blobs["NumPy 1"] = blobs["protocol 2"].replace(b"numpy._core", b"numpy.core")  # protocol 2 names globals as text
     for name, blob in blobs.items():
