@@ -16,7 +16,6 @@ import torch
 from dt_primal.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: faster on a busy machine, and the same numbers in-process
 # the tiny model, as train.py's options and as Config fields
 TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
 QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
@@ -134,6 +133,12 @@ def write_pickle(path, episodes):
     path.write_bytes(pickle.dumps(dt_trajectories(episodes)))
 
 
+def one_thread_env(**extra) -> dict:
+    """The test's environment as it is now (its Minari home among it), with one thread (faster on a busy machine,
+    and the same numbers in-process) and ``extra``: what a test's child processes run with."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
 def run(*args, env=None, timeout=300):
     """``python ARGS`` in the repository root, one thread, ``env`` added to the environment: its completed
     process, output captured."""
@@ -143,7 +148,7 @@ def run(*args, env=None, timeout=300):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},  # the test's environment, as it is now
+        env=one_thread_env(**(env or {})),
     )
 
 

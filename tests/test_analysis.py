@@ -2,12 +2,10 @@
 
 import csv
 import fcntl
-import subprocess
-import sys
 
 import numpy as np
 import torch
-from conftest import ROOT, SWEEP_RUN, hopper_file, make_episodes, run
+from conftest import SWEEP_RUN, hopper_file, make_episodes, run
 
 from commands.spectrum import layer_spectra
 from commands.sweep.grid import group_dir, run_dir
@@ -179,13 +177,13 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
 
     runs = tmp_path / "runs"
     for s in (0, 1):
-        run = run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", s)
-        run.mkdir(parents=True)
-        (run / "evals.jsonl").write_text(f'{{"step": {s}}}\n')
-        (run / "last.pt").write_bytes(b"weights")
+        folder = run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", s)
+        folder.mkdir(parents=True)
+        (folder / "evals.jsonl").write_text(f'{{"step": {s}}}\n')
+        (folder / "last.pt").write_bytes(b"weights")
         if s == 0:  # seed 1 has not finished
-            (run / "eval.json").write_text("{}")
-            (run / "dataset.json").write_text("{}")
+            (folder / "eval.json").write_text("{}")
+            (folder / "dataset.json").write_text("{}")
     main([str(runs), str(tmp_path / "records.tgz")])
     main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])
     got = sorted(
@@ -195,13 +193,7 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
     assert got == [f"{seed0}/dataset.json", f"{seed0}/eval.json", f"{seed0}/evals.jsonl"]
     main([str(tmp_path / "records.tgz"), str(tmp_path / "results")])  # again: nothing new, nothing refused
     (run_dir(runs, "dt-primal/hopper/medium-replay-v0", "dt", 0) / "eval.json").write_text('{"other": 1}')
-    res = subprocess.run(
-        [sys.executable, "-m", "commands.sweep.records", str(runs), str(tmp_path / "results")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = run("-m", "commands.sweep.records", runs, tmp_path / "results", timeout=60)
     assert res.returncode == 2 and "already holds different records" in res.stderr
     with tarfile.open(tmp_path / "evil.tgz", "w:gz") as tar:
         for name in ("../outside/seed_0/eval.json", "/abs/seed_0/eval.json", "x/seed_0/run.py"):

@@ -1,11 +1,9 @@
 """The sweep's time budget: durations, the throughput it reads, its estimate and which groups it starts."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, SWEEP_RUN, hopper_file
+from conftest import SWEEP_RUN, hopper_file, run
 
 from commands.sweep.budget import START_S, Group, Setting, Throughput, choose, estimate, load_throughput, parse_duration
 from commands.sweep.grid import group_dir, run_dir
@@ -107,15 +105,9 @@ def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committ
     measured = tmp_path / "throughput.json"
     measured.write_text(json.dumps({"records": records, "eval_steps_per_s": 200}))
     out = tmp_path / "sweep"
-    res = subprocess.run(
-        [sys.executable, "-m", "commands.sweep", "--datasets", str(done), str(data), "--models", "dt", "primal"]
-        + ["--seeds", "0", "1", "--out", str(out), "--recorded", str(recorded), "--time-budget", "2.5m"]
-        + ["--throughput", str(measured), "--", *SWEEP_RUN],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    sweep = ["-m", "commands.sweep", "--datasets", done, data, "--models", "dt", "primal", "--seeds", "0", "1"]
+    sweep += ["--out", out, "--recorded", recorded, "--time-budget", "2.5m", "--throughput", measured]
+    res = run(*sweep, "--", *SWEEP_RUN, timeout=400)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"starting {data} (dt): 2 members, seeds [0, 1]" in res.stdout
     assert f"left out: {data} (primal): with it the groups would need about 2.5 min of 2.5" in res.stdout

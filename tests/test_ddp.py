@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import ENV, ROOT, TINY, hopper_file
+from conftest import ROOT, TINY, hopper_file, one_thread_env
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
@@ -41,7 +41,7 @@ def test_two_processes_give_the_weights_of_one_with_the_same_batch(tmp_path):
     two = subprocess.run(
         [*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "20", "--out", str(tmp_path / "two")],
         cwd=ROOT,
-        env=ENV,
+        env=one_thread_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -64,7 +64,7 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
     proc = subprocess.Popen(
         [*TORCHRUN, "--dataset", data.source, *ARGS, "--steps", "100000", "--checkpoint-every", "5", "--out", str(out)],
         cwd=ROOT,
-        env=ENV,
+        env=one_thread_env(),
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -5,13 +5,12 @@ members; the CUDA code path (the captured step)."""
 import copy
 import dataclasses
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import ENV, ROOT, SMALL, TINY, hopper_file, make_episodes, run
+from conftest import ROOT, SMALL, TINY, hopper_file, make_episodes, run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
@@ -197,7 +196,6 @@ def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, 
 def test_several_datasets_on_the_command_line_train_resume_and_report_per_dataset(data, other, tmp_path):
     out, both = tmp_path / "run", [data.source, other.source]
     common = [
-        sys.executable,
         "train.py",
         "--dataset",
         *both,
@@ -214,12 +212,10 @@ def test_several_datasets_on_the_command_line_train_resume_and_report_per_datase
         "--out",
         str(out),
     ]
-    res = subprocess.run([*common, "--steps", "3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    res = run(*common, "--steps", "3")
     assert res.returncode == 0, res.stderr
     assert f"primal {data.source}, {other.source} seeds 0 1:" in res.stderr  # the progress bar names the ensemble
-    res = subprocess.run(
-        [*common, "--steps", "5", "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
-    )
+    res = run(*common, "--steps", "5", "--resume")
     assert res.returncode == 0 and f"resumed from {out} at step 3" in res.stdout, res.stderr
     for source in both:
         folder = out / source.replace("/", "_").removesuffix(".hdf5") / "primal"

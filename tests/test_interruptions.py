@@ -11,13 +11,13 @@ import time
 import pytest
 import torch
 from conftest import (
-    ENV,
     ROOT,
     SMALL,
     TINY,
     TWO_STEPS,
     exit_of,
     hopper_file,
+    one_thread_env,
     raises,
     run,
 )
@@ -100,7 +100,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run(tmp_path):
             str(out),
         ],
         cwd=ROOT,
-        env=ENV,
+        env=one_thread_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

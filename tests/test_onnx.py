@@ -4,14 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ENV, SMALL, make_episodes, run
+from conftest import run, tiny_run
 
 from dt_primal.checkpoint import load_checkpoint
-from dt_primal.config import make_config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.policy import policy_from_checkpoints
 from dt_primal.evaluation.rollout import rollout
-from dt_primal.training.loop import train
 from envs import TASKS
 
 pytest.importorskip("onnxruntime")
@@ -40,23 +38,16 @@ np.save(sys.argv[3], np.stack(actions))
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """``exports(model)``: a 2-step run of a tiny model (context 4) on tiny hopper data, and its ONNX export;
-    each model trained and exported once for the module."""
-    from datasets.loaders import load_dataset
-    from datasets.synthetic import write_d4rl
+    """``exports(model)``: a ``tiny_run`` of a tiny model (context 4), and its ONNX export; each model trained and
+    exported once for the module."""
     from dt_primal.export import export
 
     made = {}
 
     def make(model: str):
         if model not in made:
-            tmp = tmp_path_factory.mktemp(model)
-            write_d4rl(tmp / "hopper_tiny.hdf5", make_episodes(lengths=(40, 25), seed=3))
-            data = load_dataset(str(tmp / "hopper_tiny.hdf5"), env="hopper")
-            cfg = {**SMALL, "dataset": str(tmp / "hopper_tiny.hdf5"), "model": model, "context": 4}
-            run = make_config(**cfg, env="hopper", steps=2, max_ep_len=60, out=str(tmp / "run"))
-            train(run, data)
-            made[model] = tmp / "run" / "last.pt", export(tmp / "run" / "last.pt", tmp / "policy.onnx")
+            folder = tiny_run(tmp_path_factory.mktemp(model), model=model, context=4, max_ep_len=60)
+            made[model] = folder / "last.pt", export(folder / "last.pt", folder.parent / "policy.onnx")
         return made[model]
 
     return make
@@ -84,7 +75,7 @@ def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exports, model, tm
         live=live,
         targets=np.array(TARGETS),
     )
-    res = run("-c", ACT_WITHOUT_TORCH, str(onnx_file), str(tmp_path / "steps.npz"), str(tmp_path / "a.npy"), env=ENV)
+    res = run("-c", ACT_WITHOUT_TORCH, str(onnx_file), str(tmp_path / "steps.npz"), str(tmp_path / "a.npy"))
     assert res.returncode == 0, res.stderr
     got = np.load(tmp_path / "a.npy")
     want = np.stack([a.reshape(len(TARGETS), -1) for _, _, _, a in seen])
@@ -98,7 +89,7 @@ def test_evaluate_scores_the_onnx_policy_as_its_checkpoint(exports, tmp_path):
     for path in (checkpoint, onnx_file):
         out = tmp_path / f"{path.suffix[1:]}.json"
         cmd = ["evaluate.py", str(path), "--episodes", "2", "--out", str(out), "--device", "cpu"]
-        res = run(*cmd, *["--precision", "fp32"] * (path.suffix == ".pt"), env=ENV)
+        res = run(*cmd, *["--precision", "fp32"] * (path.suffix == ".pt"))
         assert res.returncode == 0, res.stderr
         scores.append([t["return_mean"] for t in json.loads(out.read_text())["checkpoints"][0]["targets"]])
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-4)
@@ -135,7 +126,7 @@ def test_evaluate_refuses_an_export_whose_run_record_is_damaged(exports, tmp_pat
         if prop.key == key:
             prop.value = json.dumps(value)
     onnx.save(model, str(tmp_path / "bad.onnx"))
-    res = run("evaluate.py", str(tmp_path / "bad.onnx"), "--episodes", "1", "--out", str(tmp_path / "e.json"), env=ENV)
+    res = run("evaluate.py", str(tmp_path / "bad.onnx"), "--episodes", "1", "--out", str(tmp_path / "e.json"))
     assert res.returncode == 2 and "run record in its metadata is damaged" in res.stderr, res.stderr
 
 
@@ -202,7 +193,7 @@ def test_a_graph_that_fails_or_gives_non_finite_actions_is_a_message(exports, tm
         model.graph.node.append(helper.make_node(op, inputs, ["action"], **({"axis": -1} if op == "Concat" else {})))
 
     path = rewritten(exports("dt")[1], tmp_path, change)
-    res = run("evaluate.py", str(path), "--episodes", "1", "--out", str(tmp_path / "e.json"), env=ENV)
+    res = run("evaluate.py", str(path), "--episodes", "1", "--out", str(tmp_path / "e.json"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and "Export it again" in res.stderr, res.stderr
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ENV, ROOT, SMALL, hopper_file
+from conftest import ROOT, SMALL, hopper_file, one_thread_env
 
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision
@@ -25,14 +25,14 @@ LIBRARY = (
 )
 
 
-def python(code: str, *, env=None) -> subprocess.CompletedProcess:
+def python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
-        env={k: v for k, v in (env or ENV).items() if k != "OMP_WAIT_POLICY"},
+        env={k: v for k, v in one_thread_env().items() if k != "OMP_WAIT_POLICY"},
     )
 
 

@@ -4,14 +4,11 @@ the reports and tables written beside a user's files."""
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 from conftest import (
-    ROOT,
     assert_user_error,
     run,
 )
@@ -139,8 +136,7 @@ def test_a_gpu_windows_throughput_file_is_checked_before_the_window_starts(tmp_p
         path = Path(content)
     else:
         path.write_text(content)
-    cmd = [sys.executable, "-m", "commands.gpu_window", "start", "--out", str(tmp_path / "out")]
-    res = subprocess.run([*cmd, "--throughput", str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    res = run("-m", "commands.gpu_window", "start", "--out", tmp_path / "out", "--throughput", path, timeout=60)
     assert res.returncode == 2 and "--throughput" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
