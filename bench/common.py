@@ -234,6 +234,12 @@ def device_key(key: str, device: str) -> str:
     return key if device == "cpu" else key + "_" + device.replace(":", "")
 
 
+def gpu_suffix(info: dict) -> str:
+    """``_h100``, ``_h200``, ...: a section key's suffix for the GPU a measurement ran on ("" without one)."""
+    gpu = info.get("gpu")
+    return "_" + gpu.lower().replace("nvidia ", "").split()[0] if gpu else ""
+
+
 def write_section(
     key: str, title: str, body: str, quick: bool, info: dict | None = None, device: str | None = None
 ) -> None:

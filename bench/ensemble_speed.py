@@ -36,6 +36,7 @@ from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import fresh_step, time_updates
 
 MODES = ("eager", "captured", "compiled", "compiled+captured")
+MODELS = {"primal": "Primal.+DT", "dt": "DT"}  # the records' model (older ones: Primal.+DT)
 SIZES = {
     "spec": ("Primal.+DT paper (d_model 256, 4 heads)", dict(d_model=256, n_head=4)),
     "dt": ("DT paper (d_model 128, 1 head)", dict(d_model=128, n_head=1)),
@@ -144,6 +145,11 @@ def engine_options(args) -> dict:
     return {k: getattr(args, k) for k in ("model", "optimizer", "attention_kernel", "compile_mode") if getattr(args, k)}
 
 
+def key(r: dict) -> tuple:
+    """What a record's member counts are compared within: its model, size, precision and mode."""
+    return r.get("model", "primal"), r["size"], r["precision"], r["mode"]
+
+
 def measure(args, data) -> list[dict]:
     """Time every setting asked for, printing each."""
     records = []
@@ -151,7 +157,7 @@ def measure(args, data) -> list[dict]:
         r = time_setting(data, size, m, mode, precision, args.device, warmup, args.updates, **engine_options(args))
         records.append(r)
         print(
-            f"{SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
+            f"{r['model']:6s} {SIZES[size][0]:32s} {precision} {mode:17s} {m:2d} members: {r['ms_per_update']:.1f} ms, "
             f"{r['updates_per_s']:.1f} updates/s, {r['member_updates_per_s']:.1f} member-updates/s "
             f"(load {common.load_avg():.2f})",
             flush=True,
@@ -220,16 +226,16 @@ def main() -> None:
         records, info = measure(args, data), common.run_info()
         if args.json:
             args.json.write_text(json.dumps({"records": records, "info": info}, indent=1, default=str))
-    gpu = info.get("gpu") and info["gpu"].lower().replace("nvidia ", "").split()[0]  # h200, h100, ...
     section = (
         common.device_key("ensemble_speed", args.device)
-        + (f"_{gpu}" if gpu else "")
+        + common.gpu_suffix(info)
         + ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
     )
     if not args.quick and not args.from_json:
         common.save_results(section, {"records": records, "args": vars(args)})
     rows = [
         [
+            MODELS[r.get("model", "primal")],
             SIZES[r["size"]][0],
             r["precision"],
             r["mode"],
@@ -242,23 +248,25 @@ def main() -> None:
         ]
         for r in records
     ]
-    single = {(r["size"], r["precision"], r["mode"]): r["ms_per_update"] for r in records if r["members"] == 1}
+    single = {key(r): r["ms_per_update"] for r in records if r["members"] == 1}
     notes = [
-        f"{SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: {r['members']} members take "
-        f"{r['ms_per_update'] / single[key]:.2f}× the time of one per update, i.e. "
-        f"{r['members'] * single[key] / r['ms_per_update']:.2f}× its member-updates/s"
+        f"{MODELS[r.get('model', 'primal')]}, {SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: "
+        f"{r['members']} members take "
+        f"{r['ms_per_update'] / single[key(r)]:.2f}× the time of one per update, i.e. "
+        f"{r['members'] * single[key(r)] / r['ms_per_update']:.2f}× its member-updates/s"
         for r in records
-        if r["members"] > 1 and (key := (r["size"], r["precision"], r["mode"])) in single
+        if r["members"] > 1 and key(r) in single
     ]
     body = "\n".join(
         [
             f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, "
-            "Primal.+DT (3 layers, K 20, batch 64 per member, s 64): the command's timed updates after its "
-            "untimed ones (capture and compilation happen there: see the warm-up column). The members are one "
-            "tensor dimension of the model (docs/ensembles.md).",
+            "3 layers, K 20, batch 64 per member, s 64 (Primal.+DT's KSVD block): the command's timed updates "
+            "after its untimed ones (capture and compilation happen there: see the warm-up column). The members are "
+            "one tensor dimension of the model (docs/ensembles.md).",
             "",
             common.md_table(
                 [
+                    "model",
                     "size",
                     "precision",
                     "mode",

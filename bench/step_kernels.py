@@ -184,8 +184,13 @@ def main() -> None:
         help="the device's peak for the precision, in TFLOP/s (default: an H100's or H200's dense bf16)",
     )
     p.add_argument("--json", type=Path, default=None, help="also write the profile to this file")
+    p.add_argument(
+        "--from-json", type=Path, default=None, help="write the section from this --json file (a GPU machine's)"
+    )
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 2 updates")
     args = p.parse_args(argv[:cut])
+    if args.from_json:
+        return section(json.loads(args.from_json.read_text()), quick=False)
     train = argparse.ArgumentParser(prog="train.py options after --", allow_abbrev=False)
     add_config_args(train)
     changes = overrides(train.parse_args(argv[cut + 1 :]))
@@ -199,7 +204,14 @@ def main() -> None:
     r |= {"info": common.run_info()}
     if args.json:
         args.json.write_text(json.dumps(r, indent=1, default=str))
-    print(report(r))
+    section(r, args.quick)
+
+
+def section(r: dict, quick: bool) -> None:
+    """The profile as the section of docs/benchmarks.md for its device (its GPU's name on CUDA)."""
+    where = r["info"].get("gpu") or r["device"]
+    title = f"Profile: where a compiled update's time goes ({where}, {r['members']} members)"
+    common.write_section("step_kernels" + common.gpu_suffix(r["info"]), title, report(r), quick, r["info"])
 
 
 if __name__ == "__main__":

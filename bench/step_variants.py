@@ -172,6 +172,9 @@ def main() -> None:
         "--limit", type=float, default=150, help="seconds for all variants' checks and compilations (run at once)"
     )
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--from-json", type=Path, default=None, help="write the section from this --json file (a GPU machine's)"
+    )
     p.add_argument("--quick", action="store_true", help="DT-paper size, 2 members, 2 variants, a few updates")
     p.add_argument("--variant", help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
@@ -181,7 +184,13 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args.variant, args)))
         return
-    doc = save(args, rank(args))
+    if args.from_json:
+        return section(json.loads(args.from_json.read_text()), quick=False)
+    section(save(args, rank(args)), args.quick)
+
+
+def section(doc: dict, quick: bool) -> None:
+    """The ranking as the section of docs/benchmarks.md for its device (its GPU's name on CUDA)."""
     rows = [
         [
             r["variant"],
@@ -193,10 +202,19 @@ def main() -> None:
         ]
         for r in doc["records"]
     ]
-    header = ["variant", "train.py options", f"member-updates/s ({args.members})", "warm-up s", "check", "errors"]
-    print(common.md_table(header, rows))
+    header = ["variant", "train.py options", f"member-updates/s ({doc['members']})", "warm-up s", "check", "errors"]
     best = fastest(doc)
-    print("fastest that passed:", best and f"{best['variant']} ({' '.join(best['options']) or 'defaults'})")
+    body = "\n\n".join(
+        [
+            f"The training step's variants at {doc['members']} members, Primal.+DT at the paper's size, bf16 unless "
+            f"named (engine {doc['engine']}), fastest first; check: losses and updates against the captured "
+            "step's within the tolerances of `step_variants.py`.",
+            common.md_table(header, rows),
+            f"fastest that passed: {best and best['variant']} ({best and ' '.join(best['options']) or 'defaults'})",
+        ]
+    )
+    title = f"Step variants ranked ({doc['info'].get('gpu') or 'cpu'})"
+    common.write_section("step_variants" + common.gpu_suffix(doc["info"]), title, body, quick, doc["info"])
 
 
 if __name__ == "__main__":
