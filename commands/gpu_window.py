@@ -38,7 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
 SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
 MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
-BUILD_S = 120.0  # the first datasets' builds on a 16-core GPU machine (five in 112 s on an H200, 2026-11-26)
+# the first datasets' builds on a 16-core GPU machine: five in 112 s on an H200 (2026-11-26), in about 165 s on
+# an H100 beside the step's compilations (2026-11-27: a medium dataset, a million steps, in 145 and 159 s)
+BUILD_S = 170.0
+# the window's seconds no measurement may take: the smallest group (3 members of DT, final evaluation included)
+# was estimated at 6.2 min on an H100 (results/gpu-h100-2026-11-27), and 355 s left after measuring trained nothing
+LEAST_TRAINING = 420.0
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
@@ -156,16 +161,16 @@ def bench_options(options: list[str]) -> list[str]:
     return ["--modes", mode, "--precisions", precision, *(a for a in rest if a != "--compile")]
 
 
-def committed(name: str, engine: dict, **fields) -> Path | None:
+def committed(name: str, engine: dict, any_gpu: bool = False, **fields) -> Path | None:
     """The newest ``results/gpu-*/NAME.json`` measured with ``engine`` ({"engine", "gpu"}: the step's hash and
-    this GPU's name), every record of it under that hash, on that GPU, with the top-level ``fields`` given."""
+    this GPU's name), every record of it under that hash, on that GPU (on any, with ``any_gpu``), with the
+    top-level ``fields`` given."""
     for path in sorted(ROOT.glob(f"results/gpu-*/{name}.json"), key=lambda p: p.parent.name[-10:], reverse=True):
         try:
             doc = json.loads(path.read_text())
             records = doc["records"]
-            same = (
-                doc["info"]["gpu"] == engine.get("gpu") and records and all(doc.get(k) == v for k, v in fields.items())
-            )
+            gpu = any_gpu or doc["info"]["gpu"] == engine.get("gpu")
+            same = gpu and records and all(doc.get(k) == v for k, v in fields.items())
             if same and all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records):
                 return path
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -175,8 +180,10 @@ def committed(name: str, engine: dict, **fields) -> Path | None:
 
 def rank_variants(w: Window, args) -> list[str]:
     """The train.py options of the fastest variant of the step that passed its check: from a committed
-    ranking of this engine on this GPU, else ranked now (``bench/step_variants.py``); else --compile."""
-    path = committed("variants", w.doc.get("engine", {}))
+    ranking of this engine on this GPU, else on another GPU (the ranking takes minutes: a window spent on
+    measuring trains nothing), else ranked now (``bench/step_variants.py``); else --compile."""
+    engine = w.doc.get("engine", {})
+    path = committed("variants", engine) or committed("variants", engine, any_gpu=True)
     if path is None:
         path = STATE / "variants.json"
         cmd = [sys.executable, "bench/step_variants.py", "--device", w.doc["device"], "--json", str(path)]
@@ -396,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--least-training",
         type=float,
-        default=240,
+        default=LEAST_TRAINING,
         help="start: seconds of the window kept for training: a measurement phase that would eat into them is cut",
     )
     argv = sys.argv[1:] if argv is None else argv

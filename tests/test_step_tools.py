@@ -135,6 +135,13 @@ def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_not
         shutil.copy(tmp_path / "out" / f"{name}.json", committed)
     phases.clear()
     assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == fast and phases == []
+    w.doc["engine"]["gpu"] = "another GPU"  # the same engine's ranking is taken from it; the throughput is measured
+    assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == fast
+    assert phases == ["throughput", "throughput dt"]
+    w.doc["engine"]["engine"] = "changed"  # a ranking of another engine is not
+    phases.clear()
+    gpu_window.rank_variants(w, args)
+    assert phases == ["variants"]
 
 
 def test_a_given_throughput_file_sets_the_options_the_sweep_trains_with(tmp_path):
