@@ -3,7 +3,7 @@ dimension of M, and whose every activation has the shape (M, B, ..., features).
 
 Members never mix: member m's outputs and gradients depend on its own weights and inputs alone, so
 M seeds (or M datasets of one task) train in one process as they would train apart, with one
-batched kernel per operation for all of them (``torch.baddbmm`` for a linear layer) instead of M.
+batched kernel per operation for all of them (a batched matrix product for a linear layer) instead of M.
 A single run is an ensemble of one. Attention folds the members into its batch (``attention.py``).
 
 Each member's weights, ``member_state(model, m)``, have the shapes of PyTorch's own layers (a linear
@@ -40,7 +40,12 @@ class MemberLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         M, n_in = x.shape[0], x.shape[-1]
-        y = torch.baddbmm(self.bias.unsqueeze(1), x.reshape(M, -1, n_in), self.weight.transpose(1, 2))
+        flat, w, b = x.reshape(M, -1, n_in), self.weight.transpose(1, 2), self.bias.unsqueeze(1)
+        if torch.compiler.is_compiling():  # the bias added in the next fused kernel: CUDA's baddbmm copies it
+            y = torch.bmm(flat, w)  # into its output first (one activation-sized copy per layer)
+            y = y + b.to(y.dtype)
+        else:  # eager: baddbmm, faster than the product and an addition on a CPU
+            y = torch.baddbmm(b, flat, w)
         return y.view(*x.shape[:-1], -1)
 
     def extra_repr(self) -> str:
