@@ -4,8 +4,13 @@ the model's forward pass, the environments' stepping (with the worker processes'
 the same environments alone with fixed actions.
 
   python bench/eval_overhead.py                              # CPU: 64 and 256 episodes, 1 and 2 workers
-  python bench/eval_overhead.py --device cuda --episodes 600 1800 --workers 16   # on a GPU machine
+  python bench/eval_overhead.py --device cuda --episodes 60 600 1800 --workers 0 --json evaluation.json  # a GPU's
   python bench/eval_overhead.py --quick                      # smoke check, < 1 min
+
+``--workers 0``: as many worker processes as an evaluation of that many episodes starts
+(``dt_primal.evaluation.rollout.default_env_workers``). ``--json``: the measurements, and the seconds of an
+evaluation fitted over the episode counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes
+(what ``python -m commands.sweep --time-budget`` reads as "evaluation" in a throughput file).
 
 Hopper-v5 with ``terminate_when_unhealthy=False``: every episode runs ``--steps`` steps, so every step has
 the same width. The model: an untrained Primal.+DT at the paper's size (3 members), acting in fp32 on a CPU,
@@ -15,7 +20,9 @@ forward and stepping.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import common  # sets OMP_WAIT_POLICY before torch loads
 import numpy as np
@@ -25,6 +32,7 @@ import dt_primal.evaluation.rollout as rollout_module
 from dt_primal.cli import command_parser
 from dt_primal.config import make_config
 from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import default_env_workers
 from dt_primal.model.transformer import DecisionTransformer
 from envs import TASKS, Episodes
 
@@ -84,30 +92,70 @@ def in_rollout(task, n: int, workers: int, steps: int, device: str, members: int
     return {"total": total, "forward": forward.seconds, "stepping": sum(stepping)}
 
 
+def fit(records: list[dict]) -> dict:
+    """An evaluation's seconds per step of its episodes, ``step_s + env_step_s × episodes``: least squares
+    over ``records`` (the workers an evaluation starts); through the origin with one episode count."""
+    x = np.array([r["episodes"] for r in records], float)
+    y = np.array([r["total_s"] / r["steps"] for r in records])
+    if len(set(x)) > 1:
+        b, a = np.polyfit(x, y, 1)
+        if a >= 0 and b > 0:
+            return {"step_s": float(a), "env_step_s": float(b)}
+    return {"step_s": 0.0, "env_step_s": float(x @ y / (x @ x))}
+
+
+def measure(args) -> list[dict]:
+    """Every episode count with every worker count: the rollout split up, and the environments alone."""
+    task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=args.steps)
+    in_rollout(task, args.members, 1, 25, args.device, args.members)  # untimed: the device's first use
+    records = []
+    for n in args.episodes:
+        for w in args.workers:
+            w = w or default_env_workers(args.device, n)
+            alone = envs_alone(task, n, w, args.steps)
+            r = in_rollout(task, n, w, args.steps, args.device, args.members)
+            records.append(
+                dict(episodes=n, workers=w, steps=args.steps, members=args.members, alone_s=alone)
+                | {f"{k}_s": v for k, v in r.items()}
+            )
+            print(json.dumps(records[-1]), f"(load {common.load_avg():.2f})", flush=True)
+    return records
+
+
 def main() -> None:
     p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--episodes", type=int, nargs="+", default=[64, 256], help="episodes at once (all members)")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="0: as many as an evaluation starts")
     p.add_argument("--members", type=int, default=3)
     p.add_argument("--steps", type=int, default=200, help="steps of every episode")
+    p.add_argument("--json", type=Path, default=None, help="also write the measurements and their fit here")
+    p.add_argument("--from-json", type=Path, default=None, help="write the section from this --json file")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
         args.episodes, args.workers, args.steps = [12], [1], 20
-    task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=args.steps)
+    if args.from_json:
+        doc = json.loads(args.from_json.read_text())
+    else:
+        records = measure(args)
+        fitted = fit([r for r in records if r["workers"] == default_env_workers(args.device, r["episodes"])] or records)
+        doc = {"records": records, "evaluation": fitted, "device": args.device, "info": common.run_info()}
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=1))
+    section(doc, args.quick)
+
+
+def section(doc: dict, quick: bool) -> None:
+    """The measurements as the section of docs/benchmarks.md for their device (their GPU's name on CUDA)."""
     rows = []
-    for n in args.episodes:
-        for w in args.workers:
-            alone = envs_alone(task, n, w, args.steps)
-            r = in_rollout(task, n, w, args.steps, args.device, args.members)
-            per = lambda s, n=n: f"{1e6 * s / (n * args.steps):.1f}"
-            rest = r["total"] - r["forward"] - r["stepping"]
-            rows.append(
-                [n, w, per(r["total"]), per(r["forward"]), per(r["stepping"]), per(rest), per(alone)]
-                + [f"{r['stepping'] / alone:.2f}", f"{rest / r['total']:.0%}"]
-            )
-            print(" | ".join(map(str, rows[-1])), f"(load {common.load_avg():.2f})", flush=True)
+    for r in doc["records"]:
+        per = lambda s, r=r: f"{1e6 * s / (r['episodes'] * r['steps']):.1f}"
+        rest = r["total_s"] - r["forward_s"] - r["stepping_s"]
+        rows.append(
+            [r["episodes"], r["workers"], per(r["total_s"]), per(r["forward_s"]), per(r["stepping_s"]), per(rest)]
+            + [per(r["alone_s"]), f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / r['total_s']:.0%}"]
+        )
     header = [
         "episodes",
         "workers",
@@ -119,16 +167,23 @@ def main() -> None:
         "stepping ÷ alone",
         "the rest's share",
     ]
+    r0, fitted = doc["records"][0], doc["evaluation"]
     body = "\n".join(
         [
-            f"`--device {args.device}`, {args.members} members of an untrained Primal.+DT at the paper's size, "
-            f"Hopper-v5 episodes of {args.steps} steps (never terminated early); every time per environment step "
+            f"`--device {doc['device']}`, {r0['members']} members of an untrained Primal.+DT at the paper's size, "
+            f"Hopper-v5 episodes of {r0['steps']} steps (never terminated early); every time per environment step "
             "(total over episodes × steps).",
             "",
             common.md_table(header, rows),
+            "",
+            f"Fitted, with the workers an evaluation starts: each step of an evaluation of N episodes takes "
+            f"{1e3 * fitted['step_s']:.2f} ms + N × {1e6 * fitted['env_step_s']:.1f} µs.",
+            *(["", doc["note"]] if doc.get("note") else []),
         ]
     )
-    common.write_section("eval_overhead", "Evaluation: where a step's time goes", body, args.quick, device=args.device)
+    key = "eval_overhead" + (common.gpu_suffix(doc["info"]) or ("" if doc["device"] == "cpu" else "_" + doc["device"]))
+    title = f"Evaluation: where a step's time goes ({doc['info'].get('gpu') or doc['device']})"
+    common.write_section(key, title, body, quick, doc["info"])
 
 
 if __name__ == "__main__":

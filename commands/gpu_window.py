@@ -44,6 +44,7 @@ BUILD_S = 170.0
 # the window's seconds no measurement may take: the smallest group (3 members of DT, final evaluation included)
 # was estimated at 6.2 min on an H100 (results/gpu-h100-2026-11-27), and 355 s left after measuring trained nothing
 LEAST_TRAINING = 420.0
+EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
@@ -161,17 +162,18 @@ def bench_options(options: list[str]) -> list[str]:
     return ["--modes", mode, "--precisions", precision, *(a for a in rest if a != "--compile")]
 
 
-def committed(name: str, engine: dict, any_gpu: bool = False, **fields) -> Path | None:
+def committed(name: str, engine: dict, any_gpu: bool = False, any_engine: bool = False, **fields) -> Path | None:
     """The newest ``results/gpu-*/NAME.json`` measured with ``engine`` ({"engine", "gpu"}: the step's hash and
-    this GPU's name), every record of it under that hash, on that GPU (on any, with ``any_gpu``), with the
-    top-level ``fields`` given."""
+    this GPU's name), every record of it under that hash (under any, with ``any_engine``), on that GPU (on
+    any, with ``any_gpu``), with the top-level ``fields`` given."""
     for path in sorted(ROOT.glob(f"results/gpu-*/{name}.json"), key=lambda p: p.parent.name[-10:], reverse=True):
         try:
             doc = json.loads(path.read_text())
             records = doc["records"]
             gpu = any_gpu or doc["info"]["gpu"] == engine.get("gpu")
             same = gpu and records and all(doc.get(k) == v for k, v in fields.items())
-            if same and all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records):
+            hashed = any_engine or all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records)
+            if same and hashed:
                 return path
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
@@ -180,10 +182,16 @@ def committed(name: str, engine: dict, any_gpu: bool = False, **fields) -> Path 
 
 def rank_variants(w: Window, args) -> list[str]:
     """The train.py options of the fastest variant of the step that passed its check: from a committed
-    ranking of this engine on this GPU, else on another GPU (the ranking takes minutes: a window spent on
-    measuring trains nothing), else ranked now (``bench/step_variants.py``); else --compile."""
+    ranking of this engine on this GPU, else the options of a committed throughput of it there, else a
+    ranking of it on another GPU (ranking takes minutes: a window spent on measuring trains nothing), else
+    ranked now (``bench/step_variants.py``); else --compile."""
     engine = w.doc.get("engine", {})
-    path = committed("variants", engine) or committed("variants", engine, any_gpu=True)
+    path = committed("variants", engine)
+    measured = path is None and committed("throughput", engine)
+    if measured and isinstance(options := json.loads(measured.read_text()).get("options"), list):
+        w.phase("variants", time.time(), "passed", f"the options of {measured.relative_to(ROOT)}")
+        return [str(o) for o in options]
+    path = path or committed("variants", engine, any_gpu=True)
     if path is None:
         path = STATE / "variants.json"
         cmd = [sys.executable, "bench/step_variants.py", "--device", w.doc["device"], "--json", str(path)]
@@ -251,6 +259,23 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
             (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
     w.doc["options"] = options
     return options
+
+
+def add_evaluation(w: Window) -> None:
+    """What an evaluation costs on this GPU (``bench/eval_overhead.py --json``'s fit: per step of the batched
+    rollout and per environment step), measured now or committed (under any engine), into the throughput
+    file the sweep's budget reads (without it, the budget's default rate: ``commands.sweep.budget``)."""
+    path = w.out / "evaluation.json"
+    path = path if path.exists() else committed("evaluation", w.doc.get("engine", {}), any_engine=True)
+    measured = STATE / "throughput.json"
+    try:
+        evaluation = json.loads(path.read_text())["evaluation"]
+        doc = json.loads(measured.read_text())
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):
+        return
+    doc["evaluation"] = w.doc["evaluation"] = evaluation
+    for folder in (STATE, w.out):
+        (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
 
 
 def pack(w: Window) -> None:
@@ -341,8 +366,10 @@ def start(args) -> None:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
             profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
             w.run("profile", profile, 90, w.doc["reserve"])
-            rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "16"]
-            w.run("evaluation profile", [*rollout, "--episodes", "1800", "--steps", "100"], 60, w.doc["reserve"])
+            rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
+            rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--json", str(args.out / "evaluation.json")]
+            w.run("evaluation profile", rollout, 90, w.doc["reserve"])
+        add_evaluation(w)
     else:
         options = []
     # the sweep starts now: a group whose datasets are still being built waits for them (their build lock),

@@ -45,6 +45,10 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
     # a: 3 members at 200 member-updates/s; b: 2 members at 150; evaluations at 1000 steps/s
     assert estimate([a, b], throughput()) == pytest.approx(START_S + 5 + 3000 / 200 + 1000 / 150 + 8)
     assert estimate([], throughput()) == 0
+    latency = throughput()
+    latency.eval_step_s = 0.01  # and every step of the batched rollout costs 10 ms, whatever its width
+    a.eval_rounds, b.eval_rounds = 300, 100
+    assert estimate([a, b], latency) == pytest.approx(estimate([a, b], throughput()) + 4)
 
 
 def test_pairs_are_taken_in_priority_order_and_smaller_ones_still_tried_after_one_that_does_not_fit():
@@ -74,6 +78,9 @@ def test_pairs_are_taken_in_priority_order_and_smaller_ones_still_tried_after_on
         '{"records": [{"model": "primal", "d_model": 256, "n_head": 4, "mode": "captured", "precision": "bf16", '
         '"members": 1, "member_updates_per_s": -3, "warmup_s": 1}]}',
         '{"records": [], "eval_steps_per_s": "fast"}',
+        '{"records": [], "evaluation": {"step_s": 0.003, "env_step_s": 0}}',
+        '{"records": [], "evaluation": {"step_s": -1, "env_step_s": 1e-5}}',
+        '{"records": [], "evaluation": {"env_step_s": 1e-5}}',
     ],
 )
 def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content):
@@ -82,6 +89,18 @@ def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content)
     with pytest.raises(UserError, match="throughput.json") as refused:
         load_throughput(path)
     assert "run record" not in str(refused.value)  # named as what it is
+
+
+def test_a_throughput_file_carries_the_evaluations_cost_per_step_and_per_environment_step(tmp_path):
+    """As bench/eval_overhead.py --json fits it; a file without it keeps its rate alone."""
+    path = tmp_path / "throughput.json"
+    throughput().save(path, {})
+    assert load_throughput(path).eval_step_s == 0 and load_throughput(path).eval_steps_per_s == 1000
+    doc = json.loads(path.read_text()) | {"evaluation": {"step_s": 0.004, "env_step_s": 2e-5}}
+    path.write_text(json.dumps(doc))
+    t = load_throughput(path)
+    assert t.eval_step_s == 0.004 and t.eval_steps_per_s == pytest.approx(50_000)
+    assert t.rate(PRIMAL, 9) == 500.0
 
 
 def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committed_runs(tmp_path):

@@ -142,6 +142,13 @@ def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_not
     phases.clear()
     gpu_window.rank_variants(w, args)
     assert phases == ["variants"]
+    w.doc["engine"]["gpu"] = "G"  # a throughput of this engine on this GPU names the options it was measured with
+    doc = json.loads((committed / "throughput.json").read_text())
+    for r in doc["records"]:
+        r["engine"] = "changed"
+    (committed / "throughput.json").write_text(json.dumps(doc | {"options": ["--compile"]}))
+    phases.clear()
+    assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == ["--compile"] and phases == []
 
 
 def test_a_given_throughput_file_sets_the_options_the_sweep_trains_with(tmp_path):
@@ -164,3 +171,26 @@ def test_the_window_imports_only_the_standard_library_until_its_wheels_are_insta
     )
     res = run("-c", code)
     assert res.returncode == 0 and res.stdout.strip().endswith("[]"), res.stdout[-300:] + res.stderr
+
+
+def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(tmp_path, monkeypatch):
+    """Measured in this window (bench/eval_overhead.py --json), else committed for this GPU under any engine."""
+    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    gpu_window.STATE.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+    w.doc.update(engine={"engine": "new", "gpu": "G"})
+    (gpu_window.STATE / "throughput.json").write_text(json.dumps({"records": [{"model": "primal"}]}))
+    gpu_window.add_evaluation(w)  # none measured, none committed: the file stays as it was
+    assert "evaluation" not in json.loads((gpu_window.STATE / "throughput.json").read_text())
+    committed = tmp_path / "results" / "gpu-g-2026-11-27"
+    committed.mkdir(parents=True)
+    old = {"records": [{"episodes": 60}], "evaluation": {"step_s": 0.003, "env_step_s": 4e-5}, "info": {"gpu": "G"}}
+    (committed / "evaluation.json").write_text(json.dumps(old))
+    gpu_window.add_evaluation(w)
+    for folder in (gpu_window.STATE, tmp_path / "out"):
+        assert json.loads((folder / "throughput.json").read_text())["evaluation"] == old["evaluation"]
+    (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old | {"evaluation": {"step_s": 0.001}}))
+    gpu_window.add_evaluation(w)  # this window's own measurement wins
+    assert json.loads((gpu_window.STATE / "throughput.json").read_text())["evaluation"] == {"step_s": 0.001}

@@ -9,8 +9,10 @@ process; processes share a GPU (or the cores) by turns, so their times add up:
     start-up + slowest warm-up + Σ_groups (member-updates / rate(its members) + evaluation)
 
 where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
-evaluation's time is its episodes' environment steps at most (members × targets × episodes × the
-episode limit) over ``eval_steps_per_s``. (dataset, model) pairs are taken in priority order (both models of a
+evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
+rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
+environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``.
+(dataset, model) pairs are taken in priority order (both models of a
 dataset, then the next dataset); one with which the groups would not fit is left out, with the
 estimate that ruled it out, and later (smaller) ones are still tried.
 """
@@ -61,6 +63,7 @@ class Throughput:
     rates: dict[Setting, dict[int, float]] = field(default_factory=dict)
     warmups: dict[Setting, float] = field(default_factory=dict)
     eval_steps_per_s: float = EVAL_STEPS_PER_S
+    eval_step_s: float = 0.0  # seconds of every step of an evaluation, whatever its width
 
     def add(self, record: dict) -> None:
         """One measurement: a record of ``dt_primal.training.throughput.time_updates`` with its setting's fields."""
@@ -96,25 +99,32 @@ class Throughput:
     def save(self, path: Path, about: dict) -> None:
         from dt_primal.untrusted import write_file
 
-        doc = {"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, **about}
+        evaluation = {"step_s": self.eval_step_s, "env_step_s": 1 / self.eval_steps_per_s}
+        doc = {"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, "evaluation": evaluation, **about}
         write_file(path, json.dumps(doc, indent=1), "The throughput file")
 
 
 def load_throughput(path: Path) -> Throughput:
-    """A file of measurements: ``{"records": [...], "eval_steps_per_s": ...}`` (this module's or
-    ``bench/ensemble_speed.py --json``'s); a UserError naming what is wrong with it."""
+    """A file of measurements: ``{"records": [...], "eval_steps_per_s": ..., "evaluation": {"step_s": ...,
+    "env_step_s": ...}}`` (this module's, ``bench/ensemble_speed.py --json``'s, with ``bench/eval_overhead.py
+    --json``'s "evaluation", which wins over "eval_steps_per_s"); a UserError naming what is wrong with it."""
     from dt_primal.untrusted import read_json
 
     try:
         doc = read_json(path, "The throughput file", "Measure again (bench/ensemble_speed.py --json).")
         t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", EVAL_STEPS_PER_S)))
+        if "evaluation" in doc:
+            t.eval_step_s = float(doc["evaluation"]["step_s"])
+            t.eval_steps_per_s = 1 / float(doc["evaluation"]["env_step_s"])
         for r in doc["records"]:
             t.add(r)
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
         raise UserError(f"{path} is not a file of throughput measurements ({type(exc).__name__}: {exc}).") from None
     bad = [r for pts in t.rates.values() for r in pts.values() if not 0 < r < 1e9]
     if bad or not 0 < t.eval_steps_per_s < 1e9 or not all(0 <= w < 1e5 for w in t.warmups.values()):
         raise UserError(f"{path}: rates and warm-ups must be positive, finite numbers.")
+    if not 0 <= t.eval_step_s < 10:
+        raise UserError(f"{path}: an evaluation's seconds per step must be a number from 0 to 10.")
     return t
 
 
@@ -129,6 +139,7 @@ class Group:
     steps: int
     eval_steps: int  # environment steps of all its evaluations at most
     cfg: object = None  # its first dataset's Config, to measure the setting with
+    eval_rounds: int = 0  # steps of the batched rollout of all its evaluations at most (evaluations × limit)
 
     @property
     def members(self) -> int:
@@ -141,7 +152,8 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
         return 0.0
     train = sum(g.members * g.steps / tp.rate(tp.find(g.setting), g.members) for g in groups)
     warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
-    return START_S + warmup + train + sum(g.eval_steps for g in groups) / tp.eval_steps_per_s
+    evaluation = sum(g.eval_steps / tp.eval_steps_per_s + g.eval_rounds * tp.eval_step_s for g in groups)
+    return START_S + warmup + train + evaluation
 
 
 Pair = tuple[str, str]  # (dataset, model)

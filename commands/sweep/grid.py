@@ -175,11 +175,12 @@ def budget_groups(
             continue
         cfg = make_config(preset, **{**given, "dataset": ds[0], "model": model})
         task = find_task(given.get("env") or ds[0])
-        episodes = cfg.eval_episodes + (cfg.steps - 1) // max(1, cfg.eval_every) * cfg.eval_episodes_during
+        during = (cfg.steps - 1) // max(1, cfg.eval_every)  # the intermediate evaluations
+        episodes = cfg.eval_episodes + during * cfg.eval_episodes_during
         targets = len(cfg.targets or (task.targets if task else ())) or 1
         limit = (task.time_limit if task else None) or 1000
         eval_steps = len(ds) * len(left) * targets * episodes * limit
-        groups.append(Group(ds, model, left, step_setting(cfg), cfg.steps, eval_steps, cfg))
+        groups.append(Group(ds, model, left, step_setting(cfg), cfg.steps, eval_steps, cfg, (during + 1) * limit))
     return groups
 
 
