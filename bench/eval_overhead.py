@@ -65,12 +65,11 @@ def envs_alone(task, n: int, workers: int, steps: int) -> float:
     return seconds
 
 
-def in_rollout(task, n: int, workers: int, steps: int, device: str, members: int) -> dict:
-    """The rollout of ``n`` episodes (over ``members`` members) split into forward, stepping and the rest."""
+def in_rollout(task, n: int, workers: int, steps: int, device: str, members: int, capture: bool = True) -> dict:
+    """The rollout of ``n`` episodes (over ``members`` members) split into forward, stepping and the rest;
+    ``capture``: the policy's forward pass replayed as a CUDA graph (on CUDA: ``Policy``'s ``capture``)."""
     cfg = make_config("paper", model="primal", s=64, max_ep_len=steps)
     model = DecisionTransformer(cfg.model_config(11, 3), members=members).to(device).eval()
-    forward = Timed(model.forward, torch.device(device))
-    model.forward = forward
     stepping = []
 
     class TimedEpisodes(Episodes):
@@ -81,7 +80,8 @@ def in_rollout(task, n: int, workers: int, steps: int, device: str, members: int
             return out
 
     precision = "bf16" if device.startswith("cuda") else "fp32"
-    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context, precision)
+    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context, precision, capture)
+    policy.forward = forward = Timed(policy.forward, torch.device(device))
     saved, rollout_module.Episodes = rollout_module.Episodes, TimedEpisodes
     try:
         t0 = time.perf_counter()
@@ -109,15 +109,18 @@ def measure(args) -> list[dict]:
     task = common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=args.steps)
     in_rollout(task, args.members, 1, 25, args.device, args.members)  # untimed: the device's first use
     records = []
+    forwards = args.forward if args.device.startswith("cuda") else ["eager"]  # a CPU's is eager
     for n in args.episodes:
         for w in args.workers:
             w = w or default_env_workers(args.device, n)
             alone = envs_alone(task, n, w, args.steps)
-            r = in_rollout(task, n, w, args.steps, args.device, args.members)
-            records.append(
-                dict(episodes=n, workers=w, steps=args.steps, members=args.members, alone_s=alone)
-                | {f"{k}_s": v for k, v in r.items()}
-            )
+            for forward in forwards:
+                r = in_rollout(task, n, w, args.steps, args.device, args.members, forward == "captured")
+                records.append(
+                    dict(episodes=n, workers=w, steps=args.steps, members=args.members, forward=forward)
+                    | {"alone_s": alone}
+                    | {f"{k}_s": v for k, v in r.items()}
+                )
             print(json.dumps(records[-1]), f"(load {common.load_avg():.2f})", flush=True)
     return records
 
@@ -129,6 +132,13 @@ def main() -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="0: as many as an evaluation starts")
     p.add_argument("--members", type=int, default=3)
     p.add_argument("--steps", type=int, default=200, help="steps of every episode")
+    p.add_argument(
+        "--forward",
+        nargs="+",
+        choices=["captured", "eager"],
+        default=["captured"],
+        help="on CUDA, the policy's forward pass replayed as a CUDA graph (as evaluations run it), eager, or both",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the measurements and their fit here")
     p.add_argument("--from-json", type=Path, default=None, help="write the section from this --json file")
     p.add_argument("--quick", action="store_true")
@@ -139,7 +149,8 @@ def main() -> None:
         doc = json.loads(args.from_json.read_text())
     else:
         records = measure(args)
-        fitted = fit([r for r in records if r["workers"] == default_env_workers(args.device, r["episodes"])] or records)
+        product = [r for r in records if r["workers"] == default_env_workers(args.device, r["episodes"])]
+        fitted = fit([r for r in product if r["forward"] == records[0]["forward"]] or records)
         doc = {"records": records, "evaluation": fitted, "device": args.device, "info": common.run_info()}
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
@@ -153,12 +164,14 @@ def section(doc: dict, quick: bool) -> None:
         per = lambda s, r=r: f"{1e6 * s / (r['episodes'] * r['steps']):.1f}"
         rest = r["total_s"] - r["forward_s"] - r["stepping_s"]
         rows.append(
-            [r["episodes"], r["workers"], per(r["total_s"]), per(r["forward_s"]), per(r["stepping_s"]), per(rest)]
+            [r["episodes"], r["workers"], r.get("forward", "eager"), per(r["total_s"]), per(r["forward_s"])]
+            + [per(r["stepping_s"]), per(rest)]
             + [per(r["alone_s"]), f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / r['total_s']:.0%}"]
         )
     header = [
         "episodes",
         "workers",
+        "forward pass",
         "rollout µs per env-step",
         "forward",
         "stepping",
@@ -176,7 +189,8 @@ def section(doc: dict, quick: bool) -> None:
             "",
             common.md_table(header, rows),
             "",
-            f"Fitted, with the workers an evaluation starts: each step of an evaluation of N episodes takes "
+            f"Fitted, with the workers an evaluation starts and the {doc['records'][0].get('forward', 'eager')} "
+            "forward pass: each step of an evaluation of N episodes takes "
             f"{1e3 * fitted['step_s']:.2f} ms + N × {1e6 * fitted['env_step_s']:.1f} µs.",
             *(["", doc["note"]] if doc.get("note") else []),
         ]

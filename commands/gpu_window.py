@@ -46,6 +46,7 @@ BUILD_S = 170.0
 LEAST_TRAINING = 420.0
 EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
+CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py"]  # the captured step's and acting's CUDA tests
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
 ENGINE = """import json, torch
@@ -357,7 +358,7 @@ def start(args) -> None:
         w.doc["reserve"] = args.least_training
         w.run(
             "cuda tests",
-            [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", "tests/test_ensemble.py"],
+            [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", *CUDA_TESTS],
             60,
             args.least_training,
         )
@@ -367,8 +368,8 @@ def start(args) -> None:
             profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
             w.run("profile", profile, 90, w.doc["reserve"])
             rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
-            rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--json", str(args.out / "evaluation.json")]
-            w.run("evaluation profile", rollout, 90, w.doc["reserve"])
+            rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--forward", "captured", "eager"]
+            w.run("evaluation profile", [*rollout, "--json", str(args.out / "evaluation.json")], 120, w.doc["reserve"])
         add_evaluation(w)
     else:
         options = []

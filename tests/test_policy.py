@@ -91,3 +91,85 @@ def test_a_policy_acts_beyond_its_context_and_its_episode_length():
     actions = [policy.act(np.full(2, t / 10), reward=0.1) for t in range(8)]
     assert all(a.shape == (1,) and np.isfinite(a).all() for a in actions)
     assert policy.history[0].shape == (1, 1, 3, 2)  # the last K steps only
+
+
+def acting_pair(device="cpu", model_name="primal", precision="fp32", **capture):
+    """A 3-member policy acting eagerly, and the same acting through ``CapturedForward`` (``capture``: its
+    arguments, e.g. a stand-in for the CUDA graph on a CPU)."""
+    from dt_primal.config import Config
+    from dt_primal.evaluation.policy import CapturedForward
+    from dt_primal.model.transformer import DecisionTransformer
+
+    torch.manual_seed(0)
+    cfg = Config(model=model_name, d_model=16, n_head=2, n_layer=2, context=4, max_ep_len=50, s=4)
+    model = DecisionTransformer(cfg.model_config(5, 2), members=3).to(device).train(False)
+    eager = Policy(model, np.zeros(5), np.ones(5), 10.0, 4, precision, capture=False)
+    captured = Policy(model, np.zeros(5), np.ones(5), 10.0, 4, precision, capture=False)
+    captured.forward = CapturedForward(model, 4, **capture)
+    return eager, captured
+
+
+def act_side_by_side(eager, captured, steps=30, n=20):
+    """Both policies over ``steps`` steps of n episodes per member that end one after another (the live width
+    shrinks through several buckets); their actions at every step, side by side."""
+    rng = np.random.default_rng(0)
+    live = np.ones((3, n), bool)
+    for p in (eager, captured):
+        p.reset(np.full((3, n), 5.0))
+    pairs = []
+    for t in range(steps):
+        obs, reward = rng.normal(size=(3, n, 5)), rng.normal(size=(3, n))
+        pairs.append(tuple(p.act(obs, reward, live=live) for p in (eager, captured)))
+        live[:, : max(0, t - 4)] = False  # from the 6th step on, one more episode of every member ends each step
+    return pairs
+
+
+def stand_in_graph(captures: list):
+    """``cuda_graph``'s stand-in on a CPU: the replay recomputes into the captured output."""
+
+    def graph_of(fn):
+        out = fn()
+        captures.append(out.shape[1])
+        return (lambda: out.copy_(fn())), out
+
+    return graph_of
+
+
+def test_the_captured_forward_acts_as_the_eager_one_as_episodes_end():
+    """Eager while the context fills, then replayed at width buckets (8, 12, 16, 24 ...) that follow the live
+    width down, every action the eager pass's."""
+    captures = []
+    eager, captured = acting_pair(graph_of=stand_in_graph(captures))
+    for a, b in act_side_by_side(eager, captured):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+    assert captures == [24, 16, 12, 8] and captured.forward.on
+
+
+@pytest.mark.parametrize("fault", ["stale", "raises"])
+def test_a_graph_that_fails_or_differs_is_dropped_for_the_eager_pass(fault):
+    def graph_of(fn):
+        if fault == "raises":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        out = fn()
+        return (lambda: None), out  # replays leave the output as captured, on zeros
+
+    eager, captured = acting_pair(graph_of=graph_of)
+    with pytest.warns(RuntimeWarning, match="acting without a CUDA graph from now on"):
+        pairs = act_side_by_side(eager, captured, steps=8)
+    for a, b in pairs:
+        np.testing.assert_allclose(b, a, atol=1e-5)
+    assert not captured.forward.on
+
+
+@pytest.mark.parametrize("model_name", ["dt", "primal"])
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+def test_the_cuda_graph_of_acting_acts_as_the_eager_pass_on_cuda(model_name):
+    import warnings
+
+    eager, captured = acting_pair("cuda", model_name, "bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        pairs = act_side_by_side(eager, captured)
+    for a, b in pairs:
+        np.testing.assert_allclose(b, a, atol=3e-2)
+    assert captured.forward.on and captured.forward.width == 8

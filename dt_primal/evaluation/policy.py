@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -46,6 +48,83 @@ class TorchArrays:
         return x.cpu().numpy()
 
 
+def width_bucket(width: int) -> int:
+    """The smallest of 8, 12, 16, 24, 32, 48, ... (the powers of two and 1.5 times them) that is at least ``width``."""
+    b = 8
+    while b < width:
+        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
+    return b
+
+
+def cuda_graph(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+    """``fn()`` captured as a CUDA graph after two runs on a side stream: its replay and the output it writes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+class CapturedForward:
+    """The acting forward pass (``model(..., last_only=True)``), replayed as a CUDA graph once the context is
+    full: an eager pass launches some 300 operations, about 10 ms of host time on an H100 machine whatever
+    its width (docs/benchmarks.md, "Evaluation: where a step's time goes"), a replay one. The graph is
+    captured at a width bucket (``width_bucket``: the rows past the live ones hold older inputs, and their
+    outputs are dropped) and kept while the bucket lasts (widths only shrink within an evaluation). Its first
+    replay is checked against the eager pass: if it differs, or the capture fails, this acts eagerly from
+    then on, with a warning. ``graph_of``: ``cuda_graph``, or a stand-in with its signature. The caller's
+    autocast must not cache casts (``dt_primal.precision.autocast``): the graph would outlive the cache."""
+
+    ATOL = 3e-2  # actions in [-1, 1]; bf16 passes of different widths differ by about 1e-2
+
+    def __init__(self, model, context: int, graph_of=cuda_graph):
+        self.model, self.context, self.graph_of = model, context, graph_of
+        self.on, self.width, self.replay, self.checked = True, 0, None, False
+
+    def eager(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(*inputs, last_only=True)[0]
+
+    def __call__(self, states, actions, rtg, timesteps) -> torch.Tensor:
+        """The newest step's actions (M, width, 1, act_dim) for inputs (M, width, K, ...)."""
+        inputs, width = (states, actions, rtg, timesteps), states.shape[1]
+        if not self.on or states.shape[2] < self.context or self.model.training:
+            return self.eager(*inputs)
+        if width_bucket(width) != self.width and not self._capture(width_bucket(width), inputs):
+            return self.eager(*inputs)
+        for buffer, x in zip(self.inputs, inputs):
+            buffer[:, :width].copy_(x)
+        self.replay()
+        out = self.output[:, :width].clone()
+        if not self.checked:
+            self.checked, expected = True, self.eager(*inputs)
+            if not torch.allclose(out.float(), expected.float(), rtol=0.0, atol=self.ATOL):
+                return self._give_up(
+                    f"its actions differ from the eager pass's by up to {(out - expected).abs().max():.3g}", expected
+                )
+        return out
+
+    def _capture(self, width: int, inputs) -> bool:
+        self.replay = self.output = None  # the last bucket's graph and memory go first
+        try:
+            self.inputs = [x.new_zeros((x.shape[0], width, *x.shape[2:])) for x in inputs]
+            self.replay, self.output = self.graph_of(lambda: self.eager(*self.inputs))
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            self._give_up(f"capturing it failed ({type(exc).__name__}: {str(exc)[:200]})")
+            return False
+        self.width, self.checked = width, False
+        return True
+
+    def _give_up(self, why: str, result=None):
+        warnings.warn(f"acting without a CUDA graph from now on: {why}", RuntimeWarning, stacklevel=3)
+        self.on, self.width, self.replay, self.output, self.inputs = False, 0, None, None, []
+        return result
+
+
 class Policy(Acting):
     """Acts with the members of ``model`` (a ``DecisionTransformer`` of one member or several, which
     run as one forward pass), conditioned on a target return that drops by each reward /
@@ -55,7 +134,8 @@ class Policy(Acting):
 
     ``state_mean``/``state_std``: (obs_dim,) or one row per member. ``model``: a ``DecisionTransformer``
     or anything with its ``members``, ``config.act_dim``, ``device`` (else its parameters'), ``training``,
-    ``train(mode)``, ``max_ep_len`` and its call on (members, N, K, ...) inputs with ``last_only``."""
+    ``train(mode)``, ``max_ep_len`` and its call on (members, N, K, ...) inputs with ``last_only``.
+    ``capture``: on CUDA, replay the forward pass as a CUDA graph (``CapturedForward``)."""
 
     def __init__(
         self,
@@ -65,11 +145,14 @@ class Policy(Acting):
         reward_scale: float,
         context: int,
         precision: str = "fp32",
+        capture: bool = True,
     ):
         self.model, self.precision = model, precision
         self.device = getattr(model, "device", None) or next(model.parameters()).device
         self.config = model.config  # the members' ModelConfig
         self.arrays = TorchArrays(self.device)
+        on_gpu = capture and self.device.type == "cuda"
+        self.forward = CapturedForward(model, context) if on_gpu else lambda *x: model(*x, last_only=True)[0]
         super().__init__(model.members, self.config.act_dim, state_mean, state_std, reward_scale, context)
 
     @property
@@ -102,10 +185,8 @@ class Policy(Acting):
         if width == 0:
             return out
         index = (torch.arange(M, device=self.device)[:, None], torch.as_tensor(rows, device=self.device))
-        with autocast(self.precision, self.device.type), tf32(self.precision):
-            pred, _ = self.model(
-                states[index], actions[index], rtg[index], timesteps.expand(M, width, -1), last_only=True
-            )
+        with autocast(self.precision, self.device.type, cache_casts=False), tf32(self.precision):
+            pred = self.forward(states[index], actions[index], rtg[index], timesteps.expand(M, width, -1))
         out[index] = pred[:, :, -1].float()
         return out * torch.as_tensor(live, device=self.device)[..., None]
 
