@@ -11,7 +11,10 @@ and 9), then starts detached the sweep of
 Table 4 with that variant's options and a time budget that ends with the window (``--window`` seconds
 from now, less a margin to pack), the paper's largest claimed gains first. A ranking or a throughput
 committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
-step's modules and torch's version) on the same GPU is used instead of measuring again. Until its own
+step's modules and torch's version) on the same GPU is used instead of measuring again (a ranking of it on
+another GPU too), and so is what an evaluation costs on that GPU (``bench/eval_overhead.py --json``, measured
+with ``--profile``), which the sweep's budget reads. Measuring stops ``--least-training`` seconds before the
+window's end. Until its own
 ``--seconds`` are spent it packs, every 20 s, the records of the finished runs, the measurements, the
 sweep's log and this file's account of every phase (``window.json``) into OUT, the folder that comes
 back. ``wait`` packs the same way until the sweep has ended or the window is over. A failed phase is
@@ -41,6 +44,7 @@ MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 
 # the first datasets' builds on a 16-core GPU machine: five in 112 s on an H200 (2026-11-26), in about 165 s on
 # an H100 beside the step's compilations (2026-11-27: a medium dataset, a million steps, in 145 and 159 s)
 BUILD_S = 170.0
+MEDIUM_STEPS = 1_000_000  # the transitions of a medium dataset, the longest of those builds
 # the window's seconds no measurement may take: the smallest group (3 members of DT, final evaluation included)
 # was estimated at 6.2 min on an H100 (results/gpu-h100-2026-11-27), and 355 s left after measuring trained nothing
 LEAST_TRAINING = 420.0
@@ -377,7 +381,8 @@ def start(args) -> None:
     # and the budget keeps aside what the builds may still take
     rcs = [p.poll() for p in builds]
     failed, still = [rc for rc in rcs if rc not in (0, None)], rcs.count(None)
-    left = max(0.0, BUILD_S - (time.time() - t0)) if still else 0.0
+    build_s = BUILD_S * (args.build_steps or MEDIUM_STEPS) / MEDIUM_STEPS  # a rehearsal's small datasets: less
+    left = max(0.0, build_s - (time.time() - t0)) if still else 0.0
     status = f"failed (exit statuses {failed})" if failed else f"{still} still building" if still else "built"
     w.phase("datasets", t0, status)
     building = [d for ids, rc in zip(w.doc["builds"], rcs) if rc is None for d in ids]

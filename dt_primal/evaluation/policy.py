@@ -84,7 +84,8 @@ class CapturedForward:
 
     def __init__(self, model, context: int, graph_of=cuda_graph):
         self.model, self.context, self.graph_of = model, context, graph_of
-        self.on, self.width, self.replay, self.checked = True, 0, None, False
+        self.on, self.width, self.checked = True, 0, False
+        self.inputs, self.replay, self.output = [], None, None  # a bucket's input buffers, its graph, its output
 
     def eager(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.model(*inputs, last_only=True)[0]
