@@ -187,16 +187,18 @@ def committed(name: str, engine: dict, any_gpu: bool = False, any_engine: bool =
 
 def rank_variants(w: Window, args) -> list[str]:
     """The train.py options of the fastest variant of the step that passed its check: from a committed
-    ranking of this engine on this GPU, else the options of a committed throughput of it there, else a
-    ranking of it on another GPU (ranking takes minutes: a window spent on measuring trains nothing), else
-    ranked now (``bench/step_variants.py``); else --compile."""
-    engine = w.doc.get("engine", {})
-    path = committed("variants", engine)
-    measured = path is None and committed("throughput", engine)
-    if measured and isinstance(options := json.loads(measured.read_text()).get("options"), list):
-        w.phase("variants", time.time(), "passed", f"the options of {measured.relative_to(ROOT)}")
-        return [str(o) for o in options]
-    path = path or committed("variants", engine, any_gpu=True)
+    ranking of this engine on this GPU, else the options of a committed throughput of it there, else the
+    same on another GPU (ranking takes minutes: a window spent on measuring trains nothing), else ranked
+    now (``bench/step_variants.py``); else --compile."""
+    engine, path = w.doc.get("engine", {}), None
+    for any_gpu in (False, True):
+        path = committed("variants", engine, any_gpu=any_gpu)
+        measured = path is None and committed("throughput", engine, any_gpu=any_gpu)
+        if measured and isinstance(options := json.loads(measured.read_text()).get("options"), list):
+            w.phase("variants", time.time(), "passed", f"the options of {measured.relative_to(ROOT)}")
+            return [str(o) for o in options]
+        if path:
+            break
     if path is None:
         path = STATE / "variants.json"
         cmd = [sys.executable, "bench/step_variants.py", "--device", w.doc["device"], "--json", str(path)]

@@ -149,6 +149,9 @@ def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_not
     (committed / "throughput.json").write_text(json.dumps(doc | {"options": ["--compile"]}))
     phases.clear()
     assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == ["--compile"] and phases == []
+    w.doc["engine"]["gpu"] = "a third GPU"  # there: the options of the other GPU's throughput, measured again
+    assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == ["--compile"]
+    assert phases == ["throughput", "throughput dt"]
 
 
 def test_a_given_throughput_file_sets_the_options_the_sweep_trains_with(tmp_path):
