@@ -12,9 +12,9 @@ where rate() interpolates the measured member-updates/s between member counts (f
 evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
 environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``.
-(dataset, model) pairs are taken in priority order (both models of a
-dataset, then the next dataset); one with which the groups would not fit is left out, with the
-estimate that ruled it out, and later (smaller) ones are still tried.
+(dataset, model) pairs are taken in priority order (both models of a dataset, then the next dataset); one
+with which the groups would not fit is left out, with the estimate that ruled it out, and later (smaller)
+ones are still tried.
 """
 
 from __future__ import annotations
