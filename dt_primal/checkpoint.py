@@ -47,6 +47,7 @@ def plain(value):
 
 
 def member_checkpoint(
+    *,
     model: dict,
     optimizer: dict,
     step: int,

@@ -297,16 +297,16 @@ class TrainingRun:
             [m.last for m in self.members],
             [
                 member_checkpoint(
-                    member_state(self.model, i),
-                    self.train_step.member_optimizer_state(i),
-                    self.step,
-                    rng_state(self.gens[i]),
-                    m.cfg,
-                    m.task,
-                    m.state_mean,
-                    m.state_std,
-                    m.data.source,
-                    model_config(m),
+                    model=member_state(self.model, i),
+                    optimizer=self.train_step.member_optimizer_state(i),
+                    step=self.step,
+                    rng=rng_state(self.gens[i]),
+                    config=m.cfg,
+                    task=m.task,
+                    state_mean=m.state_mean,
+                    state_std=m.state_std,
+                    dataset=m.data.source,
+                    model_config=model_config(m),
                 )
                 for i, m in enumerate(self.members)
             ],
