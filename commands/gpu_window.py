@@ -4,12 +4,12 @@
   python -m commands.gpu_window wait --out OUT                  # the next command, at once
 
 ``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), checks what imports,
-builds the datasets the first groups need side by side in the background, runs the CUDA tests, ranks the
-step's variants (``bench/step_variants.py``: compiling, the AdamW and attention kernels, the compile mode,
-the precision) and measures the fastest that passed at 3, 6 and 9 members (the DT model's own step at 3
-and 9), then starts detached the sweep of
-Table 4 with that variant's options and a time budget that ends with the window (``--window`` seconds
-from now, less a margin to pack), the paper's largest claimed gains first. A ranking or a throughput
+builds the datasets the first groups need side by side in the background, ranks the step's variants
+(``bench/step_variants.py``: compiling, the AdamW and attention kernels, the compile mode, the precision)
+and measures the fastest that passed at 3, 6 and 9 members (the DT model's own step at 3 and 9), then
+starts detached the sweep of Table 4 with that variant's options and a time budget that ends with the
+window (``--window`` seconds from now, less a margin to pack), the paper's largest claimed gains first,
+and the CUDA tests beside the sweep's first seconds. A ranking or a throughput
 committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
 step's modules and torch's version) on the same GPU is used instead of measuring again (a ranking of it on
 another GPU too), and so is what an evaluation costs on that GPU (``bench/eval_overhead.py --json``, measured
@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -285,8 +286,32 @@ def add_evaluation(w: Window) -> None:
         (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
 
 
+def start_tests(w: Window) -> None:
+    """The CUDA tests (``CUDA_TESTS``), detached beside the sweep's first seconds (its processes start and
+    compile then, the tests hold the GPU for seconds), so that training starts sooner; ``pack`` writes down
+    their result once they have ended."""
+    cmd = shlex.join(["timeout", "120", sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", *CUDA_TESTS])
+    log, rc = STATE / "cuda-tests.log", STATE / "cuda-tests.rc"
+    subprocess.Popen(["sh", "-c", f"{cmd} > {shlex.quote(str(log))} 2>&1; echo $? > {shlex.quote(str(rc))}"], cwd=ROOT)
+    w.doc["cuda_tests_started"] = time.time()
+
+
+def tests_ended(w: Window) -> None:
+    """The CUDA tests' result as a phase, once their exit status is there."""
+    rc = STATE / "cuda-tests.rc"
+    if "cuda_tests_started" not in w.doc or w.doc.get("cuda_tests_ended") or not rc.exists():
+        return
+    status = rc.read_text().strip()
+    if not status:  # being written
+        return
+    tail = "" if status == "0" else (STATE / "cuda-tests.log").read_text(errors="replace")[-600:]
+    w.phase("cuda tests", w.doc["cuda_tests_started"], "passed" if status == "0" else f"failed ({status})", tail)
+    w.doc["cuda_tests_ended"] = True
+
+
 def pack(w: Window) -> None:
     """The records of the finished runs, the sweep's log and the measurements into OUT."""
+    tests_ended(w)
     if SWEEP.exists():  # the records command knows the run folders' layout; this process imports no dt_primal
         cmd = [sys.executable, "-m", "commands.sweep.records", str(SWEEP), str(w.out / "records.tgz")]
         packed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
@@ -362,12 +387,6 @@ def start(args) -> None:
     builds = start_builds(w, from_priority, args.build, args.build_steps)
     if args.device.startswith("cuda"):
         w.doc["reserve"] = args.least_training
-        w.run(
-            "cuda tests",
-            [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", *CUDA_TESTS],
-            60,
-            args.least_training,
-        )
         options = measure(w, args, given_options(args.measured) if args.throughput else rank_variants(w, args))
         if args.profile:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
@@ -389,6 +408,8 @@ def start(args) -> None:
     w.phase("datasets", t0, status)
     building = [d for ids, rc in zip(w.doc["builds"], rcs) if rc is None for d in ids]
     start_sweep(w, options, args.sweep_args, building, left)
+    if args.device.startswith("cuda"):
+        start_tests(w)
     keep_packing(w, t_start + args.seconds)
 
 

@@ -197,3 +197,38 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(tmp_pat
     (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old | {"evaluation": {"step_s": 0.001}}))
     gpu_window.add_evaluation(w)  # this window's own measurement wins
     assert json.loads((gpu_window.STATE / "throughput.json").read_text())["evaluation"] == {"step_s": 0.001}
+
+
+def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_when_they_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    gpu_window.STATE.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+    gpu_window.tests_ended(w)  # not started: nothing to write
+    w.doc["cuda_tests_started"] = time.time()
+    gpu_window.tests_ended(w)  # still running: nothing yet
+    assert w.doc["phases"] == []
+    (gpu_window.STATE / "cuda-tests.log").write_text("E   AssertionError: actions differ\n1 failed")
+    (gpu_window.STATE / "cuda-tests.rc").write_text("1\n")
+    gpu_window.pack(w)
+    gpu_window.pack(w)  # written down once
+    assert [(p["name"], p["status"]) for p in w.doc["phases"]] == [("cuda tests", "failed (1)")]
+    assert "actions differ" in w.doc["phases"][0]["note"]
+
+
+def test_the_cuda_tests_are_started_detached_and_leave_their_exit_status(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    gpu_window.STATE.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "test_gpu.py").write_text("def test_on_cuda():\n    pass\n\ndef test_other():\n    raise ValueError\n")
+    monkeypatch.setattr(gpu_window, "CUDA_TESTS", ["test_gpu.py"])
+    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+    gpu_window.start_tests(w)
+    deadline = time.time() + 120
+    while not (gpu_window.STATE / "cuda-tests.rc").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # the status written
+    gpu_window.tests_ended(w)
+    assert [(p["name"], p["status"]) for p in w.doc["phases"]] == [("cuda tests", "passed")]  # -k cuda: one test
