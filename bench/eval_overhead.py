@@ -121,7 +121,7 @@ def measure(args) -> list[dict]:
                     | {"alone_s": alone}
                     | {f"{k}_s": v for k, v in r.items()}
                 )
-            print(json.dumps(records[-1]), f"(load {common.load_avg():.2f})", flush=True)
+                print(json.dumps(records[-1]), f"(load {common.load_avg():.2f})", flush=True)
     return records
 
 
