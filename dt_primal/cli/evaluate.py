@@ -14,7 +14,7 @@ from dt_primal.errors import UserError, phase
 from dt_primal.evaluation import video
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.onnx_policy import onnx_run
-from dt_primal.evaluation.reports import across_text, run_record, scoring, write_report
+from dt_primal.evaluation.reports import across_text, markdown, run_record, scoring, write_report
 from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
 from dt_primal.precision import acting_precision
@@ -161,6 +161,6 @@ def evaluate_command(argv: list[str]) -> None:
     if args.side_by_side and filmed:
         video.side_by_side(filmed, args.video)
     summary = write_report(results, args.out)
-    print(args.out.with_suffix(".md").read_text())
+    print(markdown(summary))
     for r in summary["across_checkpoints"]:
         print(f"target {r['target']:g}: normalised score {across_text(r)}")
