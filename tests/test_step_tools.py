@@ -33,6 +33,16 @@ def data(tmp_path_factory):
     return load_dataset(str(hopper_file(tmp_path_factory.mktemp("tools"))))
 
 
+@pytest.fixture
+def window(tmp_path, monkeypatch) -> gpu_window.Window:
+    """A GPU window in ``tmp_path`` (its state folder and OUT, ``tmp_path / "out"``), ten minutes long."""
+    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    gpu_window.STATE.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    return gpu_window.Window(tmp_path / "out", time.time() + 600)
+
+
 def test_a_variant_passes_only_when_it_computes_the_step_of_the_defaults(data, monkeypatch):
     math = dataclasses.replace(TINY_CONFIG, attention_kernel="math", model="dt")
     good = step_variants.check(math, data)
@@ -100,12 +110,10 @@ def test_a_variants_options_become_the_throughput_benchmarks():
     assert step_variants.fastest({"records": [{"passed": False, "member_updates_per_s": 9.0}]}) is None
 
 
-def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_nothing_twice(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
-    monkeypatch.chdir(tmp_path)
-    gpu_window.STATE.mkdir(parents=True)
-    (tmp_path / "out").mkdir()
-    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_nothing_twice(
+    window, tmp_path, monkeypatch
+):
+    w = window
     w.doc.update(device="cuda", reserve=0, engine={"engine": "abc", "gpu": "G"})
     fast = ["--compile", "--optimizer", "compiled"]
     variants = [
@@ -176,13 +184,9 @@ def test_the_window_imports_only_the_standard_library_until_its_wheels_are_insta
     assert res.returncode == 0 and res.stdout.strip().endswith("[]"), res.stdout[-300:] + res.stderr
 
 
-def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(tmp_path, monkeypatch):
+def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(window, tmp_path):
     """Measured in this window (bench/eval_overhead.py --json), else committed for this GPU under any engine."""
-    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
-    monkeypatch.chdir(tmp_path)
-    gpu_window.STATE.mkdir(parents=True)
-    (tmp_path / "out").mkdir()
-    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+    w = window
     w.doc.update(engine={"engine": "new", "gpu": "G"})
     (gpu_window.STATE / "throughput.json").write_text(json.dumps({"records": [{"model": "primal"}]}))
     gpu_window.add_evaluation(w)  # none measured, none committed: the file stays as it was
@@ -199,12 +203,8 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(tmp_pat
     assert json.loads((gpu_window.STATE / "throughput.json").read_text())["evaluation"] == {"step_s": 0.001}
 
 
-def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_when_they_end(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
-    monkeypatch.chdir(tmp_path)
-    gpu_window.STATE.mkdir(parents=True)
-    (tmp_path / "out").mkdir()
-    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
+def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_when_they_end(window):
+    w = window
     gpu_window.tests_ended(w)  # not started: nothing to write
     w.doc["cuda_tests_started"] = time.time()
     gpu_window.tests_ended(w)  # still running: nothing yet
@@ -217,14 +217,10 @@ def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_wh
     assert "actions differ" in w.doc["phases"][0]["note"]
 
 
-def test_the_cuda_tests_are_started_detached_and_leave_their_exit_status(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_window, "ROOT", tmp_path)
-    monkeypatch.chdir(tmp_path)
-    gpu_window.STATE.mkdir(parents=True)
-    (tmp_path / "out").mkdir()
+def test_the_cuda_tests_are_started_detached_and_leave_their_exit_status(window, tmp_path, monkeypatch):
+    w = window
     (tmp_path / "test_gpu.py").write_text("def test_on_cuda():\n    pass\n\ndef test_other():\n    raise ValueError\n")
     monkeypatch.setattr(gpu_window, "CUDA_TESTS", ["test_gpu.py"])
-    w = gpu_window.Window(tmp_path / "out", time.time() + 600)
     gpu_window.start_tests(w)
     deadline = time.time() + 120
     while not (gpu_window.STATE / "cuda-tests.rc").exists() and time.time() < deadline:
