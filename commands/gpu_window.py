@@ -263,8 +263,7 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
         doc["records"] += dt["records"] if dt else []
     if doc:  # else the sweep measures in its first seconds
         doc["options"] = options
-        for folder in (STATE, w.out):
-            (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
+        save_throughput(w, doc)
     w.doc["options"] = options
     return options
 
@@ -282,6 +281,11 @@ def add_evaluation(w: Window) -> None:
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return
     doc["evaluation"] = w.doc["evaluation"] = evaluation
+    save_throughput(w, doc)
+
+
+def save_throughput(w: Window, doc: dict) -> None:
+    """The measurements the sweep reads (this machine's side) and that come back (OUT)."""
     for folder in (STATE, w.out):
         (folder / "throughput.json").write_text(json.dumps(doc, indent=1))
 
