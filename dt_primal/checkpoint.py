@@ -197,8 +197,10 @@ def _check_training_state(ckpt: dict, path) -> None:
             (s["bit_generator"], s["key"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"])
         )
         random.Random().setstate(state["python"])
-        for key in ("torch", "sampler"):
-            torch.Generator().set_state(state[key])
+        torch.Generator().set_state(state["torch"])
+        sampler = state["sampler"]  # the sampler's generator lives on the training device (CUDA: 16 bytes)
+        if not (isinstance(sampler, torch.Tensor) and sampler.dtype == torch.uint8 and sampler.dim() == 1):
+            raise TypeError("the sampler's generator state is not a byte tensor")
         if not all(isinstance(c, torch.Tensor) for c in state["cuda"]):
             raise TypeError("the CUDA generators' states are not tensors")
     except Exception as exc:  # the file's values, whatever they are
@@ -336,4 +338,9 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
     s = state["numpy"]
     np.random.set_state((s["bit_generator"], s["key"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["gauss"]))
     random.setstate(state["python"])
+    if state["sampler"].numel() != gen.get_state().numel():  # a CUDA generator's state is 16 bytes, a CPU one's 5056
+        raise ValueError(
+            f"its batch generator is not one of a {gen.device.type.upper()} run: resume it on the kind of device "
+            f"it was trained on"
+        )
     gen.set_state(state["sampler"])

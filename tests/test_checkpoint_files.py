@@ -151,6 +151,7 @@ def test_empty_and_special_files_are_a_message(run_dir, tmp_path):
     [
         (lambda c: c["rng"]["numpy"].update(key=[1, 2, 3]), "The training state in "),
         (lambda c: c.update(step="876"), "is damaged: its step is '876', not a count"),
+        (lambda c: c["rng"].update(sampler=torch.zeros(16, dtype=torch.uint8)), "resume it on the kind of device"),
     ],
 )
 def test_a_damaged_training_state_is_a_message_on_resume(run_dir, tmp_path, change, phrase):

@@ -60,6 +60,9 @@ def assert_members_same(a, b, seeds=(0, 1), atol=0.0):
         assert_same(weights(a / f"seed_{s}" / "last.pt"), weights(b / f"seed_{s}" / "last.pt"), atol=atol)
 
 
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+
 def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
     """TrainStep against the update written out with PyTorch's own AdamW, LambdaLR and clip_grad_norm_."""
     cfg = dataclasses.replace(CFG, dropout=0.0, warmup_steps=4)
@@ -158,12 +161,15 @@ def test_members_draw_the_batches_of_their_seeds_alone(data, tmp_path, monkeypat
             torch.testing.assert_close(a[i], b[0], rtol=0, atol=0)
 
 
-def test_resuming_an_ensemble_gives_the_weights_of_an_uninterrupted_one(data, tmp_path):
-    cfg = dataclasses.replace(CFG, steps=16, checkpoint_every=5)  # with dropout: every generator is restored
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_resuming_an_ensemble_gives_the_weights_of_an_uninterrupted_one(data, tmp_path, device):
+    """With dropout, so every generator is restored: the process's and each member's batch generator, which
+    lives on the training device."""
+    cfg = dataclasses.replace(CFG, steps=16, checkpoint_every=5, device=device)
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data, seeds=[0, 1])
     train(dataclasses.replace(cfg, out=str(tmp_path / "split"), steps=7), data, seeds=[0, 1])
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), data, resume=True, seeds=[0, 1])
-    assert_members_same(tmp_path / "straight", tmp_path / "split")
+    assert_members_same(tmp_path / "straight", tmp_path / "split", atol=1e-5 if device == "cuda" else 0.0)
 
 
 def test_an_ensemble_killed_between_its_members_checkpoints_loses_nothing(data, tmp_path, monkeypatch):
@@ -399,9 +405,6 @@ def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data):
         step()
     assert syncs.seen == []
     assert captured_state() == before and int(step.step) == steps + 1
-
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
 
 @cuda
