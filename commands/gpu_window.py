@@ -328,13 +328,14 @@ def pack(w: Window) -> None:
 
 
 def start_sweep(w: Window, options: list[str], sweep_args: list[str], building: list[str], left: float) -> None:
-    """The budgeted sweep of Table 4, detached, in this machine's runs/table4; ``building``: the datasets being
-    built now (their groups wait for them), which may still take ``left`` seconds, kept out of its budget."""
-    budget = w.left() - MARGIN - left
+    """The budgeted sweep of Table 4, detached, in this machine's runs/table4, stopped MARGIN seconds before the
+    window's end; ``building``: the datasets being built now, which may still take ``left`` seconds: the groups
+    that need them are planned to start after that."""
+    budget = w.left() - MARGIN
     cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", "dt", "primal"]
     cmd += ["--seeds", "0", "1", "2", "--out", str(SWEEP), "--recorded", "results/table4"]
     cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(STATE / "throughput.json")]
-    cmd += ["--building", *building] if building else []
+    cmd += ["--building", *building, "--build-wait", f"{left:.0f}s"] if building else []
     cmd += ["--"]
     cmd += ["--device", w.doc["device"], *options, *sweep_args]
     if not (STATE / "throughput.json").exists():  # no measurement passed: the sweep measures in its first seconds
@@ -343,7 +344,7 @@ def start_sweep(w: Window, options: list[str], sweep_args: list[str], building: 
     log = open(STATE / "sweep.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     w.doc.update(sweep_pid=proc.pid, sweep_command=" ".join(cmd[1:]), sweep_budget_s=round(budget))
-    w.phase("sweep started", time.time(), "passed", f"budget {budget:.0f} s")
+    w.phase("sweep started", time.time(), "passed", f"budget {budget:.0f} s, builds may take {left:.0f} s of it")
 
 
 def sweep_running(w: Window) -> bool:

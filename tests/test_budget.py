@@ -49,6 +49,32 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
     latency.eval_step_s = 0.01  # and every step of the batched rollout costs 10 ms, whatever its width
     a.eval_rounds, b.eval_rounds = 300, 100
     assert estimate([a, b], latency) == pytest.approx(estimate([a, b], throughput()) + 4)
+    before = estimate([a, b], latency)
+    a.wait_s, b.wait_s = 100.0, 40.0  # their datasets still being built: all start once the longest build ends
+    assert estimate([a, b], latency) == pytest.approx(before + 100)
+
+
+def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_build(monkeypatch, tmp_path):
+    """--building with --build-wait: the wait counts against the budget of the groups that need the dataset
+    only; a built dataset's group still fits."""
+    from commands.sweep import command
+
+    def groups(datasets, models, seeds, extra, out, recorded):  # 1 member, 1000 updates at 100/s: 10 s
+        return [Group([d], models[0], seeds, PRIMAL, steps=1000, eval_steps=0) for d in datasets]
+
+    monkeypatch.setattr(command, "budget_groups", groups)
+    monkeypatch.setattr(command, "is_built", lambda d: d == "dt-primal/built")
+    monkeypatch.setattr(command, "load_throughput", lambda path: throughput())
+    argv = ["--datasets", "x", "--models", "primal", "--seeds", "0", "--out", str(tmp_path)]
+    argv += ["--throughput", "t.json", "--building", "dt-primal/building", "--build-wait", "100s"]
+    args = command.parser().parse_args(argv)
+    priority = ["dt-primal/building", "dt-primal/built"]
+    assert command.budgeted_groups(priority, args, [], START_S + 5 + 10 + 99) == [(["dt-primal/built"], "primal")]
+    both = command.budgeted_groups(priority, args, [], START_S + 5 + 20 + 100)
+    assert both == [(["dt-primal/building"], "primal"), (["dt-primal/built"], "primal")]
+    args.build_wait = "soon"
+    with pytest.raises(UserError, match="--build-wait must be a duration"):
+        command.budgeted_groups(priority, args, [], 1000)
 
 
 def test_pairs_are_taken_in_priority_order_and_smaller_ones_still_tried_after_one_that_does_not_fit():

@@ -228,3 +228,24 @@ def test_the_cuda_tests_are_started_detached_and_leave_their_exit_status(window,
     time.sleep(0.5)  # the status written
     gpu_window.tests_ended(w)
     assert [(p["name"], p["status"]) for p in w.doc["phases"]] == [("cuda tests", "passed")]  # -k cuda: one test
+
+
+def test_the_sweep_stops_at_the_windows_end_and_plans_the_groups_that_wait_for_a_build_after_it(window, monkeypatch):
+    """The builds' remaining time shortens the plan of the groups that need them, not the sweep's time."""
+    started = []
+    monkeypatch.setattr(
+        gpu_window.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or argparse.Namespace(pid=1)
+    )
+    w = window
+    w.doc["device"] = "cuda"
+    gpu_window.start_sweep(w, ["--compile"], [], ["dt-primal/hopper/medium-v0"], left=170.0)
+    cmd = started[0]
+    budget = float(cmd[cmd.index("--time-budget") + 1].rstrip("s"))
+    assert 600 - gpu_window.MARGIN - 2 <= budget <= 600 - gpu_window.MARGIN
+    assert cmd[cmd.index("--building") + 1 : cmd.index("--build-wait") + 2] == [
+        "dt-primal/hopper/medium-v0",
+        "--build-wait",
+        "170s",
+    ]
+    gpu_window.start_sweep(w, [], [], [], left=0.0)  # everything built: nothing to wait for
+    assert "--building" not in started[1] and "--build-wait" not in started[1]

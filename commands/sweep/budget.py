@@ -6,12 +6,13 @@ capture, compilation) is measured on this device in the sweep's first seconds, o
 such measurements (``bench/ensemble_speed.py --json``). Groups run all at once, each in its own
 process; processes share a GPU (or the cores) by turns, so their times add up:
 
-    start-up + slowest warm-up + Σ_groups (member-updates / rate(its members) + evaluation)
+    start-up + longest wait + slowest warm-up + Σ_groups (member-updates / rate(its members) + evaluation)
 
 where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
 evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
-environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``.
+environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. A group
+whose datasets another process is still building waits for them (``--building``, ``--build-wait``).
 (dataset, model) pairs are taken in priority order (both models of a dataset, then the next dataset); one
 with which the groups would not fit is left out, with the estimate that ruled it out, and later (smaller)
 ones are still tried.
@@ -34,11 +35,12 @@ EVAL_STEPS_PER_S = 10_000.0
 UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
 
 
-def parse_duration(text: str) -> float:
-    """Seconds of '90', '90s', '11m', '1.5h'; a UserError otherwise."""
+def parse_duration(text: str, option: str = "--time-budget", zero: bool = False) -> float:
+    """Seconds of '90', '90s', '11m', '1.5h' (positive, or also 0 with ``zero``); a UserError otherwise."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(s|m|min|h)?\s*", str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise UserError(f"--time-budget must be a positive duration such as 600, 90s, 11m or 1.5h (got {text!r}).")
+    if not m or (float(m.group(1)) == 0 and not zero):
+        kind = "a duration" if zero else "a positive duration"
+        raise UserError(f"{option} must be {kind} such as 600, 90s, 11m or 1.5h (got {text!r}).")
     return float(m.group(1)) * UNITS[m.group(2) or ""]
 
 
@@ -140,6 +142,7 @@ class Group:
     eval_steps: int  # environment steps of all its evaluations at most
     cfg: object = None  # its first dataset's Config, to measure the setting with
     eval_rounds: int = 0  # steps of the batched rollout of all its evaluations at most (evaluations × limit)
+    wait_s: float = 0.0  # seconds its datasets' builds may still take before it can start
 
     @property
     def members(self) -> int:
@@ -153,7 +156,7 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
     train = sum(g.members * g.steps / tp.rate(tp.find(g.setting), g.members) for g in groups)
     warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
     evaluation = sum(g.eval_steps / tp.eval_steps_per_s + g.eval_rounds * tp.eval_step_s for g in groups)
-    return START_S + warmup + train + evaluation
+    return START_S + max(g.wait_s for g in groups) + warmup + train + evaluation
 
 
 Pair = tuple[str, str]  # (dataset, model)

@@ -28,6 +28,7 @@ the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sw
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -120,6 +121,13 @@ def parser() -> argparse.ArgumentParser:
         help="--time-budget: suite datasets another process is building now (python -m datasets build): planned "
         "as if built, their groups waiting for the build, where otherwise a dataset not built is left out",
     )
+    p.add_argument(
+        "--build-wait",
+        default="0s",
+        metavar="DURATION",
+        help="--building: how long those builds may still take; a group that needs one is planned to start "
+        "after it (the budget still stops the sweep at its end)",
+    )
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     p.add_argument(
         "--baseline",
@@ -143,9 +151,11 @@ def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float
     (``commands.sweep.budget.choose``), the choice and what is left out printed; the throughput
     measured here is kept in OUT/throughput.json."""
 
+    wait = parse_duration(args.build_wait, "--build-wait", zero=True)
+
     def plan(pairs: list[tuple[str, str]]):
         return [
-            g
+            dataclasses.replace(g, wait_s=wait if set(g.datasets) & set(args.building) else 0.0)
             for m in args.models
             for g in budget_groups([d for d, dm in pairs if dm == m], [m], args.seeds, extra, args.out, args.recorded)
         ]
