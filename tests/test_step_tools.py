@@ -143,6 +143,7 @@ def test_the_window_trains_with_the_fastest_variant_that_passed_and_measures_not
         shutil.copy(tmp_path / "out" / f"{name}.json", committed)
     phases.clear()
     assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == fast and phases == []
+    assert w.doc["phases"][-1]["note"] == "measured before: results/gpu-g-2026-11-28/throughput.json"  # no machine path
     w.doc["engine"]["gpu"] = "another GPU"  # the same engine's ranking is taken from it; the throughput is measured
     assert gpu_window.measure(w, args, gpu_window.rank_variants(w, args)) == fast
     assert phases == ["throughput", "throughput dt"]
