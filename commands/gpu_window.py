@@ -146,6 +146,12 @@ def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) 
     return procs
 
 
+def reported_built(dataset: str) -> bool:
+    """Whether its task's build log (``start_builds``) says ``dataset`` is built, its process still running."""
+    log = STATE / f"build-{dataset.split('/')[1]}.log"
+    return log.exists() and f"built {dataset}:" in log.read_text(errors="replace")
+
+
 def bench(w: Window, name: str, options: list[str], members: list[int], limit: float, *more: str) -> dict | None:
     """``bench/ensemble_speed.py`` at the paper's size with train.py's ``options`` (bf16 unless they name a
     precision); its records, or None."""
@@ -412,7 +418,7 @@ def start(args) -> None:
     left = max(0.0, build_s - (time.time() - t0)) if still else 0.0
     status = f"failed (exit statuses {failed})" if failed else f"{still} still building" if still else "built"
     w.phase("datasets", t0, status)
-    building = [d for ids, rc in zip(w.doc["builds"], rcs) if rc is None for d in ids]
+    building = [d for ids, rc in zip(w.doc["builds"], rcs) if rc is None for d in ids if not reported_built(d)]
     start_sweep(w, options, args.sweep_args, building, left)
     if args.device.startswith("cuda"):
         start_tests(w)

@@ -49,14 +49,16 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
     latency.eval_step_s = 0.01  # and every step of the batched rollout costs 10 ms, whatever its width
     a.eval_rounds, b.eval_rounds = 300, 100
     assert estimate([a, b], latency) == pytest.approx(estimate([a, b], throughput()) + 4)
-    before = estimate([a, b], latency)
-    a.wait_s, b.wait_s = 100.0, 40.0  # their datasets still being built: all start once the longest build ends
-    assert estimate([a, b], latency) == pytest.approx(before + 100)
+    before = estimate([a, b], latency)  # a's work: 15 + 6 + 3 s, b's: 6.67 + 2 + 1 s
+    a.wait_s = 100.0  # a's dataset is still being built: b has the device meanwhile, then a
+    assert estimate([a, b], latency) == pytest.approx(before - (24 + 9 + 2 / 3) + 100 + 24)
+    a.wait_s, b.wait_s = 0.0, 20.0  # b waits less than a takes: the device is never idle
+    assert estimate([a, b], latency) == pytest.approx(before)
 
 
 def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_build(monkeypatch, tmp_path):
-    """--building with --build-wait: the wait counts against the budget of the groups that need the dataset
-    only; a built dataset's group still fits."""
+    """--building with --build-wait: the wait counts against the groups that need the dataset only; a built
+    dataset's group fits, and trains during the wait."""
     from commands.sweep import command
 
     def groups(datasets, models, seeds, extra, out, recorded):  # 1 member, 1000 updates at 100/s: 10 s
@@ -70,7 +72,7 @@ def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_buil
     args = command.parser().parse_args(argv)
     priority = ["dt-primal/building", "dt-primal/built"]
     assert command.budgeted_groups(priority, args, [], START_S + 5 + 10 + 99) == [(["dt-primal/built"], "primal")]
-    both = command.budgeted_groups(priority, args, [], START_S + 5 + 20 + 100)
+    both = command.budgeted_groups(priority, args, [], START_S + 5 + 100 + 10)  # the built one trains meanwhile
     assert both == [(["dt-primal/building"], "primal"), (["dt-primal/built"], "primal")]
     args.build_wait = "soon"
     with pytest.raises(UserError, match="--build-wait must be a duration"):

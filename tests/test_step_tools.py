@@ -250,3 +250,12 @@ def test_the_sweep_stops_at_the_windows_end_and_plans_the_groups_that_wait_for_a
     ]
     gpu_window.start_sweep(w, [], [], [], left=0.0)  # everything built: nothing to wait for
     assert "--building" not in started[1] and "--build-wait" not in started[1]
+
+
+def test_a_dataset_its_build_reports_built_is_not_waited_for(window):
+    """The build of walker2d's medium-replay ends in seconds, its process goes on with medium's."""
+    log = gpu_window.STATE / "build-walker2d.log"
+    assert not gpu_window.reported_built("dt-primal/walker2d/medium-replay-v0")  # no log yet
+    log.write_text("built dt-primal/walker2d/medium-replay-v0: 1022 episodes, 199996 steps in 3 s\n")
+    assert gpu_window.reported_built("dt-primal/walker2d/medium-replay-v0")
+    assert not gpu_window.reported_built("dt-primal/walker2d/medium-v0")

@@ -6,13 +6,15 @@ capture, compilation) is measured on this device in the sweep's first seconds, o
 such measurements (``bench/ensemble_speed.py --json``). Groups run all at once, each in its own
 process; processes share a GPU (or the cores) by turns, so their times add up:
 
-    start-up + longest wait + slowest warm-up + Σ_groups (member-updates / rate(its members) + evaluation)
+    start-up + slowest warm-up + Σ_groups work,  work = member-updates / rate(its members) + evaluation
 
 where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
 evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
 environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. A group
-whose datasets another process is still building waits for them (``--building``, ``--build-wait``).
+whose datasets another process is still building starts once they are built (``--building``,
+``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
+w + Σ_{groups waiting w or longer} work over the waits w (0 included).
 (dataset, model) pairs are taken in priority order (both models of a dataset, then the next dataset); one
 with which the groups would not fit is left out, with the estimate that ruled it out, and later (smaller)
 ones are still tried.
@@ -153,10 +155,16 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
     """Seconds until the last of ``groups``, started at once, has finished (module docstring)."""
     if not groups:
         return 0.0
-    train = sum(g.members * g.steps / tp.rate(tp.find(g.setting), g.members) for g in groups)
+    work = [
+        g.members * g.steps / tp.rate(tp.find(g.setting), g.members)
+        + g.eval_steps / tp.eval_steps_per_s
+        + g.eval_rounds * tp.eval_step_s
+        for g in groups
+    ]
     warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
-    evaluation = sum(g.eval_steps / tp.eval_steps_per_s + g.eval_rounds * tp.eval_step_s for g in groups)
-    return START_S + max(g.wait_s for g in groups) + warmup + train + evaluation
+    waits = {0.0, *(g.wait_s for g in groups)}
+    busy = max(w + sum(t for g, t in zip(groups, work) if g.wait_s >= w) for w in waits)
+    return START_S + warmup + busy
 
 
 Pair = tuple[str, str]  # (dataset, model)
