@@ -49,6 +49,7 @@ MEDIUM_STEPS = 1_000_000  # the transitions of a medium dataset, the longest of 
 # the window's seconds no measurement may take: the smallest group (3 members of DT, final evaluation included)
 # was estimated at 6.2 min on an H100 (results/gpu-h100-2026-11-27), and 355 s left after measuring trained nothing
 LEAST_TRAINING = 420.0
+QUICK_S = 20.0  # the longest the sweep's start waits for the medium-replays (seconds each: committed transitions)
 EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py"]  # the captured step's and acting's CUDA tests
@@ -150,6 +151,19 @@ def reported_built(dataset: str) -> bool:
     """Whether its task's build log (``start_builds``) says ``dataset`` is built, its process still running."""
     log = STATE / f"build-{dataset.split('/')[1]}.log"
     return log.exists() and f"built {dataset}:" in log.read_text(errors="replace")
+
+
+def settle_quick_builds(builds: list[subprocess.Popen], ids: list[list[str]], limit: float) -> None:
+    """Wait, at most ``limit`` s, until the running builds report their medium-replays built, so that those
+    datasets' groups are planned to train at once rather than after the rollouts' builds."""
+    end = time.time() + limit
+
+    def pending() -> bool:
+        quick = [d for p, ds in zip(builds, ids) if p.poll() is None for d in ds if "/medium-replay-" in d]
+        return any(not reported_built(d) for d in quick)
+
+    while pending() and time.time() < end:
+        time.sleep(0.5)
 
 
 def bench(w: Window, name: str, options: list[str], members: list[int], limit: float, *more: str) -> dict | None:
@@ -412,6 +426,7 @@ def start(args) -> None:
         options = []
     # the sweep starts now: a group whose datasets are still being built waits for them (their build lock),
     # and the budget keeps aside what the builds may still take
+    settle_quick_builds(builds, w.doc["builds"], QUICK_S)
     rcs = [p.poll() for p in builds]
     failed, still = [rc for rc in rcs if rc not in (0, None)], rcs.count(None)
     build_s = BUILD_S * (args.build_steps or MEDIUM_STEPS) / MEDIUM_STEPS  # a rehearsal's small datasets: less

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -315,8 +315,9 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
             cwd=Path(__file__).resolve().parents[1],
         )
 
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        for dataset_id, res in pool.map(child, first):
+    with ThreadPoolExecutor(max(1, jobs)) as pool:  # each reported as soon as it is built
+        for done in as_completed([pool.submit(child, d) for d in first]):
+            dataset_id, res = done.result()
             lines = (res.stdout + res.stderr).strip().splitlines()
             if res.returncode:
                 raise UserError(f"Building {dataset_id} failed (exit {res.returncode}):\n" + "\n".join(lines[-5:]))

@@ -259,3 +259,16 @@ def test_a_dataset_its_build_reports_built_is_not_waited_for(window):
     log.write_text("built dt-primal/walker2d/medium-replay-v0: 1022 episodes, 199996 steps in 3 s\n")
     assert gpu_window.reported_built("dt-primal/walker2d/medium-replay-v0")
     assert not gpu_window.reported_built("dt-primal/walker2d/medium-v0")
+
+
+def test_the_sweeps_start_waits_seconds_for_the_medium_replays_not_minutes_for_the_rollouts(window):
+    running, ended = argparse.Namespace(poll=lambda: None), argparse.Namespace(poll=lambda: 0)
+    ids = [["dt-primal/walker2d/medium-replay-v0", "dt-primal/walker2d/medium-v0"]]
+    t0 = time.time()
+    gpu_window.settle_quick_builds([running], ids, limit=0.6)  # its medium-replay not reported: waits to the limit
+    assert 0.6 <= time.time() - t0 < 5
+    (gpu_window.STATE / "build-walker2d.log").write_text("built dt-primal/walker2d/medium-replay-v0: 1022 episodes\n")
+    t0 = time.time()
+    gpu_window.settle_quick_builds([running], ids, limit=30)  # reported: the medium still building is not waited for
+    gpu_window.settle_quick_builds([ended], [["dt-primal/hopper/medium-replay-v0"]], limit=30)  # ended: nothing to wait
+    assert time.time() - t0 < 5

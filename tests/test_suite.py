@@ -460,3 +460,24 @@ def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays
     plain = load_transitions(tmp_path / "plain.npz")
     assert set(plain) == set(arrays) and all(np.array_equal(plain[k], arrays[k]) for k in arrays)
     assert committed.stat().st_size < 0.9 * (tmp_path / "plain.npz").stat().st_size
+
+
+def test_datasets_built_at_once_are_each_reported_as_soon_as_built(monkeypatch, capsys):
+    """A medium-replay (seconds) is reported before the medium built beside it (minutes): a sweep that waits
+    for the builds knows it can start its groups."""
+    import subprocess
+    import time
+
+    def child(argv, **kw):  # the child `python -m datasets build` of one dataset
+        level = argv[argv.index("--level") + 1]
+        time.sleep(0.5 if level == "medium" else 0.0)
+        out = f"built dt-primal/hopper/{level}-v0: 10 episodes\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(suite.subprocess, "run", child)
+    suite.build_at_once(["dt-primal/hopper/medium-v0", "dt-primal/hopper/medium-replay-v0"], jobs=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "built dt-primal/hopper/medium-replay-v0",
+        "built dt-primal/hopper/medium-v0",
+    ]
