@@ -289,6 +289,25 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
     return options
 
 
+def profile_evaluation(w: Window) -> None:
+    """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of 200 steps, the acting forward pass captured and
+    eager, into OUT/evaluation.json (about 20 s on an H100)."""
+    rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
+    rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--forward", "captured", "eager"]
+    w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 120, w.doc["reserve"])
+
+
+def measure_after_the_sweep(w: Window) -> None:
+    """In the seconds a finished sweep leaves of the window (each phase skipped where it would not end MARGIN
+    s before it): the evaluation's profile unless measured, then one run's updates/s (OUT/one-run.json)."""
+    w.doc["reserve"] = 0.0
+    if not (w.out / "evaluation.json").exists():
+        profile_evaluation(w)
+    one = bench(w, "one run", w.doc.get("options", []), [1], 90)
+    if one:
+        (w.out / "one-run.json").write_text(json.dumps(one, indent=1))
+
+
 def add_evaluation(w: Window) -> None:
     """What an evaluation costs on this GPU (``bench/eval_overhead.py --json``'s fit: per step of the batched
     rollout and per environment step), measured now or committed (under any engine), into the throughput
@@ -418,9 +437,7 @@ def start(args) -> None:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
             profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
             w.run("profile", profile, 90, w.doc["reserve"])
-            rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
-            rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--forward", "captured", "eager"]
-            w.run("evaluation profile", [*rollout, "--json", str(args.out / "evaluation.json")], 120, w.doc["reserve"])
+            profile_evaluation(w)
         add_evaluation(w)
     else:
         options = []
@@ -445,7 +462,10 @@ def wait(args) -> None:
     w = Window(args.out, json.loads((STATE / "window.json").read_text())["window_end"])
     t0 = time.time()
     keep_packing(w, w.end)
-    w.phase("waited for the sweep", t0, "sweep ended" if not sweep_running(w) else "window over")
+    ended = not sweep_running(w)
+    w.phase("waited for the sweep", t0, "sweep ended" if ended else "window over")
+    if ended and w.doc.get("device", "").startswith("cuda"):
+        measure_after_the_sweep(w)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -272,3 +272,23 @@ def test_the_sweeps_start_waits_seconds_for_the_medium_replays_not_minutes_for_t
     gpu_window.settle_quick_builds([running], ids, limit=30)  # reported: the medium still building is not waited for
     gpu_window.settle_quick_builds([ended], [["dt-primal/hopper/medium-replay-v0"]], limit=30)  # ended: nothing to wait
     assert time.time() - t0 < 5
+
+
+def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_and_one_run(window, monkeypatch):
+    w = window
+    w.doc.update(device="cuda", options=["--compile"])
+    ran = []
+
+    def run(name, cmd, limit, reserve=0.0):  # as a GPU would answer
+        ran.append((name, cmd[1], reserve))
+        if "--json" in cmd:
+            Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"records": [{"members": 1}]}))
+        return True
+
+    monkeypatch.setattr(w, "run", run)
+    gpu_window.measure_after_the_sweep(w)
+    assert ran == [("evaluation profile", "bench/eval_overhead.py", 0.0), ("one run", "bench/ensemble_speed.py", 0.0)]
+    assert json.loads((w.out / "one-run.json").read_text())["records"] == [{"members": 1}]
+    ran.clear()
+    gpu_window.measure_after_the_sweep(w)  # the evaluation measured before in this window: not again
+    assert [name for name, _, _ in ran] == ["one run"]
