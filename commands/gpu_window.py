@@ -442,7 +442,7 @@ def start(args) -> None:
     else:
         options = []
     # the sweep starts now: a group whose datasets are still being built waits for them (their build lock),
-    # and the budget keeps aside what the builds may still take
+    # planned to start when the builds may have ended
     settle_quick_builds(builds, w.doc["builds"], QUICK_S)
     rcs = [p.poll() for p in builds]
     failed, still = [rc for rc in rcs if rc not in (0, None)], rcs.count(None)
