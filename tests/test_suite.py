@@ -1,6 +1,8 @@
 """The offline suite at a tiny scale, with throwaway behaviour policies in a temporary folder."""
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -465,8 +467,6 @@ def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays
 def test_datasets_built_at_once_are_each_reported_as_soon_as_built(monkeypatch, capsys):
     """A medium-replay (seconds) is reported before the medium built beside it (minutes): a sweep that waits
     for the builds knows it can start its groups."""
-    import subprocess
-    import time
 
     def child(argv, **kw):  # the child `python -m datasets build` of one dataset
         level = argv[argv.index("--level") + 1]
