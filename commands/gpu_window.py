@@ -150,7 +150,8 @@ def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) 
 def reported_built(dataset: str) -> bool:
     """Whether its task's build log (``start_builds``) says ``dataset`` is built, its process still running."""
     log = STATE / f"build-{dataset.split('/')[1]}.log"
-    return log.exists() and f"built {dataset}:" in log.read_text(errors="replace")
+    line = re.compile(rf"^built {re.escape(dataset)}(:|$)", re.MULTILINE)  # alone where built before (--missing)
+    return log.exists() and line.search(log.read_text(errors="replace")) is not None
 
 
 def settle_quick_builds(builds: list[subprocess.Popen], ids: list[list[str]], limit: float) -> None:

@@ -259,6 +259,10 @@ def test_a_dataset_its_build_reports_built_is_not_waited_for(window):
     log.write_text("built dt-primal/walker2d/medium-replay-v0: 1022 episodes, 199996 steps in 3 s\n")
     assert gpu_window.reported_built("dt-primal/walker2d/medium-replay-v0")
     assert not gpu_window.reported_built("dt-primal/walker2d/medium-v0")
+    with log.open("a") as f:  # --missing: one built before is reported by its id alone
+        f.write("built dt-primal/walker2d/medium-v0\n")
+    assert gpu_window.reported_built("dt-primal/walker2d/medium-v0")
+    assert not gpu_window.reported_built("dt-primal/walker2d/medium-v")
 
 
 def test_the_sweeps_start_waits_seconds_for_the_medium_replays_not_minutes_for_the_rollouts(window):
