@@ -195,7 +195,8 @@ def section(doc: dict, quick: bool) -> None:
             *(["", doc["note"]] if doc.get("note") else []),
         ]
     )
-    key = "eval_overhead" + (common.gpu_suffix(doc["info"]) or ("" if doc["device"] == "cpu" else "_" + doc["device"]))
+    suffix = common.gpu_suffix(doc["info"])
+    key = "eval_overhead" + suffix if suffix else common.device_key("eval_overhead", doc["device"])
     title = f"Evaluation: where a step's time goes ({doc['info'].get('gpu') or doc['device']})"
     common.write_section(key, title, body, quick, doc["info"])
 
