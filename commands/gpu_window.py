@@ -123,13 +123,17 @@ def install_wheels() -> str:
     return f"{len(wheels)} wheels"
 
 
+def quick_build(dataset: str) -> bool:
+    """A medium-replay: built in seconds from committed transitions, where the other levels roll a policy out."""
+    return dataset.split("/")[2].startswith("medium-replay")
+
+
 def build_order(datasets: list[str], count: int) -> dict[str, list[str]]:
-    """The datasets to build per task: the first ``count`` datasets, and every medium-replay (seconds to build)."""
+    """The datasets to build per task: the first ``count`` datasets, and every quick one (``quick_build``)."""
     by_task: dict[str, list[str]] = {}
     for i, d in enumerate(datasets):
-        _, env, level = d.split("/")
-        if i < count or level.startswith("medium-replay"):
-            by_task.setdefault(env, []).append(d)
+        if i < count or quick_build(d):
+            by_task.setdefault(d.split("/")[1], []).append(d)
     return by_task
 
 
@@ -160,7 +164,7 @@ def settle_quick_builds(builds: list[subprocess.Popen], ids: list[list[str]], li
     end = time.time() + limit
 
     def pending() -> bool:
-        quick = [d for p, ds in zip(builds, ids) if p.poll() is None for d in ds if "/medium-replay-" in d]
+        quick = [d for p, ds in zip(builds, ids) if p.poll() is None for d in ds if quick_build(d)]
         return any(not reported_built(d) for d in quick)
 
     while pending() and time.time() < end:
