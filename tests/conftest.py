@@ -133,6 +133,10 @@ def write_pickle(path, episodes):
     path.write_bytes(pickle.dumps(dt_trajectories(episodes)))
 
 
+# the tests that need a CUDA GPU (the GPU machine's window runs them with -k cuda)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+
 def one_thread_env(**extra) -> dict:
     """The test's environment as it is now (its Minari home among it), with one thread (faster on a busy machine,
     and the same numbers in-process) and ``extra``: what a test's child processes run with."""

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, SMALL, TINY, hopper_file, make_episodes, run
+from conftest import ROOT, SMALL, TINY, hopper_file, make_episodes, needs_cuda, run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
@@ -58,9 +58,6 @@ def assert_members_same(a, b, seeds=(0, 1), atol=0.0):
     """The members ``seeds`` of the ensembles in the folders ``a`` and ``b`` have the same weights."""
     for s in seeds:
         assert_same(weights(a / f"seed_{s}" / "last.pt"), weights(b / f"seed_{s}" / "last.pt"), atol=atol)
-
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 
 
 def test_the_step_is_adamw_with_warm_up_and_clipping_as_written_out(data):
@@ -161,7 +158,7 @@ def test_members_draw_the_batches_of_their_seeds_alone(data, tmp_path, monkeypat
             torch.testing.assert_close(a[i], b[0], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_resuming_an_ensemble_gives_the_weights_of_an_uninterrupted_one(data, tmp_path, device):
     """With dropout, so every generator is restored: the process's and each member's batch generator, which
     lives on the training device."""
@@ -407,7 +404,7 @@ def test_the_step_is_capturable_no_host_sync_and_no_python_state_change(data):
     assert captured_state() == before and int(step.step) == steps + 1
 
 
-@cuda
+@needs_cuda
 def test_the_captured_step_trains_as_the_eager_step_on_cuda(data, tmp_path):
     cfg = dataclasses.replace(CFG, dropout=0.0, steps=12, device="cuda")
     train(dataclasses.replace(cfg, out=str(tmp_path / "graph")), data, seeds=[0, 1, 2])

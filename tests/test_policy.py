@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import FORMAT1, run
+from conftest import FORMAT1, needs_cuda, run
 
 from dt_primal import load_policy
 from dt_primal.checkpoint import load_checkpoint
@@ -162,7 +162,7 @@ def test_a_graph_that_fails_or_differs_is_dropped_for_the_eager_pass(fault):
 
 
 @pytest.mark.parametrize("model_name", ["dt", "primal"])
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+@needs_cuda
 def test_the_cuda_graph_of_acting_acts_as_the_eager_pass_on_cuda(model_name):
     import warnings
 
