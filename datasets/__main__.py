@@ -12,6 +12,7 @@ from pathlib import Path
 
 from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build_at_once, build_id, buildable, suite_id
 from dt_primal.cli import command_parser, run_main
+from dt_primal.errors import UserError
 from envs import TASKS
 
 
@@ -64,6 +65,13 @@ def main(argv=None) -> None:
         help="datasets built at once, each in its own processes (default 1: one after the other)",
     )
     b.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="processes each dataset's rollout runs in (default: this machine's cores, shared by the datasets "
+        "built at once; the same data however many)",
+    )
+    b.add_argument(
         "--missing",
         action="store_true",
         help="build only the datasets not built yet, where otherwise a built one is replaced (a run that needs "
@@ -102,11 +110,13 @@ def main(argv=None) -> None:
             for level in levels
         ]
         ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
+        if args.processes is not None and args.processes < 1:
+            raise UserError(f"--processes must be at least 1 (got {args.processes}).")
         if args.jobs > 1:
-            build_at_once(ids, args.jobs, args.steps, args.seed, args.missing)
+            build_at_once(ids, args.jobs, args.steps, args.seed, args.missing, args.processes)
         else:
             for dataset_id in ids:
-                build_id(dataset_id, args.steps, args.seed, args.missing)
+                build_id(dataset_id, args.steps, args.seed, args.missing, args.processes)
     elif args.cmd == "combine":
         from datasets.combine import combine
 

@@ -40,7 +40,7 @@ from datasets.behaviour import (
     GaussianActor,
     expert_file,
 )
-from datasets.rollout import collect
+from datasets.rollout import Keyed, collect_rows, merge
 from datasets.transitions import load_transitions
 from dt_primal.errors import UserError
 from envs import TASKS, Task
@@ -49,7 +49,9 @@ SUITE_NAMESPACE = "dt-primal"
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 VERSIONS = {"expert": EXPERT_VERSION, "medium-expert": EXPERT_VERSION}  # a level's newest version (others: 0)
 FULL_STEPS = 1_000_000
-ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same rollout seeds on any machine; the parts run in parallel
+ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same rollout seeds on any machine
+PART_ENVS = 32  # envs batched in a part; they may run in several processes (the same data)
+ROLLOUT_LEVELS = ("random", "medium", "expert")  # the levels built by rolling a policy out (the others: seconds)
 RECIPES = {
     "random": "{steps} steps of uniformly random actions.",
     "medium": "{steps} steps of the stochastic {algo} policy exported the first time its "
@@ -122,9 +124,9 @@ def buildable(dataset_ids: list[str]) -> list[str]:
     return [d for d in dataset_ids if not why[d]]
 
 
-def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, progress: bool) -> list[dict]:
-    """``steps`` transitions of uniform random actions (``policy`` None) or of a committed policy, 32
-    envs batched."""
+def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, rows: list[int], progress: bool) -> Keyed:
+    """The envs ``rows`` of a part: ``steps`` transitions of uniform random actions (``policy`` None) or of a
+    committed policy, ``PART_ENVS`` envs batched (``collect_rows``)."""
     torch.set_num_threads(1)
     task = TASKS[task_name]
     if policy is None:
@@ -135,7 +137,7 @@ def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, pro
         actor, _ = GaussianActor.load(policy_file(task, policy))
         gen = torch.Generator().manual_seed(seed)
         act = lambda o: actor.act(o, gen)
-    return collect(task, act, num_steps=steps, seed=seed, num_envs=32, progress=progress)
+    return collect_rows(task, act, rows, num_steps=steps, seed=seed, num_envs=PART_ENVS, progress=progress)
 
 
 def _quiet_ctrl_c() -> None:
@@ -143,21 +145,31 @@ def _quiet_ctrl_c() -> None:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 
+def rollout_processes(jobs: int = 1) -> int:
+    """Rollout processes per dataset when ``jobs`` datasets are built at once: this machine's cores shared."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
 def rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: int | None = None) -> list[dict]:
-    """``steps`` transitions in ``ROLLOUT_PARTS`` parts with seeds seed·P + k, each in its own process
-    (default: when there are 50k steps or more; starting one costs seconds). Same data either way."""
-    sizes = [steps // ROLLOUT_PARTS + (k < steps % ROLLOUT_PARTS) for k in range(ROLLOUT_PARTS)]
-    jobs = [(task.name, policy, n, seed * ROLLOUT_PARTS + k, k == 0) for k, n in enumerate(sizes) if n > 0]
+    """``steps`` transitions in ``ROLLOUT_PARTS`` parts with seeds seed·P + k, each part's envs split over
+    ``processes`` worker processes (default: every core, when there are 50k steps or more; starting one costs
+    seconds). The same data however many processes (``collect_rows``)."""
     if processes is None:
-        processes = min(len(jobs), os.cpu_count() or 1) if steps >= 50_000 else 1
+        processes = rollout_processes() if steps >= 50_000 else 1
+    sizes = {k: steps // ROLLOUT_PARTS + (k < steps % ROLLOUT_PARTS) for k in range(ROLLOUT_PARTS)}
+    parts = [k for k, n in sizes.items() if n > 0]
+    shards = max(1, min(PART_ENVS, processes // len(parts)))
+    jobs = [(k, list(range(min(PART_ENVS, sizes[k])))[i::shards]) for k in parts for i in range(shards)]
+    jobs = [(k, rows) for k, rows in jobs if rows]
+    args = [(task.name, policy, sizes[k], seed * ROLLOUT_PARTS + k, rows, j == 0) for j, (k, rows) in enumerate(jobs)]
     if processes == 1:
-        parts = [_rollout_part(*job) for job in jobs]
+        done = [_rollout_part(*a) for a in args]
     else:
         with ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_ctrl_c
+            min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_ctrl_c
         ) as pool:
-            parts = list(pool.map(_rollout_part, *zip(*jobs)))
-    return [ep for part in parts for ep in part]
+            done = list(pool.map(_rollout_part, *zip(*args)))
+    return [ep for k in parts for ep in merge([d for (j, _), d in zip(jobs, done) if j == k])]
 
 
 def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
@@ -235,14 +247,21 @@ class BuildInterrupted(KeyboardInterrupt):
         )
 
 
-def build(task: Task, level: str, steps: int = FULL_STEPS, seed: int = 0, version: int | None = None) -> str:
+def build(
+    task: Task,
+    level: str,
+    steps: int = FULL_STEPS,
+    seed: int = 0,
+    version: int | None = None,
+    processes: int | None = None,
+) -> str:
     """Build ``dt-primal/<env>/<level>-v<version>`` (default: the level's newest version; replacing an
     existing one); returns its id. One process at a time builds a dataset (``build_lock``): a run that
     needs it meanwhile waits for it instead of building it again. Ctrl-C or a rollout worker that dies
     stop it with one message; a build that did not finish does not count."""
     dataset_id = suite_id(task.name, level, version)
     with build_lock(dataset_id):
-        return _build_now(task, level, dataset_id, steps, seed)
+        return _build_now(task, level, dataset_id, steps, seed, processes)
 
 
 @contextlib.contextmanager
@@ -255,12 +274,12 @@ def build_lock(dataset_id: str):
         yield
 
 
-def _build_now(task: Task, level: str, dataset_id: str, steps: int, seed: int) -> str:
+def _build_now(task: Task, level: str, dataset_id: str, steps: int, seed: int, processes: int | None) -> str:
     _, _, version = parse_suite_id(dataset_id)
     if steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps}).")
     try:
-        return _build(task, level, version, dataset_id, steps, seed)
+        return _build(task, level, version, dataset_id, steps, seed, processes)
     except KeyboardInterrupt:
         raise BuildInterrupted(dataset_id) from None
     except BrokenProcessPool as exc:  # a worker was killed: Ctrl-C reached it first, or it ran out of memory
@@ -272,19 +291,24 @@ def _build_now(task: Task, level: str, dataset_id: str, steps: int, seed: int) -
         ) from None
 
 
-def build_id(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0, missing: bool = False) -> str:
-    """Build (or replace) the suite dataset ``dataset_id``; with ``missing``, only if it is not built yet."""
+def build_id(
+    dataset_id: str, steps: int = FULL_STEPS, seed: int = 0, missing: bool = False, processes: int | None = None
+) -> str:
+    """Build (or replace) the suite dataset ``dataset_id``; with ``missing``, only if it is not built yet;
+    ``processes``: its rollout's (``rollouts``)."""
     if missing:
-        return build_if_missing(dataset_id, steps, seed)
+        return build_if_missing(dataset_id, steps, seed, processes)
     task, level, version = parse_suite_id(dataset_id)
-    return build(task, level, steps=steps, seed=seed, version=version)
+    return build(task, level, steps=steps, seed=seed, version=version, processes=processes)
 
 
-def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, seed: int = 0, missing=False) -> None:
+def build_at_once(
+    dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, seed: int = 0, missing=False, processes=None
+) -> None:
     """Build (or replace; with ``missing``, only where not built yet) the suite datasets ``dataset_ids``, ``jobs``
-    at once, each in a child process (``python -m datasets build``, whose rollouts use ``ROLLOUT_PARTS``
-    processes): the same datasets as one by one. A medium-expert dataset's parts are built first where
-    missing, then it is combined here."""
+    at once, each in a child process (``python -m datasets build``) whose rollout runs in ``processes``
+    processes (default: the cores shared by the rollouts running at once): the same datasets as one by one.
+    A medium-expert dataset's parts are built first where missing, then it is combined here."""
     parsed = {d: parse_suite_id(d) for d in dataset_ids}  # (task, level, version)
     combined = [d for d, (_, level, _) in parsed.items() if level == "medium-expert"]
     parts = [
@@ -293,6 +317,8 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
         for level, v in (("medium", 0), ("expert", parsed[d][2]))
     ]
     first = list(dict.fromkeys([d for d in dataset_ids if d not in combined] + [d for d in parts if not is_built(d)]))
+    rolled = sum(parse_suite_id(d)[1] in ROLLOUT_LEVELS for d in first)
+    processes = processes or rollout_processes(min(max(1, jobs), max(1, rolled)))
 
     def child(dataset_id: str) -> tuple[str, subprocess.CompletedProcess]:
         task, level, version = parse_suite_id(dataset_id)
@@ -307,6 +333,8 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
             str(steps),
             "--seed",
             str(seed),
+            "--processes",
+            str(processes),
         ] + ["--missing"] * missing
         return dataset_id, subprocess.run(
             [sys.executable, "-m", "datasets", "build", *argv],
@@ -325,10 +353,10 @@ def build_at_once(dataset_ids: list[str], jobs: int, steps: int = FULL_STEPS, se
                 next((line for line in reversed(lines) if line.startswith("built ")), f"built {dataset_id}"), flush=True
             )
     for dataset_id in combined:
-        build_id(dataset_id, steps, seed, missing)
+        build_id(dataset_id, steps, seed, missing, processes)
 
 
-def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int) -> str:
+def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int, processes: int | None) -> str:
     t0 = time.time()
     algo = f"{ALGOS[task.name]} (stable-baselines3)"
     fmt = dict(
@@ -344,11 +372,11 @@ def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, se
         f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
     )
     if level == "random":
-        episodes = rollouts(task, None, steps, seed)
+        episodes = rollouts(task, None, steps, seed, processes)
         algorithm, seeds = "uniform random actions", rollout_seeds
     elif level in ("medium", "expert"):
         meta = GaussianActor.load(policy_file(task, policy_name(level, version)))[1]
-        episodes = rollouts(task, policy_name(level, version), steps, seed)
+        episodes = rollouts(task, policy_name(level, version), steps, seed, processes)
         algorithm = f"{algo}, policy exported at learner step {meta['step']}"
         seeds = f"learner seed {meta['train_seed']}, {rollout_seeds}"
     elif level == "medium-replay":
@@ -361,7 +389,7 @@ def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, se
         episodes = []
         policy_file(task, expert_file(version))  # before building the medium part: a missing expert stops here
         for part, part_version in (("medium", 0), ("expert", version)):
-            part_id = build_if_missing(suite_id(task.name, part, part_version), steps=steps, seed=seed)
+            part_id = build_if_missing(suite_id(task.name, part, part_version), steps, seed, processes)
             episodes += _minari_episodes(part_id)
         algorithm, seeds = f"{algo}: medium-v0 + expert-v{version}", f"{rollout_seeds} for both parts"
     else:
@@ -420,7 +448,7 @@ def is_built(dataset_id: str) -> bool:
     return (dataset_dir(dataset_id) / "build.json").exists()
 
 
-def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) -> str:
+def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0, processes: int | None = None) -> str:
     """Build a suite dataset unless it is built; processes asking for the same one at once (the groups
     of a sweep) wait for the one that builds it."""
     task, level, _ = parse_suite_id(dataset_id)
@@ -429,5 +457,5 @@ def build_if_missing(dataset_id: str, steps: int = FULL_STEPS, seed: int = 0) ->
     with build_lock(dataset_id):
         if not is_built(dataset_id):
             print(f"{dataset_id} is not built yet: building it now (once).")
-            _build_now(task, level, dataset_id, steps, seed)
+            _build_now(task, level, dataset_id, steps, seed, processes)
     return dataset_id

@@ -13,7 +13,7 @@ from conftest import run
 import datasets.suite as suite
 from datasets.behaviour import GaussianActor
 from datasets.loaders import load_dataset
-from datasets.rollout import collect
+from datasets.rollout import collect, collect_rows, merge
 from datasets.transitions import load_transitions, save_transitions
 from envs import TASKS
 
@@ -307,13 +307,46 @@ def test_history_export_ends_an_episode_the_learner_cut_by_resuming():
     assert replay_episodes(fresh)["lengths"].tolist() == [7, 5]
 
 
+def assert_same_episodes(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_a_rollout_split_by_envs_gives_the_whole_batch_episodes_bit_for_bit(policies):
+    """Rows of the vector env run apart (policy and random actions, episodes ending at different steps in
+    different rows, a budget that cuts the last step) merge into collect's episodes, in its order."""
+    actor, _ = GaussianActor.load(policies / "medium.pt")
+
+    def policy():  # a fresh generator per rollout, as each rollout part has its own
+        gen = torch.Generator().manual_seed(5)
+        return lambda o: actor.act(o, gen)
+
+    def uniform():
+        rng = np.random.default_rng(5)
+        return lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32)
+
+    for act in (policy, uniform):
+        whole = collect(HOPPER, act(), num_steps=1003, num_envs=8, seed=5)
+        assert sum(len(e["actions"]) for e in whole) == 1003 and len(whole) > 8
+        for split in ([[0, 3, 6], [1, 4, 7], [2, 5]], [[7], [0, 1, 2, 3, 4, 5, 6]]):
+            shards = [collect_rows(HOPPER, act(), rows, num_steps=1003, num_envs=8, seed=5) for rows in split]
+            assert_same_episodes(whole, merge(shards))
+
+
+def test_collect_rows_refuses_rows_outside_the_batch():
+    for rows in ([], [8], [-1], [1, 1]):
+        with pytest.raises(ValueError, match="distinct env indices below 8"):
+            collect_rows(HOPPER, lambda o: np.zeros((len(o), 3), np.float32), rows, num_steps=100, num_envs=8)
+
+
 def test_rollout_parts_give_the_same_data_in_worker_processes():
     serial = suite.rollouts(HOPPER, None, 400, seed=3, processes=1)
-    parallel = suite.rollouts(HOPPER, None, 400, seed=3, processes=2)
-    assert sum(len(e["actions"]) for e in serial) == 400 and len(serial) == len(parallel)
-    for a, b in zip(serial, parallel):
-        for k in a:
-            np.testing.assert_array_equal(a[k], b[k])
+    sharded = suite.rollouts(HOPPER, None, 400, seed=3, processes=4)  # 2 processes per part
+    assert sum(len(e["actions"]) for e in serial) == 400
+    assert_same_episodes(serial, sharded)
 
 
 def test_halfcheetah_is_made_without_the_settotalmass_warning_line_in_a_command(capfd):
@@ -481,3 +514,11 @@ def test_datasets_built_at_once_are_each_reported_as_soon_as_built(monkeypatch, 
         "built dt-primal/hopper/medium-replay-v0",
         "built dt-primal/hopper/medium-v0",
     ]
+
+
+def test_a_build_needs_at_least_one_process():
+    from datasets.__main__ import main
+    from dt_primal.errors import UserError
+
+    with pytest.raises(UserError, match="--processes must be at least 1"):
+        main(["build", "--env", "hopper", "--level", "random", "--steps", "10", "--processes", "0"])
