@@ -3,11 +3,12 @@
   python -m commands.gpu_window start --out OUT --window 760   # at once when the machine is up
   python -m commands.gpu_window wait --out OUT                  # the next command, at once
 
-``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), checks what imports,
-builds the datasets the first groups need side by side in the background, ranks the step's variants
+``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), builds the datasets the first
+groups need side by side in the background (each rollout on all cores), checks what imports, ranks the step's variants
 (``bench/step_variants.py``: compiling, the AdamW and attention kernels, the compile mode, the precision)
 and measures the fastest that passed at 3, 6 and 9 members (the DT model's own step at 3 and 9), then
-starts detached the sweep of Table 4 with that variant's options and a time budget that ends with the
+starts detached, once the builds have ended (at most ``SETTLE_S`` after they started), the sweep of Table 4 with
+that variant's options and a time budget that ends with the
 window (``--window`` seconds from now, less a margin to pack), the paper's largest claimed gains first,
 and the CUDA tests beside the sweep's first seconds. A ranking or a throughput
 committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
@@ -42,14 +43,15 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
 SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
 MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
-# the first datasets' builds on a 16-core GPU machine: five in 112 s on an H200 (2026-11-26), in about 165 s on
-# an H100 beside the step's compilations (2026-11-27: a medium dataset, a million steps, in 145 and 159 s)
+# the first datasets' builds on a 16-core GPU machine, each rollout in 2 processes: five in 112 s on an H200
+# (2026-11-26), in about 165 s on an H100 beside the step's compilations (2026-11-27: a medium dataset, a million
+# steps, in 145 and 159 s); since a rollout runs on all cores, the most they may take (not measured on a GPU machine)
 BUILD_S = 170.0
 MEDIUM_STEPS = 1_000_000  # the transitions of a medium dataset, the longest of those builds
 # the window's seconds no measurement may take: the smallest group (3 members of DT, final evaluation included)
 # was estimated at 6.2 min on an H100 (results/gpu-h100-2026-11-27), and 355 s left after measuring trained nothing
 LEAST_TRAINING = 420.0
-QUICK_S = 20.0  # the longest the sweep's start waits for the medium-replays (seconds each: committed transitions)
+SETTLE_S = 90.0  # the longest the sweep's start waits for the builds, so that it plans with the datasets built
 EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py"]  # the captured step's and acting's CUDA tests
@@ -129,9 +131,12 @@ def quick_build(dataset: str) -> bool:
 
 
 def build_order(datasets: list[str], count: int) -> dict[str, list[str]]:
-    """The datasets to build per task: the first ``count`` datasets, and every quick one (``quick_build``)."""
+    """The datasets to build per task: the first ``count`` of ``datasets`` taken task by task, in the order the
+    tasks first appear (a group trains one task's datasets: the first task's largest group first), and every
+    quick one (``quick_build``)."""
+    tasks = list(dict.fromkeys(d.split("/")[1] for d in datasets))
     by_task: dict[str, list[str]] = {}
-    for i, d in enumerate(datasets):
+    for i, d in enumerate(sorted(datasets, key=lambda d: tasks.index(d.split("/")[1]))):
         if i < count or quick_build(d):
             by_task.setdefault(d.split("/")[1], []).append(d)
     return by_task
@@ -158,16 +163,12 @@ def reported_built(dataset: str) -> bool:
     return log.exists() and line.search(log.read_text(errors="replace")) is not None
 
 
-def settle_quick_builds(builds: list[subprocess.Popen], ids: list[list[str]], limit: float) -> None:
-    """Wait, at most ``limit`` s, until the running builds report their medium-replays built, so that those
-    datasets' groups are planned to train at once rather than after the rollouts' builds."""
+def settle_builds(builds: list[subprocess.Popen], limit: float) -> None:
+    """Wait, at most ``limit`` s, until the builds have ended (a medium-replay takes seconds, a rollout on all
+    cores about a minute), so that the sweep plans with the datasets built rather than with a bound of the
+    builds' time."""
     end = time.time() + limit
-
-    def pending() -> bool:
-        quick = [d for p, ds in zip(builds, ids) if p.poll() is None for d in ds if quick_build(d)]
-        return any(not reported_built(d) for d in quick)
-
-    while pending() and time.time() < end:
+    while any(p.poll() is None for p in builds) and time.time() < end:
         time.sleep(0.5)
 
 
@@ -302,6 +303,16 @@ def profile_evaluation(w: Window) -> None:
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 120, w.doc["reserve"])
 
 
+def captured_fit_committed(w: Window) -> bool:
+    """Whether what an evaluation costs with the captured acting forward pass is committed for this GPU (the
+    sweep's budget reads the fit of the forward pass measured first; an eager one overestimates it)."""
+    path = committed("evaluation", w.doc.get("engine", {}), any_engine=True)
+    try:
+        return any(r.get("forward") == "captured" for r in json.loads(path.read_text())["records"])
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def measure_after_the_sweep(w: Window) -> None:
     """In the seconds a finished sweep leaves of the window (each phase skipped where it would not end MARGIN
     s before it): the evaluation's profile unless measured, then one run's updates/s (OUT/one-run.json)."""
@@ -423,18 +434,18 @@ def start(args) -> None:
         w.phase("wheels", t0, "passed", install_wheels())
     except subprocess.CalledProcessError as exc:
         w.phase("wheels", t0, "failed", (exc.stderr or b"")[-600:].decode(errors="replace"))
-    w.run("imports", [sys.executable, "-c", PROBE], 60)
-    w.doc["versions"] = (STATE / "imports.log").read_text()[-2000:]
-    if w.run("engine", [sys.executable, "-c", ENGINE], 60):
-        w.doc["engine"] = json.loads((STATE / "engine.log").read_text().strip().splitlines()[-1])
+    t0 = time.time()
     from_priority = subprocess.run(
         [sys.executable, "-c", "from commands.sweep.grid import TABLE4_BY_GAIN as t; print(' '.join(t))"],
         cwd=ROOT,
         capture_output=True,
         text=True,
     ).stdout.split()
-    t0 = time.time()
-    builds = start_builds(w, from_priority, args.build, args.build_steps)
+    builds = start_builds(w, from_priority, args.build, args.build_steps)  # first: the sweep's start waits for them
+    w.run("imports", [sys.executable, "-c", PROBE], 60)
+    w.doc["versions"] = (STATE / "imports.log").read_text()[-2000:]
+    if w.run("engine", [sys.executable, "-c", ENGINE], 60):
+        w.doc["engine"] = json.loads((STATE / "engine.log").read_text().strip().splitlines()[-1])
     if args.device.startswith("cuda"):
         w.doc["reserve"] = args.least_training
         options = measure(w, args, given_options(args.measured) if args.throughput else rank_variants(w, args))
@@ -442,13 +453,15 @@ def start(args) -> None:
             profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
             profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
             w.run("profile", profile, 90, w.doc["reserve"])
-            profile_evaluation(w)
-        add_evaluation(w)
     else:
         options = []
-    # the sweep starts now: a group whose datasets are still being built waits for them (their build lock),
-    # planned to start when the builds may have ended
-    settle_quick_builds(builds, w.doc["builds"], QUICK_S)
+    # the sweep starts once the builds have ended, or SETTLE_S after they started: a group whose datasets are
+    # still being built then waits for them (their build lock), planned to start when the builds may have ended
+    settle_builds(builds, max(0.0, SETTLE_S - (time.time() - t0)))
+    if args.device.startswith("cuda"):
+        if args.profile or not captured_fit_committed(w):  # after the builds: the CPU's cores are the workers'
+            profile_evaluation(w)
+        add_evaluation(w)
     rcs = [p.poll() for p in builds]
     failed, still = [rc for rc in rcs if rc not in (0, None)], rcs.count(None)
     build_s = BUILD_S * (args.build_steps or MEDIUM_STEPS) / MEDIUM_STEPS  # a rehearsal's small datasets: less
@@ -485,7 +498,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=float, default=760, help="start: seconds from now until the machine goes")
     p.add_argument("--seconds", type=float, default=560, help="start: seconds this command may take")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--build", type=int, default=4, help="start: datasets built, from the first in priority order")
+    p.add_argument(
+        "--build", type=int, default=3, help="start: datasets built, from the first in priority order, task by task"
+    )
     p.add_argument("--build-steps", type=int, default=None, help="start: transitions per dataset (a rehearsal's)")
     p.add_argument(
         "--compile-limit", type=float, default=150, help="start: seconds for the compiled measurement (then captured)"

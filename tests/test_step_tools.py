@@ -204,6 +204,22 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(window,
     assert json.loads((gpu_window.STATE / "throughput.json").read_text())["evaluation"] == {"step_s": 0.001}
 
 
+def test_the_window_measures_the_evaluation_until_one_with_the_captured_forward_pass_is_committed(window, tmp_path):
+    w = window
+    w.doc.update(engine={"engine": "new", "gpu": "G"})
+    assert not gpu_window.captured_fit_committed(w)  # none committed
+    committed = tmp_path / "results" / "gpu-g-2026-11-27"
+    committed.mkdir(parents=True)
+    eager = {"records": [{"episodes": 60}], "evaluation": {"step_s": 0.011}, "info": {"gpu": "G"}}  # no "forward"
+    (committed / "evaluation.json").write_text(json.dumps(eager))
+    assert not gpu_window.captured_fit_committed(w)
+    captured = eager | {"records": [{"episodes": 60, "forward": "captured"}, {"episodes": 60, "forward": "eager"}]}
+    (committed / "evaluation.json").write_text(json.dumps(captured))
+    assert gpu_window.captured_fit_committed(w)
+    w.doc["engine"]["gpu"] = "another GPU"
+    assert not gpu_window.captured_fit_committed(w)
+
+
 def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_when_they_end(window):
     w = window
     gpu_window.tests_ended(w)  # not started: nothing to write
@@ -265,17 +281,29 @@ def test_a_dataset_its_build_reports_built_is_not_waited_for(window):
     assert not gpu_window.reported_built("dt-primal/walker2d/medium-v")
 
 
-def test_the_sweeps_start_waits_seconds_for_the_medium_replays_not_minutes_for_the_rollouts(window):
+def test_the_sweeps_start_waits_for_the_builds_at_most_its_limit(window):
     running, ended = argparse.Namespace(poll=lambda: None), argparse.Namespace(poll=lambda: 0)
-    ids = [["dt-primal/walker2d/medium-replay-v0", "dt-primal/walker2d/medium-v0"]]
     t0 = time.time()
-    gpu_window.settle_quick_builds([running], ids, limit=0.6)  # its medium-replay not reported: waits to the limit
+    gpu_window.settle_builds([ended, running], limit=0.6)  # one still running: waits to the limit
     assert 0.6 <= time.time() - t0 < 5
-    (gpu_window.STATE / "build-walker2d.log").write_text("built dt-primal/walker2d/medium-replay-v0: 1022 episodes\n")
     t0 = time.time()
-    gpu_window.settle_quick_builds([running], ids, limit=30)  # reported: the medium still building is not waited for
-    gpu_window.settle_quick_builds([ended], [["dt-primal/hopper/medium-replay-v0"]], limit=30)  # ended: nothing to wait
+    gpu_window.settle_builds([ended, ended], limit=30)  # all ended: nothing to wait for
     assert time.time() - t0 < 5
+
+
+def test_the_window_builds_the_first_tasks_datasets_first_and_every_medium_replay():
+    from commands.sweep.grid import TABLE4_BY_GAIN
+
+    order = gpu_window.build_order(TABLE4_BY_GAIN, 3)
+    assert order == {
+        "hopper": [f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v0", "medium-expert-v1")],
+        "walker2d": ["dt-primal/walker2d/medium-replay-v0"],
+        "halfcheetah": ["dt-primal/halfcheetah/medium-replay-v0"],
+    }
+    assert gpu_window.build_order(TABLE4_BY_GAIN, 5)["walker2d"] == [
+        "dt-primal/walker2d/medium-replay-v0",
+        "dt-primal/walker2d/medium-v0",
+    ]
 
 
 def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_and_one_run(window, monkeypatch):
