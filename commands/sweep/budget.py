@@ -15,7 +15,8 @@ environment steps (members × targets × episodes × the episode limit) over ``e
 whose datasets another process is still building starts once they are built (``--building``,
 ``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
 w + Σ_{groups waiting w or longer} work over the waits w (0 included).
-(dataset, model) pairs are taken in priority order (both models of a dataset, then the next dataset); one
+(dataset, model) pairs are taken in priority order (both models of a dataset, then the next dataset), and again
+gathered by group (a group's pairs one after another), keeping the order whose groups hold more runs; a pair
 with which the groups would not fit is left out, with the estimate that ruled it out, and later (smaller)
 ones are still tried.
 """
@@ -173,11 +174,37 @@ Pair = tuple[str, str]  # (dataset, model)
 def choose(
     priority: list[Pair], plan: Callable[[list[Pair]], list[Group]], tp: Throughput, budget_s: float
 ) -> tuple[list[Group], list[tuple[Pair, str]]]:
-    """The groups of the (dataset, model) pairs of ``priority`` (in its order) that fit ``budget_s``
-    together, and (pair, why) for each left out. ``plan(pairs)`` gives the groups that train them."""
+    """The groups of (dataset, model) pairs of ``priority`` that fit ``budget_s`` together, and (pair, why) for
+    each left out; ``plan(pairs)`` gives the groups that train them. Pairs are taken one by one in two orders,
+    each kept where the groups still fit: ``priority``'s, and its pairs gathered by the group that trains them
+    (``by_group``: one group filled before the next, as a larger group trains more member-updates a second);
+    the order whose groups hold more runs wins, ``priority``'s on a tie."""
+    (chosen, left), *rest = [_take(order, plan, tp, budget_s) for order in (priority, by_group(priority, plan))]
+    for other, other_left in rest:
+        if sum(g.members for g in other) > sum(g.members for g in chosen):
+            chosen, left = other, other_left
+    return chosen, sorted(left, key=lambda pl: priority.index(pl[0]))
+
+
+def by_group(priority: list[Pair], plan: Callable[[list[Pair]], list[Group]]) -> list[Pair]:
+    """``priority``'s pairs ordered by the group ``plan`` trains them in, the groups in the order of their first
+    pair (a pair without one, all its runs recorded: last)."""
+    groups = plan(priority)
+    group = {
+        p: next((i for i, g in enumerate(groups) if g.model == p[1] and p[0] in g.datasets), None) for p in priority
+    }
+    first = {i: min(priority.index(p) for p in priority if group[p] == i) for i in range(len(groups))}
+    return sorted(priority, key=lambda p: (first.get(group[p], len(priority)), priority.index(p)))
+
+
+def _take(
+    order: list[Pair], plan: Callable[[list[Pair]], list[Group]], tp: Throughput, budget_s: float
+) -> tuple[list[Group], list[tuple[Pair, str]]]:
+    """The pairs of ``order`` taken one by one where the groups still fit ``budget_s`` (a later, smaller one is
+    still tried after one that does not): their groups, and (pair, why) for each left out."""
     chosen: list[Pair] = []
     left: list[tuple[Pair, str]] = []
-    for pair in priority:
+    for pair in order:
         groups = plan(chosen + [pair])
         unmeasured = [g.setting.label() for g in groups if tp.find(g.setting) is None]
         if unmeasured:
