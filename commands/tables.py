@@ -28,7 +28,8 @@ from dt_primal.cli import command_parser, run_main
 from dt_primal.config import ADDED_LATER, Config
 from dt_primal.evaluation.reports import pm, table
 from dt_primal.records import read_record
-from dt_primal.run_folder import RECORD, run_dir, seed_folder
+from dt_primal.run_folder import DATASET_RECORD, RECORD, run_dir, seed_folder
+from dt_primal.untrusted import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results.md"
@@ -107,7 +108,27 @@ def made_with(rows: list[dict]) -> str:
     ]
     if old:
         text += f". **Not the current model**: {', '.join(old)}"
-    return text + "."
+    return text + ". " + data_builds(rows)
+
+
+def data_builds(rows: list[dict]) -> str:
+    """Whether each dataset's runs trained on one build of it (the hash their ``dataset.json`` records): a build
+    is the same on one machine, not on every CPU (docs/suite.md), so runs made on different machines may not."""
+    builds: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        for s in row["finished_seeds"]:
+            path = seed_folder(Path(row["dir"]), s) / DATASET_RECORD
+            doc = read_json(path, "The dataset record", "", limit=64 << 10) if path.exists() else {}
+            h = str(doc.get("hash", "not recorded"))[:8] if isinstance(doc, dict) else "not recorded"
+            builds.setdefault(short(row["dataset"]), {}).setdefault(h, []).append(f"{row['label']} seed {s}")
+    mixed = {d: b for d, b in builds.items() if len(b) > 1}
+    if not mixed:
+        return "Each dataset's runs trained on one build of it (the hash in their `dataset.json`)."
+    return "**Runs of one dataset trained on different builds of it** (a build is the same on one machine, not " + (
+        "on every CPU: docs/suite.md): "
+        + "; ".join(f"{d}: " + ", ".join(f"{h} ({', '.join(r)})" for h, r in b.items()) for d, b in mixed.items())
+        + "."
+    )
 
 
 def vs_paper(ours: dict | None, paper: tuple[float, float]) -> str:

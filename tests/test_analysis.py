@@ -1,14 +1,18 @@
-"""The sweep runner and the spectrum analysis, on tiny runs."""
+"""The sweep runner, its tables and the spectrum analysis, on tiny runs."""
 
 import csv
 import fcntl
+import json
+import shutil
 
 import numpy as np
 import torch
-from conftest import SWEEP_RUN, hopper_file, make_episodes, run
+from conftest import ROOT, SWEEP_RUN, hopper_file, make_episodes, run
 
+from commands import tables
 from commands.spectrum import layer_spectra
 from commands.sweep.grid import group_dir, run_dir
+from commands.sweep.results import collect
 from datasets.synthetic import write_d4rl
 from dt_primal.config import Config
 from dt_primal.model.transformer import DecisionTransformer
@@ -99,7 +103,6 @@ def test_learning_curves_average_only_the_finished_runs(tmp_path):
     import warnings
 
     from commands.sweep.plots import plot_curves
-    from commands.sweep.results import collect
 
     point = lambda step, score: {"step": step, "targets": [{"target": 3600, "episodes": 2, "normalized_mean": score}]}
     for seed, finished in ((0, True), (1, True), (2, False)):
@@ -205,3 +208,14 @@ def test_records_travel_as_one_small_archive_and_an_archive_cannot_write_elsewhe
         tar.addfile(link)
     main([str(tmp_path / "evil.tgz"), str(tmp_path / "into")])
     assert not (tmp_path / "outside").exists() and not any((tmp_path / "into").rglob("*.*"))
+
+
+def test_a_table_says_when_runs_of_one_dataset_trained_on_different_builds_of_it(tmp_path):
+    shutil.copytree(ROOT / "results" / "table4", tmp_path / "table4")
+    rows = collect(tmp_path / "table4", ["dt-primal/hopper/medium-v0"], ["dt"], [0, 1, 2])
+    assert tables.data_builds(rows).startswith("Each dataset's runs trained on one build of it")
+    record = tmp_path / "table4" / "dt-primal_hopper_medium-v0" / "dt" / "seed_2" / "dataset.json"
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"hash": "0123456789abcdef"}))
+    mixed = tables.data_builds(rows)
+    assert mixed.startswith("**Runs of one dataset trained on different builds of it**")
+    assert "01234567 (DT (matched settings) seed 2)" in mixed and "911f2067 (DT (matched settings) seed 0, " in mixed
