@@ -99,7 +99,6 @@ def test_spectrum_curves_are_cumulative_fractions():
 
 
 def test_learning_curves_average_only_the_finished_runs(tmp_path):
-    import json
     import warnings
 
     from commands.sweep.plots import plot_curves
