@@ -60,7 +60,6 @@ def _record(task: Task, act_fn: ActFn, n: int, rows: Sequence[int], seed: int, n
     rows = list(rows)
     env = make_vector_env(task, len(rows))
     obs, _ = env.reset(seed=[seed + i for i in rows])
-    full = np.zeros((n, *obs.shape[1:]), obs.dtype)
     bufs = [_buffer(o) for o in obs]
     keyed, live, t = [], np.ones(len(rows), bool), 0
     index = np.asarray(rows)
@@ -73,6 +72,7 @@ def _record(task: Task, act_fn: ActFn, n: int, rows: Sequence[int], seed: int, n
         mininterval=2,
     )
     while live.any():
+        full = np.zeros((n, *obs.shape[1:]), obs.dtype)  # a new array each step, as the vector env gives
         full[index] = obs
         actions = act_fn(full)[index]
         obs, rewards, terms, truncs, info = env.step(actions)
