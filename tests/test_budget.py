@@ -112,8 +112,8 @@ def test_a_group_filled_before_the_next_wins_where_it_trains_more_runs_in_the_bu
     groups, left = choose(priority, plan, throughput(), budget_s=START_S + 5 + 30)
     assert [g.datasets for g in groups] == [["a1", "a2", "a3"]]
     assert [pair for pair, _ in left] == [("b1", "primal")]
-    taken_in_order, _ = choose(priority[:2], plan, throughput(), budget_s=START_S + 5 + 30)  # a tie: the priority's
-    assert [g.datasets for g in taken_in_order] == [["a1"], ["b1"]]
+    tie, _ = choose(priority[:3], plan, throughput(), budget_s=START_S + 5 + 30)  # 6 runs either way: the priority's
+    assert [g.datasets for g in tie] == [["a1"], ["b1"]]
 
 
 @pytest.mark.parametrize(
