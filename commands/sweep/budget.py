@@ -179,10 +179,8 @@ def choose(
     each kept where the groups still fit: ``priority``'s, and its pairs gathered by the group that trains them
     (``by_group``: one group filled before the next, as a larger group trains more member-updates a second);
     the order whose groups hold more runs wins, ``priority``'s on a tie."""
-    (chosen, left), *rest = [_take(order, plan, tp, budget_s) for order in (priority, by_group(priority, plan))]
-    for other, other_left in rest:
-        if sum(g.members for g in other) > sum(g.members for g in chosen):
-            chosen, left = other, other_left
+    takes = [_take(order, plan, tp, budget_s) for order in (priority, by_group(priority, plan))]
+    chosen, left = max(takes, key=lambda take: sum(g.members for g in take[0]))  # the first of equals
     return chosen, sorted(left, key=lambda pl: priority.index(pl[0]))
 
 
