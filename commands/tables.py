@@ -29,7 +29,7 @@ from dt_primal.config import ADDED_LATER, Config
 from dt_primal.evaluation.reports import pm, table
 from dt_primal.records import read_record
 from dt_primal.run_folder import DATASET_RECORD, RECORD, run_dir, seed_folder
-from dt_primal.untrusted import read_json
+from dt_primal.training.resume import recorded_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results.md"
@@ -117,9 +117,8 @@ def data_builds(rows: list[dict]) -> str:
     builds: dict[str, dict[str, list[str]]] = {}
     for row in rows:
         for s in row["finished_seeds"]:
-            path = seed_folder(Path(row["dir"]), s) / DATASET_RECORD
-            doc = read_json(path, "The dataset record", "", limit=64 << 10) if path.exists() else {}
-            h = str(doc.get("hash", "not recorded"))[:8] if isinstance(doc, dict) else "not recorded"
+            doc = recorded_dataset(seed_folder(Path(row["dir"]), s) / DATASET_RECORD)
+            h = str(doc["hash"])[:8] if doc else "missing or damaged"
             builds.setdefault(short(row["dataset"]), {}).setdefault(h, []).append(f"{row['label']} seed {s}")
     mixed = {d: b for d, b in builds.items() if len(b) > 1}
     if not mixed:

@@ -133,8 +133,9 @@ def check_same_dataset(ckpt: dict, data: Trajectories, path: Path) -> None:
         )
 
 
-def _recorded(record: Path) -> dict | None:
-    """A member's ``dataset.json``, or None where it is missing or damaged (then written anew)."""
+def recorded_dataset(record: Path) -> dict | None:
+    """A member's ``dataset.json`` (with its data's ``hash``), or None where it is missing or damaged (on
+    resume: then written anew)."""
     if not record.exists():
         return None
     try:
@@ -159,7 +160,7 @@ def record_dataset(folder: RunFolder, data: Trajectories | list[Trajectories], r
         if (member / CHECKPOINT).exists():
             if not resume:
                 continue  # training refuses to start over an existing run
-            then = _recorded(record)
+            then = recorded_dataset(record)
             if then is not None and then["hash"] == now["hash"]:
                 continue
             if then is not None:
