@@ -13,9 +13,9 @@ window (``--window`` seconds from now, less a margin to pack), the paper's large
 and the CUDA tests beside the sweep's first seconds. A ranking or a throughput
 committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
 step's modules and torch's version) on the same GPU is used instead of measuring again (a ranking of it on
-another GPU too), and so is what an evaluation costs on that GPU (``bench/eval_overhead.py --json``, measured
-with ``--profile``), which the sweep's budget reads. Measuring stops ``--least-training`` seconds before the
-window's end. Until its own
+another GPU too), and so is what an evaluation costs on that GPU (``bench/eval_overhead.py --json``), which the
+sweep's budget reads: measured once the builds have ended, with ``--profile`` or where no fit with the captured
+acting forward pass is committed. Measuring stops ``--least-training`` seconds before the window's end. Until its own
 ``--seconds`` are spent it packs, every 20 s, the records of the finished runs, the measurements, the
 sweep's log and this file's account of every phase (``window.json``) into OUT, the folder that comes
 back. ``wait`` packs the same way until the sweep has ended or the window is over. A failed phase is
