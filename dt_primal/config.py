@@ -52,9 +52,9 @@ DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
 # fields newer than some records (checkpoints, eval.json, throughput files), at the value every record written
 # before them had: the model's MLP activation and timestep table (what it computes, also ModelConfig fields), and
-# the step's compile mode, optimizer and attention kernel (how it runs)
+# the step's compile mode, optimizer and attention kernel and where intermediate evaluations ran (how it runs)
 ADDED_TO_MODEL = {"activation": "gelu", "timestep_init": "gpt2"}
-ADDED_TO_STEP = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa"}
+ADDED_TO_STEP = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa", "eval_overlap": False}
 ADDED_LATER = {**ADDED_TO_MODEL, **ADDED_TO_STEP}
 # the ModelConfig fields that are not a Config field as it is
 MODEL_ONLY_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")
@@ -101,6 +101,7 @@ class Config:
     eval_every: int = 10_000
     eval_episodes_during: int = 10  # per target, at intermediate evaluations
     eval_episodes: int = 100  # per target, at the end
+    eval_overlap: bool = True  # intermediate evaluations beside training (dt_primal.training.overlapped_eval)
     # bookkeeping
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
@@ -282,6 +283,8 @@ HELP = {
     "longer compiling)",
     "optimizer": "AdamW as fused (default: PyTorch's fused kernel) or compiled (the clipping, AdamW and the loss "
     "sums as one compiled function); the same update. python bench/step_variants.py ranks these on a GPU",
+    "eval_overlap": "intermediate evaluations beside training (default on): a copy of the step's weights evaluated "
+    "in a thread while training goes on; the same scores as in line (--no-eval-overlap)",
     "attention_kernel": "softmax attention through sdpa (default: PyTorch's fused kernels) or math (written out, "
     "for --compile to fuse); the same function",
     "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
@@ -309,7 +312,7 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
                 *flags,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=f"default {'on' if f.default else 'off'}",
+                help=HELP.get(f.name, f"default {'on' if f.default else 'off'}"),
             )
         elif f.name == "dataset":
             parser.add_argument(

@@ -22,11 +22,13 @@ def write_record(path: Path, record: dict) -> None:
     write_file(path, json.dumps(record, indent=1), "The run record")
 
 
-def append_point(path: Path, step: int, reports: list[dict]) -> None:
-    """One evaluation during training, as a line of ``evals.jsonl``."""
+def append_point(path: Path, step: int, reports: list[dict], seconds: float, beside: bool) -> None:
+    """One evaluation during training, as a line of ``evals.jsonl``: its step, reports, seconds and whether it
+    ran beside training."""
     kept = [{k: v for k, v in r.items() if k not in UNKEPT} for r in reports]
+    point = {"step": step, "reports": kept, "seconds": round(seconds, 3), "beside_training": beside}
     with open(path, "a") as f:
-        f.write(json.dumps({"step": step, "reports": kept}) + "\n")
+        f.write(json.dumps(point) + "\n")
 
 
 def keep_curve(path: Path, last_step: int) -> None:

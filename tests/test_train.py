@@ -1,6 +1,8 @@
 import dataclasses
 import json
 import math
+import threading
+import time
 
 import numpy as np
 import torch
@@ -8,6 +10,7 @@ from conftest import SMALL, TINY, hopper_file, run
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
+from dt_primal.training import loop
 from dt_primal.training.loop import train
 
 
@@ -72,6 +75,64 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
     np.testing.assert_array_equal(a["state_mean"], b["state_mean"])
+
+
+def _curve(folder):
+    return [json.loads(line) for line in (folder / "evals.jsonl").read_text().splitlines()]
+
+
+def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch):
+    """--eval-overlap on: each intermediate evaluation runs in a thread on a copy of that step's weights while
+    training goes on (slowed here so that training is steps ahead by the time it acts): the same scores, weights
+    and final evaluation as evaluations in line."""
+    slow = loop.rollout
+    threads = []
+
+    def rollout(*args, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.5 if len(threads) < 3 else 0)
+        return slow(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "rollout", rollout)
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(**{**SMALL, "eval_every": 4, "eval_episodes": 2}, steps=12, eval_episodes_during=2, seed=1)
+    runs = {}
+    for overlap in (False, True):
+        threads.clear()
+        runs[overlap] = train(
+            dataclasses.replace(cfg, out=str(tmp_path / str(overlap)), eval_overlap=overlap), data, seeds=[1, 2]
+        )
+        assert threads == ([False, False, True] if overlap else [True, True, True])  # the final one in line
+    for seed in (1, 2):
+        folders = [tmp_path / str(overlap) / f"seed_{seed}" for overlap in (False, True)]
+        off, on = map(_curve, folders)
+        assert [p["step"] for p in on] == [4, 8] and [p["beside_training"] for p in on] == [True, True]
+        assert [p["reports"] for p in on] == [p["reports"] for p in off] and not any(p["beside_training"] for p in off)
+        assert all(p["seconds"] >= 0.5 for p in on + off)
+        a, b = (torch.load(f / "last.pt", weights_only=True) for f in folders)
+        for k in a["model"]:
+            torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
+        assert (a["config"]["eval_overlap"], b["config"]["eval_overlap"]) == (False, True)
+    assert [r["targets"] for r in runs[True]] == [r["targets"] for r in runs[False]]
+
+
+def test_resume_from_an_evaluation_step_runs_the_evaluation_its_curve_lacks(tmp_path):
+    """A run killed while an evaluation ran beside training has the checkpoint of that step without its point in
+    evals.jsonl (as has a run of 8 steps, its last step not evaluated during training); continued, it evaluates
+    that step first, so its curve and weights are an uninterrupted run's."""
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(**{**SMALL, "eval_every": 4}, steps=12, checkpoint_every=4, eval_episodes_during=2, seed=2)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "straight")), data)
+    split = tmp_path / "split"
+    train(dataclasses.replace(cfg, out=str(split), steps=8), data)
+    assert [p["step"] for p in _curve(split)] == [4]
+    train(dataclasses.replace(cfg, out=str(split)), data, resume=True)
+    straight = _curve(tmp_path / "straight")
+    assert [p["step"] for p in straight] == [4, 8]
+    assert [p["reports"] for p in _curve(split)] == [p["reports"] for p in straight]
+    a, b = (torch.load(p / "last.pt", weights_only=True) for p in (tmp_path / "straight", split))
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
 
 
 def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys):

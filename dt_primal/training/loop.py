@@ -8,6 +8,7 @@ GPUs train data-parallel under ``torchrun`` (``distributed.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from pathlib import Path
@@ -36,11 +37,12 @@ from dt_primal.evaluation.video import render, renderer
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.provenance import provenance
-from dt_primal.records import append_point, keep_curve, write_record
+from dt_primal.records import append_point, keep_curve, read_curve, write_record
 from dt_primal.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
 from dt_primal.training.checks import check_seeds
 from dt_primal.training.distributed import Interrupted, StopSignal, agreed_precision, check_batch_split
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
+from dt_primal.training.overlapped_eval import OverlappedEvaluation
 from dt_primal.training.resume import check_same_dataset, check_steps_left, check_unchanged, resuming
 from dt_primal.training.step import TrainStep
 
@@ -101,17 +103,19 @@ class TrainingRun:
         self.step, self.saved_step = 0, None
         with phase("training"):
             self._build(ckpts)
-        members, cfg = self.members, self.cfg
-        self.policy = Policy(
-            self.model,
-            np.stack([m.state_mean for m in members]),
-            np.stack([m.state_std for m in members]),
-            cfg.reward_scale,
-            cfg.context,
-            cfg.precision,
-        )
+        self.policy = self.acting_with(self.model)
+        overlap = self.cfg.eval_overlap and self.rank == 0
+        self.beside = OverlappedEvaluation(self.model, self.acting_with, self.device) if overlap else None
         self.names = [member_name(m.cfg.dataset, m.cfg.seed, len(self.parts) > 1) for m in self.members]
         self._open_records()
+        if self._evaluation_missing():
+            self.evaluate_and_record()
+
+    def acting_with(self, model) -> Policy:
+        """The members' policy with ``model`` (the trained model, or a copy of its weights)."""
+        members, cfg = self.members, self.cfg
+        mean, std = (np.stack([getattr(m, k) for m in members]) for k in ("state_mean", "state_std"))
+        return Policy(model, mean, std, cfg.reward_scale, cfg.context, cfg.precision)
 
     @property
     def where(self) -> Path:
@@ -183,6 +187,18 @@ class TrainingRun:
             ) from exc
         self.step = self.saved_step = ckpts[0]["step"]
         print(f"resumed from {members[0].last if len(members) == 1 else self.out} at step {self.step}")
+
+    def _evaluation_missing(self) -> bool:
+        """Whether the run continues from a checkpoint of an evaluation step whose evaluation its learning curve
+        lacks (the evaluation ran beside training when the run was killed): it runs first then, as it would have."""
+        step, cfg = self.step, self.cfg
+        return (
+            self.rank == 0
+            and self.saved_step is not None
+            and 0 < step < cfg.steps
+            and step % cfg.eval_every == 0
+            and all(point["step"] != step for point in read_curve(self.curves[0]))
+        )
 
     def _open_records(self) -> None:
         """TensorBoard writers and evals.jsonl of every member (rank 0; an evaluation newer than the
@@ -264,12 +280,13 @@ class TrainingRun:
                     writer.add_scalar(f"ksvd/lambda_abs_max/{k}", values.abs().max().item(), step)
         self.bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{self.n_log / seconds:.1f}")
 
-    def evaluate(self, episodes: int, recorder: Recorder | None = None) -> list[list[dict]]:
-        """``episodes`` episodes per target of every member at once: per member, a report per target."""
+    def evaluate(self, policy: Policy, episodes: int, recorder: Recorder | None = None) -> list[list[dict]]:
+        """``episodes`` episodes per target of every member at once, acting with ``policy``: per member, a
+        report per target."""
         members = self.members
         with phase("evaluation"):
             return rollout(
-                self.policy,
+                policy,
                 [m.task for m in members],
                 [m.targets for m in members],
                 episodes,
@@ -278,11 +295,29 @@ class TrainingRun:
             )
 
     def evaluate_and_record(self) -> None:
-        """The periodic evaluation: its scores to TensorBoard, evals.jsonl and the progress bar."""
-        per_member, step = self.evaluate(self.cfg.eval_episodes_during), self.step
+        """The periodic evaluation of the weights of this step: beside training where evaluations overlap it
+        (``--eval-overlap``; recorded by a later ``collect``), on CUDA once the step is a captured graph (no
+        capture, and no eager step's process-wide TF32 switches, beside an evaluation); else here, at once."""
+        self.collect()
+        evaluate = functools.partial(self.evaluate, episodes=self.cfg.eval_episodes_during)
+        if self.beside is not None and (self.train_step.graph is not None or self.device.type == "cpu"):
+            self.beside.start(self.model, self.step, evaluate)
+            return
+        t0 = time.perf_counter()
+        self.record(self.step, evaluate(self.policy), time.perf_counter() - t0, beside=False)
+
+    def collect(self) -> None:
+        """Record the evaluation that runs beside training, once it has ended (if one runs)."""
+        done = self.beside.collect() if self.beside is not None else None
+        if done is not None:
+            self.record(*done, beside=True)
+
+    def record(self, step: int, per_member: list[list[dict]], seconds: float, beside: bool) -> None:
+        """An evaluation's scores to TensorBoard, evals.jsonl (with its seconds and whether it ran beside
+        training) and the progress bar."""
         for writer, path, reports in zip(self.writers, self.curves, per_member):
             log_scores(writer, reports, step)
-            append_point(path, step, reports)
+            append_point(path, step, reports, seconds, beside)
         self.bar.write(
             f"step {step}: "
             + "; ".join(
@@ -321,6 +356,7 @@ class TrainingRun:
         raise Interrupted(signum, self.step, self.where)
 
     def close(self) -> None:
+        self.collect()
         self.bar.close()
         for writer in self.writers:
             writer.close()
@@ -328,6 +364,7 @@ class TrainingRun:
     def finish(self, video: Path | None = None) -> list[dict] | None:
         """The final evaluation of every member, written to its eval.json (rank 0; the others return None), its
         first episodes rendered into ``video``."""
+        self.collect()
         self.bar.close()
         if self.rank != 0:
             return None
@@ -336,7 +373,7 @@ class TrainingRun:
         chosen = renderer(self.members[0].task) if video else None  # before the evaluation's clock starts
         recorder = Recorder(1) if chosen else None
         t0 = time.perf_counter()
-        per_member = self.evaluate(self.cfg.eval_episodes, recorder)
+        per_member = self.evaluate(self.policy, self.cfg.eval_episodes, recorder)
         seconds = time.perf_counter() - t0
         if recorder is not None:
             render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video, chosen)

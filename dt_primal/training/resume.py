@@ -38,6 +38,7 @@ CHANGEABLE_ON_RESUME = (
     "optimizer",
     "attention_kernel",
     "cuda_graph",
+    "eval_overlap",
     "precision",
     "dataset",
     "env",

@@ -1,0 +1,69 @@
+"""Intermediate evaluations beside training: the weights of an evaluation step are copied into a second
+model, which a thread evaluates (on CUDA, on its own stream) while the training loop goes on, so that
+training does not wait for the environments. Its reports are the ones the same evaluation would give in
+line: the copy holds that step's weights, acting draws no random numbers, and the loop records them
+(``collect``) in step order, before the next evaluation starts, before a stop and before the final one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from dt_primal.model.transformer import DecisionTransformer
+
+
+class OverlappedEvaluation:
+    """Evaluations of ``model``'s weights at a step, run beside training one at a time. ``act_with(copy)``
+    gives the policy that acts with ``copy``, a model of ``model``'s architecture built here (no random
+    numbers drawn) that ``start`` refills; ``start(step, evaluate)`` runs ``evaluate(policy)`` in a thread;
+    ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none ran) or raises what it
+    raised."""
+
+    def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device):
+        with torch.device("meta"):
+            copy = DecisionTransformer(model.config, model.members)
+        self.copy = copy.to_empty(device=device).train(False)
+        for mine, theirs in zip(self.copy.modules(), model.modules()):  # the same attention kernel
+            if hasattr(theirs, "sdpa"):
+                mine.sdpa = theirs.sdpa
+        self.policy = act_with(self.copy)
+        # on CUDA its own stream, ahead of training's kernels: an evaluation step waits on its few small ones
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self.thread, self.step, self.outcome = None, None, None
+
+    @torch.no_grad()
+    def start(self, model: DecisionTransformer, step: int, evaluate: Callable) -> None:
+        """Evaluate ``model``'s weights as they are after ``step`` updates, in a thread (after ``collect``)."""
+        assert self.thread is None, "collect() the last evaluation first"
+        torch._foreach_copy_(list(self.copy.parameters()), list(model.parameters()))
+        if self.stream is not None:  # the copy is made on training's stream before the evaluation reads it
+            self.stream.wait_stream(torch.cuda.current_stream())
+        self.step, self.outcome = step, None
+        self.thread = threading.Thread(target=self._run, args=(evaluate,), name=f"evaluation {step}", daemon=True)
+        self.thread.start()
+
+    def _run(self, evaluate: Callable) -> None:
+        t0 = time.perf_counter()
+        try:
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                reports = evaluate(self.policy)
+            self.outcome = (reports, time.perf_counter() - t0)
+        except BaseException as exc:  # raised again by collect(), in the training loop's thread
+            self.outcome = exc
+
+    def collect(self) -> tuple[int, list, float] | None:
+        """The running evaluation's step, reports and seconds, once it has ended; None when none runs."""
+        if self.thread is None:
+            return None
+        self.thread.join()
+        self.thread = None
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.step, *self.outcome
