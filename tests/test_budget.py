@@ -112,8 +112,11 @@ def test_a_group_filled_before_the_next_wins_where_it_trains_more_runs_in_the_bu
     groups, left = choose(priority, plan, throughput(), budget_s=START_S + 5 + 30)
     assert [g.datasets for g in groups] == [["a1", "a2", "a3"]]
     assert [pair for pair, _ in left] == [("b1", "primal")]
-    tie, _ = choose(priority[:3], plan, throughput(), budget_s=START_S + 5 + 30)  # 6 runs either way: the priority's
-    assert [g.datasets for g in tie] == [["a1"], ["b1"]]
+    # 6 runs either way: the one group of 6 (17 s) ends before the two of 3 (30 s) that the priority's order takes
+    tie, _ = choose(priority[:3], plan, throughput(), budget_s=START_S + 5 + 30)
+    assert [g.datasets for g in tie] == [["a1", "a2"]]
+    same, _ = choose(priority[:2], plan, throughput(), budget_s=START_S + 5 + 30)  # the same groups either way
+    assert [g.datasets for g in same] == [["a1"], ["b1"]]
 
 
 @pytest.mark.parametrize(

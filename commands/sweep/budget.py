@@ -11,14 +11,15 @@ process; processes share a GPU (or the cores) by turns, so their times add up:
 where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
 evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
-environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. A group
+environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``; intermediate
+evaluations beside training on a GPU (``--eval-overlap``, the default) count nothing. A group
 whose datasets another process is still building starts once they are built (``--building``,
 ``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
 w + Σ_{groups waiting w or longer} work over the waits w (0 included).
 (dataset, model) pairs are taken in priority order (both models of a dataset, then the next dataset), and again
 gathered by group (a group's pairs one after another), keeping the order whose groups hold more runs; a pair
 with which the groups would not fit is left out, with the estimate that ruled it out, and later (smaller)
-ones are still tried.
+ones are still tried; of two choices with as many runs, the one estimated to end sooner is kept.
 """
 
 from __future__ import annotations
@@ -178,9 +179,10 @@ def choose(
     each left out; ``plan(pairs)`` gives the groups that train them. Pairs are taken one by one in two orders,
     each kept where the groups still fit: ``priority``'s, and its pairs gathered by the group that trains them
     (``by_group``: one group filled before the next, as a larger group trains more member-updates a second);
-    the order whose groups hold more runs wins, ``priority``'s on a tie."""
+    the order whose groups hold more runs wins, on a tie the one estimated to end sooner (more of the budget
+    to spare), then ``priority``'s."""
     takes = [_take(order, plan, tp, budget_s) for order in (priority, by_group(priority, plan))]
-    chosen, left = max(takes, key=lambda take: sum(g.members for g in take[0]))  # the first of equals
+    chosen, left = max(takes, key=lambda take: (sum(g.members for g in take[0]), -estimate(take[0], tp)))
     return chosen, sorted(left, key=lambda pl: priority.index(pl[0]))
 
 

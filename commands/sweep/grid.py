@@ -175,7 +175,8 @@ def budget_groups(
             continue
         cfg = make_config(preset, **{**given, "dataset": ds[0], "model": model})
         task = find_task(given.get("env") or ds[0])
-        during = (cfg.steps - 1) // max(1, cfg.eval_every)  # the intermediate evaluations
+        # the intermediate evaluations that take training time (none beside training on a GPU)
+        during = 0 if beside_a_gpu(cfg) else (cfg.steps - 1) // max(1, cfg.eval_every)
         episodes = cfg.eval_episodes + during * cfg.eval_episodes_during
         targets = len(cfg.targets or (task.targets if task else ())) or 1
         limit = (task.time_limit if task else None) or 1000
@@ -190,6 +191,14 @@ def _precision(precision: str, device: str, d_model: int) -> str:
     from dt_primal.precision import resolve_precision
 
     return resolve_precision(precision, resolve_device(device), d_model)[0]
+
+
+def beside_a_gpu(cfg) -> bool:
+    """Whether ``cfg``'s intermediate evaluations run beside its training on a GPU, taking none of its time (on a
+    CPU they share the cores that train: counted in full)."""
+    from dt_primal.machine import resolve_device
+
+    return cfg.eval_overlap and resolve_device(cfg.device).type == "cuda"
 
 
 def step_setting(cfg) -> Setting:
