@@ -77,14 +77,15 @@ class CapturedForward:
     captured at a width bucket (``width_bucket``: the rows past the live ones hold older inputs, and their
     outputs are dropped) and kept while the bucket lasts (widths only shrink within an evaluation). Its first
     replay is checked against the eager pass: if it differs, or the capture fails, this acts eagerly from
-    then on, with a warning. ``graph_of``: ``cuda_graph``, or a stand-in with its signature. The caller's
-    autocast must not cache casts (``dt_primal.precision.autocast``): the graph would outlive the cache."""
+    then on, with a warning. ``capture`` False: always the eager pass (a CPU's). ``graph_of``: ``cuda_graph``, or
+    a stand-in with its signature. The caller's autocast must not cache casts (``dt_primal.precision.autocast``):
+    the graph would outlive the cache."""
 
     ATOL = 3e-2  # actions in [-1, 1]; bf16 passes of different widths differ by about 1e-2
 
-    def __init__(self, model, context: int, graph_of=cuda_graph):
+    def __init__(self, model, context: int, capture: bool = True, graph_of=cuda_graph):
         self.model, self.context, self.graph_of = model, context, graph_of
-        self.on, self.width, self.checked = True, 0, False
+        self.on, self.width, self.checked = capture, 0, False
         self.inputs, self.replay, self.output = [], None, None  # a bucket's input buffers, its graph, its output
 
     def eager(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -152,8 +153,7 @@ class Policy(Acting):
         self.device = getattr(model, "device", None) or next(model.parameters()).device
         self.config = model.config  # the members' ModelConfig
         self.arrays = TorchArrays(self.device)
-        on_gpu = capture and self.device.type == "cuda"
-        self.forward = CapturedForward(model, context) if on_gpu else lambda *x: model(*x, last_only=True)[0]
+        self.forward = CapturedForward(model, context, capture and self.device.type == "cuda")
         super().__init__(model.members, self.config.act_dim, state_mean, state_std, reward_scale, context)
 
     @property
