@@ -54,7 +54,8 @@ LEAST_TRAINING = 420.0
 SETTLE_S = 90.0  # the longest the sweep's start waits for the builds, so that it plans with the datasets built
 EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
-CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py"]  # the captured step's and acting's CUDA tests
+# the captured step's, acting's and the evaluations beside training's CUDA tests
+CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py", "tests/test_train.py"]
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
 ENGINE = """import json, torch

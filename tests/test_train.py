@@ -5,8 +5,9 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import torch
-from conftest import SMALL, TINY, hopper_file, run
+from conftest import SMALL, TINY, hopper_file, needs_cuda, run
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
@@ -81,10 +82,12 @@ def _curve(folder):
     return [json.loads(line) for line in (folder / "evals.jsonl").read_text().splitlines()]
 
 
-def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch, device):
     """--eval-overlap on: each intermediate evaluation runs in a thread on a copy of that step's weights while
     training goes on (slowed here so that training is steps ahead by the time it acts): the same scores, weights
-    and final evaluation as evaluations in line."""
+    and final evaluation as evaluations in line. On CUDA the step is a captured graph by step 4, and the
+    evaluation acts on its own stream with a captured forward pass of its own."""
     slow = loop.rollout
     threads = []
 
@@ -95,7 +98,7 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
 
     monkeypatch.setattr(loop, "rollout", rollout)
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
-    cfg = Config(**{**SMALL, "eval_every": 4, "eval_episodes": 2}, steps=12, eval_episodes_during=2, seed=1)
+    cfg = Config(**{**SMALL, "eval_every": 4, "eval_episodes": 2, "device": device}, steps=12, eval_episodes_during=2)
     runs = {}
     for overlap in (False, True):
         threads.clear()
