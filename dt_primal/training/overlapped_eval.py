@@ -20,9 +20,9 @@ from dt_primal.model.transformer import DecisionTransformer
 class OverlappedEvaluation:
     """Evaluations of ``model``'s weights at a step, run beside training one at a time. ``act_with(copy)``
     gives the policy that acts with ``copy``, a model of ``model``'s architecture built here (no random
-    numbers drawn) that ``start`` refills; ``start(step, evaluate)`` runs ``evaluate(policy)`` in a thread;
-    ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none ran) or raises what it
-    raised."""
+    numbers drawn) that ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` in a
+    thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none ran) or raises
+    what it raised."""
 
     def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device):
         with torch.device("meta"):
@@ -40,7 +40,7 @@ class OverlappedEvaluation:
     def start(self, model: DecisionTransformer, step: int, evaluate: Callable) -> None:
         """Evaluate ``model``'s weights as they are after ``step`` updates, in a thread (after ``collect``)."""
         assert self.thread is None, "collect() the last evaluation first"
-        torch._foreach_copy_(list(self.copy.parameters()), list(model.parameters()))
+        torch._foreach_copy_(list(self.copy.state_dict().values()), list(model.state_dict().values()))
         if self.stream is not None:  # the copy is made on training's stream before the evaluation reads it
             self.stream.wait_stream(torch.cuda.current_stream())
         self.step, self.outcome = step, None
