@@ -314,15 +314,26 @@ def captured_fit_committed(w: Window) -> bool:
         return False
 
 
+def profile_step(w: Window, options: list[str]) -> None:
+    """``bench/step_kernels.py``: where 9 members' update with ``options`` spends its device time, kernel by kernel
+    and phase by phase, into OUT/profile.json (about 26 s on an H100)."""
+    profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
+    profile += ["--warmup", "3", "--updates", "3", "--json", str(w.out / "profile.json"), "--", *options]
+    w.run("profile", profile, 90, w.doc["reserve"])
+
+
 def measure_after_the_sweep(w: Window) -> None:
     """In the seconds a finished sweep leaves of the window (each phase skipped where it would not end MARGIN
-    s before it): the evaluation's profile unless measured, then one run's updates/s (OUT/one-run.json)."""
+    s before it): the evaluation's profile unless measured, one run's updates/s (OUT/one-run.json), then the
+    step's profile unless measured (OUT/profile.json)."""
     w.doc["reserve"] = 0.0
     if not (w.out / "evaluation.json").exists():
         profile_evaluation(w)
     one = bench(w, "one run", w.doc.get("options", []), [1], 90)
     if one:
         (w.out / "one-run.json").write_text(json.dumps(one, indent=1))
+    if not (w.out / "profile.json").exists():
+        profile_step(w, w.doc.get("options", []))
 
 
 def add_evaluation(w: Window) -> None:
@@ -451,9 +462,7 @@ def start(args) -> None:
         w.doc["reserve"] = args.least_training
         options = measure(w, args, given_options(args.measured) if args.throughput else rank_variants(w, args))
         if args.profile:
-            profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
-            profile += ["--warmup", "3", "--updates", "3", "--json", str(args.out / "profile.json"), "--", *options]
-            w.run("profile", profile, 90, w.doc["reserve"])
+            profile_step(w, options)
     else:
         options = []
     # the sweep starts once the builds have ended, or SETTLE_S after they started: a group whose datasets are

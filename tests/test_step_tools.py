@@ -306,7 +306,7 @@ def test_the_window_builds_the_first_tasks_datasets_first_and_every_medium_repla
     ]
 
 
-def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_and_one_run(window, monkeypatch):
+def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_the_steps_profile(window, monkeypatch):
     w = window
     w.doc.update(device="cuda", options=["--compile"])
     ran = []
@@ -319,8 +319,12 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_and_one_run(
 
     monkeypatch.setattr(w, "run", run)
     gpu_window.measure_after_the_sweep(w)
-    assert ran == [("evaluation profile", "bench/eval_overhead.py", 0.0), ("one run", "bench/ensemble_speed.py", 0.0)]
+    assert ran == [
+        ("evaluation profile", "bench/eval_overhead.py", 0.0),
+        ("one run", "bench/ensemble_speed.py", 0.0),
+        ("profile", "bench/step_kernels.py", 0.0),
+    ]
     assert json.loads((w.out / "one-run.json").read_text())["records"] == [{"members": 1}]
     ran.clear()
-    gpu_window.measure_after_the_sweep(w)  # the evaluation measured before in this window: not again
+    gpu_window.measure_after_the_sweep(w)  # the evaluation and the step measured before in this window: not again
     assert [name for name, _, _ in ran] == ["one run"]
