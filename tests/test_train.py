@@ -119,6 +119,31 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
     assert [r["targets"] for r in runs[True]] == [r["targets"] for r in runs[False]]
 
 
+def test_an_evaluation_beside_training_that_fails_runs_again_in_line(tmp_path, monkeypatch):
+    """A RuntimeError in the evaluation's thread (as a CUDA error would be) is a warning: that evaluation runs again
+    in the loop's thread on its copy of the weights, the later ones in line too, with the in-line run's scores."""
+    works = loop.rollout
+    threads = []
+
+    def rollout(*args, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        if not threads[-1]:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return works(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "rollout", rollout)
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(**{**SMALL, "eval_every": 4}, steps=12, eval_episodes_during=2, seed=3)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "in-line"), eval_overlap=False), data)
+    threads.clear()
+    with pytest.warns(RuntimeWarning, match="an evaluation beside training failed .*it runs again in line"):
+        train(dataclasses.replace(cfg, out=str(tmp_path / "beside")), data)
+    assert threads == [False, True, True, True]  # step 4 beside (failed), step 4 again, step 8, the final one
+    beside, in_line = _curve(tmp_path / "beside"), _curve(tmp_path / "in-line")
+    assert [(p["step"], p["beside_training"]) for p in beside] == [(4, False), (8, False)]
+    assert [p["reports"] for p in beside] == [p["reports"] for p in in_line]
+
+
 def test_resume_from_an_evaluation_step_runs_the_evaluation_its_curve_lacks(tmp_path):
     """A run killed while an evaluation ran beside training has the checkpoint of that step without its point in
     evals.jsonl (as has a run of 8 steps, its last step not evaluated during training); continued, it evaluates

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -307,8 +308,23 @@ class TrainingRun:
         self.record(self.step, evaluate(self.policy), time.perf_counter() - t0, beside=False)
 
     def collect(self) -> None:
-        """Record the evaluation that runs beside training, once it has ended (if one runs)."""
-        done = self.beside.collect() if self.beside is not None else None
+        """Record the evaluation that runs beside training, once it has ended (if one runs). Should it fail (a
+        RuntimeError, such as a CUDA error of its thread), it runs again here on its copy of the weights, with a
+        warning, and so do the later evaluations."""
+        try:
+            done = self.beside.collect() if self.beside is not None else None
+        except RuntimeError as exc:
+            beside, self.beside = self.beside, None
+            warnings.warn(
+                f"an evaluation beside training failed ({type(exc).__name__}: {str(exc)[:200]}); it runs again "
+                f"in line, and so do the later ones",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            t0 = time.perf_counter()
+            per_member = self.evaluate(beside.policy, self.cfg.eval_episodes_during)
+            self.record(beside.step, per_member, time.perf_counter() - t0, beside=False)
+            return
         if done is not None:
             self.record(*done, beside=True)
 
