@@ -300,12 +300,18 @@ class TrainingRun:
         (``--eval-overlap``; recorded by a later ``collect``), on CUDA once the step is a captured graph (no
         capture, and no eager step's process-wide TF32 switches, beside an evaluation); else here, at once."""
         self.collect()
-        evaluate = functools.partial(self.evaluate, episodes=self.cfg.eval_episodes_during)
         if self.beside is not None and (self.train_step.graph is not None or self.device.type == "cpu"):
-            self.beside.start(self.model, self.step, evaluate)
+            self.beside.start(
+                self.model, self.step, functools.partial(self.evaluate, episodes=self.cfg.eval_episodes_during)
+            )
             return
+        self._evaluate_in_line(self.policy, self.step)
+
+    def _evaluate_in_line(self, policy: Policy, step: int) -> None:
+        """The periodic evaluation of ``policy`` (the weights of ``step``) here, recorded at once."""
         t0 = time.perf_counter()
-        self.record(self.step, evaluate(self.policy), time.perf_counter() - t0, beside=False)
+        per_member = self.evaluate(policy, self.cfg.eval_episodes_during)
+        self.record(step, per_member, time.perf_counter() - t0, beside=False)
 
     def collect(self) -> None:
         """Record the evaluation that runs beside training, once it has ended (if one runs). Should it fail (a
@@ -321,9 +327,7 @@ class TrainingRun:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            t0 = time.perf_counter()
-            per_member = self.evaluate(beside.policy, self.cfg.eval_episodes_during)
-            self.record(beside.step, per_member, time.perf_counter() - t0, beside=False)
+            self._evaluate_in_line(beside.policy, beside.step)
             return
         if done is not None:
             self.record(*done, beside=True)
