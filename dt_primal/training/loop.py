@@ -281,12 +281,14 @@ class TrainingRun:
                     writer.add_scalar(f"ksvd/lambda_abs_max/{k}", values.abs().max().item(), step)
         self.bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{self.n_log / seconds:.1f}")
 
-    def evaluate(self, policy: Policy, episodes: int, recorder: Recorder | None = None) -> list[list[dict]]:
+    def evaluate(
+        self, policy: Policy, episodes: int, recorder: Recorder | None = None
+    ) -> tuple[list[list[dict]], float]:
         """``episodes`` episodes per target of every member at once, acting with ``policy``: per member, a
-        report per target."""
-        members = self.members
+        report per target; and the seconds they took."""
+        members, t0 = self.members, time.perf_counter()
         with phase("evaluation"):
-            return rollout(
+            per_member = rollout(
                 policy,
                 [m.task for m in members],
                 [m.targets for m in members],
@@ -294,6 +296,7 @@ class TrainingRun:
                 seeds=evaluation_seeds([m.cfg.seed for m in members]),
                 recorder=recorder,
             )
+        return per_member, time.perf_counter() - t0
 
     def evaluate_and_record(self) -> None:
         """The periodic evaluation of the weights of this step: beside training where evaluations overlap it
@@ -309,9 +312,7 @@ class TrainingRun:
 
     def _evaluate_in_line(self, policy: Policy, step: int) -> None:
         """The periodic evaluation of ``policy`` (the weights of ``step``) here, recorded at once."""
-        t0 = time.perf_counter()
-        per_member = self.evaluate(policy, self.cfg.eval_episodes_during)
-        self.record(step, per_member, time.perf_counter() - t0, beside=False)
+        self.record(step, *self.evaluate(policy, self.cfg.eval_episodes_during), beside=False)
 
     def collect(self) -> None:
         """Record the evaluation that runs beside training, once it has ended (if one runs). Should it fail (a
@@ -392,9 +393,7 @@ class TrainingRun:
             self.checkpoint()
         chosen = renderer(self.members[0].task) if video else None  # before the evaluation's clock starts
         recorder = Recorder(1) if chosen else None
-        t0 = time.perf_counter()
-        per_member = self.evaluate(self.policy, self.cfg.eval_episodes, recorder)
-        seconds = time.perf_counter() - t0
+        per_member, seconds = self.evaluate(self.policy, self.cfg.eval_episodes, recorder)
         if recorder is not None:
             render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video, chosen)
         results, made = [], provenance(self.device)

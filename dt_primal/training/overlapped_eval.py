@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -20,9 +19,9 @@ from dt_primal.model.transformer import DecisionTransformer
 class OverlappedEvaluation:
     """Evaluations of ``model``'s weights at a step, run beside training one at a time. ``act_with(copy)``
     gives the policy that acts with ``copy``, a model of ``model``'s architecture built here (no random
-    numbers drawn) that ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` in a
-    thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none ran) or raises
-    what it raised."""
+    numbers drawn) that ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` (its
+    reports and seconds) in a thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None
+    when none ran) or raises what it raised."""
 
     def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device):
         with torch.device("meta"):
@@ -48,11 +47,9 @@ class OverlappedEvaluation:
         self.thread.start()
 
     def _run(self, evaluate: Callable) -> None:
-        t0 = time.perf_counter()
         try:
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                reports = evaluate(self.policy)
-            self.outcome = (reports, time.perf_counter() - t0)
+                self.outcome = evaluate(self.policy)
         except BaseException as exc:  # raised again by collect(), in the training loop's thread
             self.outcome = exc
 
