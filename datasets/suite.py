@@ -169,7 +169,7 @@ def rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: i
             min(processes, len(jobs)), mp_context=multiprocessing.get_context("spawn"), initializer=_quiet_ctrl_c
         ) as pool:
             done = list(pool.map(_rollout_part, *zip(*args)))
-    return [ep for k in parts for ep in merge([d for (j, _), d in zip(jobs, done) if j == k])]
+    return [ep for k in parts for ep in merge([d for (part, _), d in zip(jobs, done) if part == k])]
 
 
 def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
