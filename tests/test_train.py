@@ -119,6 +119,19 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
     assert [r["targets"] for r in runs[True]] == [r["targets"] for r in runs[False]]
 
 
+@pytest.mark.parametrize("kernel", ["sdpa", "math"])
+def test_the_copy_evaluated_beside_training_runs_the_training_steps_attention_kernel(kernel):
+    from dt_primal.model.attention import SoftmaxAttention, use_attention_kernel
+    from dt_primal.model.transformer import DecisionTransformer
+    from dt_primal.training.overlapped_eval import OverlappedEvaluation
+
+    model = use_attention_kernel(DecisionTransformer(Config(**SMALL).model_config(11, 3), members=2), kernel)
+    beside = OverlappedEvaluation(model, lambda copy: None, torch.device("cpu"), kernel)
+    kernels = [m.sdpa for m in beside.copy.modules() if isinstance(m, SoftmaxAttention)]
+    assert kernels and kernels == [m.sdpa for m in model.modules() if isinstance(m, SoftmaxAttention)]
+    assert set(kernels) == {kernel == "sdpa"}
+
+
 def test_an_evaluation_beside_training_that_fails_runs_again_in_line(tmp_path, monkeypatch):
     """A RuntimeError in the evaluation's thread (as a CUDA error would be) is a warning: that evaluation runs again
     in the loop's thread on its copy of the weights, the later ones in line too, with the in-line run's scores."""

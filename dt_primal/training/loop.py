@@ -106,7 +106,8 @@ class TrainingRun:
             self._build(ckpts)
         self.policy = self.acting_with(self.model)
         overlap = self.cfg.eval_overlap and self.rank == 0
-        self.beside = OverlappedEvaluation(self.model, self.acting_with, self.device) if overlap else None
+        kernel = self.cfg.attention_kernel
+        self.beside = OverlappedEvaluation(self.model, self.acting_with, self.device, kernel) if overlap else None
         self.names = [member_name(m.cfg.dataset, m.cfg.seed, len(self.parts) > 1) for m in self.members]
         self._open_records()
         if self._evaluation_missing():

@@ -13,23 +13,22 @@ from collections.abc import Callable
 
 import torch
 
+from dt_primal.model.attention import use_attention_kernel
 from dt_primal.model.transformer import DecisionTransformer
 
 
 class OverlappedEvaluation:
     """Evaluations of ``model``'s weights at a step, run beside training one at a time. ``act_with(copy)``
-    gives the policy that acts with ``copy``, a model of ``model``'s architecture built here (no random
-    numbers drawn) that ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` (its
-    reports and seconds) in a thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None
-    when none ran) or raises what it raised."""
+    gives the policy that acts with ``copy``, a model of ``model``'s architecture with ``attention_kernel``
+    (the training step's, ``use_attention_kernel``) built here (no random numbers drawn) that
+    ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` (its reports and seconds) in a
+    thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none ran) or raises
+    what it raised."""
 
-    def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device):
+    def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device, attention_kernel: str):
         with torch.device("meta"):
             copy = DecisionTransformer(model.config, model.members)
-        self.copy = copy.to_empty(device=device).train(False)
-        for mine, theirs in zip(self.copy.modules(), model.modules()):  # the same attention kernel
-            if hasattr(theirs, "sdpa"):
-                mine.sdpa = theirs.sdpa
+        self.copy = use_attention_kernel(copy.to_empty(device=device).train(False), attention_kernel)
         self.policy = act_with(self.copy)
         # on CUDA its own stream, ahead of training's kernels: an evaluation step waits on its few small ones
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
