@@ -48,8 +48,8 @@ def main() -> None:
     for n in args.processes:
         t0 = time.perf_counter()
         episodes = suite.rollouts(task, policy, args.steps, 0, processes=n)
-        whole.append([n, f"{time.perf_counter() - t0:.1f}", f"{args.steps / (time.perf_counter() - t0):,.0f}"])
-        whole[-1].append(digest(episodes))
+        took = time.perf_counter() - t0
+        whole.append([n, f"{took:.1f}", f"{args.steps / took:,.0f}", digest(episodes)])
         print(whole[-1], flush=True)
     part = args.steps // suite.ROLLOUT_PARTS
     seconds = {}
