@@ -87,7 +87,7 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
     """--eval-overlap on: each intermediate evaluation runs in a thread on a copy of that step's weights while
     training goes on (slowed here so that training is steps ahead by the time it acts): the same scores, weights
     and final evaluation as evaluations in line. On CUDA the step is a captured graph by step 4, and the
-    evaluation acts on its own stream with a captured forward pass of its own."""
+    evaluation acts on its own stream."""
     slow = loop.rollout
     threads = []
 
@@ -126,10 +126,57 @@ def test_the_copy_evaluated_beside_training_runs_the_training_steps_attention_ke
     from dt_primal.training.overlapped_eval import OverlappedEvaluation
 
     model = use_attention_kernel(DecisionTransformer(Config(**SMALL).model_config(11, 3), members=2), kernel)
-    beside = OverlappedEvaluation(model, lambda copy: None, torch.device("cpu"), kernel)
+    beside = OverlappedEvaluation(model, lambda copy, **options: None, torch.device("cpu"), kernel)
     kernels = [m.sdpa for m in beside.copy.modules() if isinstance(m, SoftmaxAttention)]
     assert kernels and kernels == [m.sdpa for m in model.modules() if isinstance(m, SoftmaxAttention)]
     assert set(kernels) == {kernel == "sdpa"}
+
+
+def test_the_copy_evaluated_beside_training_acts_without_a_cuda_graph():
+    from dt_primal.model.transformer import DecisionTransformer
+    from dt_primal.training.overlapped_eval import OverlappedEvaluation
+
+    model = DecisionTransformer(Config(**SMALL).model_config(11, 3), members=2)
+    beside = OverlappedEvaluation(model, lambda copy, **options: options, torch.device("cpu"), "math")
+    assert beside.policy == {"capture": False}
+
+
+@needs_cuda
+def test_training_replays_its_cuda_graph_while_an_evaluation_beside_it_acts(tmp_path):
+    """Training's captured step (whose dropout advances the default CUDA generator) replays while the evaluation
+    beside it acts at several widths: neither fails. A forward pass captured in the evaluation's thread would
+    make the replay raise "Offset increment outside graph capture"."""
+    from dt_primal.evaluation.policy import Policy
+    from dt_primal.training.overlapped_eval import OverlappedEvaluation
+    from dt_primal.training.step import WARMUP_CALLS
+    from dt_primal.training.throughput import fresh_step
+
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(**SMALL)  # dropout 0.1
+    step = fresh_step(cfg, data, seeds=[1, 2], device="cuda")
+    for _ in range(WARMUP_CALLS + 1):
+        step()
+    assert step.graph is not None
+    mean, std = data.state_stats()
+
+    def act_with(copy, **options):
+        return Policy(copy, mean, std, cfg.reward_scale, cfg.context, "bf16", **options)
+
+    def evaluate(policy):
+        with torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
+            for width in (48, 32, 24, 16, 12, 8) * 3:
+                x = [torch.zeros(2, width, cfg.context, d, device="cuda") for d in (data.obs_dim, data.act_dim, 1)]
+                policy.forward(*x, torch.zeros(2, width, cfg.context, dtype=torch.long, device="cuda"))
+        return [], 0.0
+
+    beside = OverlappedEvaluation(step.model, act_with, torch.device("cuda"), cfg.attention_kernel)
+    beside.start(step.model, 4, evaluate)
+    replays = 0
+    while beside.thread.is_alive() or replays < 10:
+        step()
+        replays += 1
+    assert beside.collect() == (4, [], 0.0)
+    torch.cuda.synchronize()
 
 
 def test_an_evaluation_beside_training_that_fails_runs_again_in_line(tmp_path, monkeypatch):

@@ -65,7 +65,7 @@ def cuda_graph(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torc
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # training may run in another thread
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may use CUDA meanwhile
         out = fn()
     return graph.replay, out
 

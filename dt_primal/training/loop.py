@@ -113,11 +113,12 @@ class TrainingRun:
         if self._evaluation_missing():
             self.evaluate_and_record()
 
-    def acting_with(self, model) -> Policy:
-        """The members' policy with ``model`` (the trained model, or a copy of its weights)."""
+    def acting_with(self, model, capture: bool = True) -> Policy:
+        """The members' policy with ``model`` (the trained model, or a copy of its weights); ``capture``: as
+        ``Policy``'s."""
         members, cfg = self.members, self.cfg
         mean, std = (np.stack([getattr(m, k) for m in members]) for k in ("state_mean", "state_std"))
-        return Policy(model, mean, std, cfg.reward_scale, cfg.context, cfg.precision)
+        return Policy(model, mean, std, cfg.reward_scale, cfg.context, cfg.precision, capture=capture)
 
     @property
     def where(self) -> Path:

@@ -18,18 +18,20 @@ from dt_primal.model.transformer import DecisionTransformer
 
 
 class OverlappedEvaluation:
-    """Evaluations of ``model``'s weights at a step, run beside training one at a time. ``act_with(copy)``
-    gives the policy that acts with ``copy``, a model of ``model``'s architecture with ``attention_kernel``
-    (the training step's, ``use_attention_kernel``) built here (no random numbers drawn) that
-    ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` (its reports and seconds) in a
-    thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none ran) or raises
-    what it raised."""
+    """Evaluations of ``model``'s weights at a step, run beside training one at a time. ``act_with(copy,
+    capture=False)`` gives the policy that acts, without a CUDA graph, with ``copy``, a model of ``model``'s
+    architecture with ``attention_kernel`` (the training step's, ``use_attention_kernel``) built here (no random
+    numbers drawn) that ``start(model, step, evaluate)`` refills before it runs ``evaluate(policy)`` (its reports
+    and seconds) in a thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none
+    ran) or raises what it raised."""
 
     def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device, attention_kernel: str):
         with torch.device("meta"):
             copy = DecisionTransformer(model.config, model.members)
         self.copy = use_attention_kernel(copy.to_empty(device=device).train(False), attention_kernel)
-        self.policy = act_with(self.copy)
+        # eager acting: a CUDA graph captured in this thread would mark the process's default CUDA generator as
+        # capturing while training's graph replays (and advances it for dropout), which PyTorch refuses
+        self.policy = act_with(self.copy, capture=False)
         # on CUDA its own stream, ahead of training's kernels: an evaluation step waits on its few small ones
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self.thread, self.step, self.outcome = None, None, None
