@@ -82,12 +82,18 @@ def _curve(folder):
     return [json.loads(line) for line in (folder / "evals.jsonl").read_text().splitlines()]
 
 
+def _scores(curve) -> np.ndarray:
+    """Each evaluation's reports as numbers, their keys in one order."""
+    return np.array([[[r[k] for k in sorted(r)] for r in p["reports"]] for p in curve], dtype=float)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch, device):
     """--eval-overlap on: each intermediate evaluation runs in a thread on a copy of that step's weights while
     training goes on (slowed here so that training is steps ahead by the time it acts): the same scores, weights
-    and final evaluation as evaluations in line. On CUDA the step is a captured graph by step 4, and the
-    evaluation acts on its own stream."""
+    and final evaluation as evaluations in line (on CUDA to rounding: the copy acts eagerly, in line the forward
+    pass is a replayed CUDA graph, and their last bits differ). On CUDA the step is a captured graph by step 4, and
+    the evaluation acts on its own stream."""
     slow = loop.rollout
     threads = []
 
@@ -110,7 +116,8 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
         folders = [tmp_path / str(overlap) / f"seed_{seed}" for overlap in (False, True)]
         off, on = map(_curve, folders)
         assert [p["step"] for p in on] == [4, 8] and [p["beside_training"] for p in on] == [True, True]
-        assert [p["reports"] for p in on] == [p["reports"] for p in off] and not any(p["beside_training"] for p in off)
+        assert not any(p["beside_training"] for p in off)
+        np.testing.assert_allclose(_scores(on), _scores(off), rtol=0 if device == "cpu" else 1e-6, atol=0)
         assert all(p["seconds"] >= 0.5 for p in on + off)
         a, b = (torch.load(f / "last.pt", weights_only=True) for f in folders)
         for k in a["model"]:

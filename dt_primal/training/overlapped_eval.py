@@ -1,7 +1,8 @@
 """Intermediate evaluations beside training: the weights of an evaluation step are copied into a second
 model, which a thread evaluates (on CUDA, on its own stream) while the training loop goes on, so that
 training does not wait for the environments. Its reports are the ones the same evaluation would give in
-line: the copy holds that step's weights, acting draws no random numbers, and the loop records them
+line (on CUDA to rounding: in line the forward pass is a replayed CUDA graph, here it runs eagerly): the copy
+holds that step's weights, acting draws no random numbers, and the loop records them
 (``collect``) in step order, before the next evaluation starts, before a stop and before the final one.
 """
 
