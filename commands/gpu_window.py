@@ -196,21 +196,34 @@ def bench_options(options: list[str]) -> list[str]:
 
 
 def committed(name: str, engine: dict, any_gpu: bool = False, any_engine: bool = False, **fields) -> Path | None:
-    """The newest ``results/gpu-*/NAME.json`` measured with ``engine`` ({"engine", "gpu"}: the step's hash and
-    this GPU's name), every record of it under that hash (under any, with ``any_engine``), on that GPU (on
-    any, with ``any_gpu``), with the top-level ``fields`` given."""
-    for path in sorted(ROOT.glob(f"results/gpu-*/{name}.json"), key=lambda p: p.parent.name[-10:], reverse=True):
+    """The newest ``results/gpu-*/NAME.json`` (by its folder's date, then its own ``measured_at``) measured
+    with ``engine`` ({"engine", "gpu"}: the step's hash and this GPU's name), every record of it under that
+    hash (under any, with ``any_engine``), on that GPU (on any, with ``any_gpu``), with the top-level
+    ``fields`` given."""
+    docs = []
+    for path in ROOT.glob(f"results/gpu-*/{name}.json"):
         try:
-            doc = json.loads(path.read_text())
+            docs.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            continue
+    for path, doc in sorted(docs, key=lambda pd: (pd[0].parent.name[-10:], measured_at(pd[1])), reverse=True):
+        try:
             records = doc["records"]
             gpu = any_gpu or doc["info"]["gpu"] == engine.get("gpu")
             same = gpu and records and all(doc.get(k) == v for k, v in fields.items())
             hashed = any_engine or all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records)
             if same and hashed:
                 return path
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError):
             continue
     return None
+
+
+def measured_at(doc) -> str:
+    """When a bench's ``--json`` was written ("YYYY-MM-DD HH:MM UTC"), "" where it does not say."""
+    info = doc.get("info") if isinstance(doc, dict) else None
+    date = info.get("date") if isinstance(info, dict) else None
+    return date if isinstance(date, str) else ""
 
 
 def rank_variants(w: Window, args) -> list[str]:

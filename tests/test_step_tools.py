@@ -94,6 +94,10 @@ def test_a_window_reuses_a_committed_measurement_of_the_same_engine_gpu_and_opti
     assert gpu_window.committed("throughput", engine, options=["--compile"]) == mine
     assert gpu_window.committed("throughput", engine, options=[]) is None  # measured with other options
     assert gpu_window.committed("variants", engine) is None
+    # two on one day: the one measured later, whatever the folders' names
+    later = write("gpu-h100-a-2026-11-27", "evaluation", info={"gpu": engine["gpu"], "date": "2026-11-27 13:34 UTC"})
+    write("gpu-h100-b-2026-11-27", "evaluation", info={"gpu": engine["gpu"], "date": "2026-11-27 06:59 UTC"})
+    assert gpu_window.committed("evaluation", engine) == later
 
 
 def test_a_variants_options_become_the_throughput_benchmarks():
