@@ -90,7 +90,8 @@ def _scores(curve) -> np.ndarray:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch, device):
     """--eval-overlap on: each intermediate evaluation runs in a thread on a copy of that step's weights while
-    training goes on (slowed here so that training is steps ahead by the time it acts): the same scores, weights
+    training goes on (slowed here so that training is steps ahead by the time it acts; its environments in two
+    worker processes, which the evaluation's thread forks while training runs): the same scores, weights
     and final evaluation as evaluations in line (on CUDA to rounding: the copy acts eagerly, in line the forward
     pass is a replayed CUDA graph, and their last bits differ). On CUDA the step is a captured graph by step 4, and
     the evaluation acts on its own stream."""
@@ -100,7 +101,7 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
     def rollout(*args, **kwargs):
         threads.append(threading.current_thread() is threading.main_thread())
         time.sleep(0.5 if len(threads) < 3 else 0)
-        return slow(*args, **kwargs)
+        return slow(*args, **kwargs, env_workers=2)  # worker processes forked beside training, as on a GPU
 
     monkeypatch.setattr(loop, "rollout", rollout)
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
