@@ -12,8 +12,6 @@ neither be read past its end, nor expand beyond its rows, nor be cut into other 
 
 from __future__ import annotations
 
-import json
-import math
 import struct
 from pathlib import Path
 
@@ -111,12 +109,6 @@ def _check_batch(message, rows: int, dims, itemsizes) -> None:
             raise ValueError(f"a buffer declares {declared} bytes where its rows need {need}")
 
 
-def _spaces(meta: dict) -> tuple[list[int], list[np.dtype]]:
-    """The numbers per step and the dtypes of the observation and action spaces in ``meta`` (checked)."""
-    spaces = [json.loads(meta[key]) for key in ("observation_space", "action_space")]
-    return [math.prod(s["shape"]) for s in spaces], [np.dtype(s["dtype"]) for s in spaces]
-
-
 def _episode(path: Path, rows: int, dims: list[int], types: list[np.dtype]):
     """The columns of the episode file ``path``, of ``rows`` rows of spaces of ``dims`` numbers of ``types``,
     checked (``_check_batch``), then decoded."""
@@ -153,7 +145,7 @@ def read_episodes(data: Path, meta: dict, where: str) -> list[dict]:
     padding row of the last four cut off, as Minari returns them."""
     import pyarrow as pa
 
-    dims, types = _spaces(meta)
+    dims, types = untrusted.minari_spaces(meta)
     step = sum(d * t.itemsize for d, t in zip(dims, types)) + 10  # and a reward, two flags
     untrusted.check_fits_memory((meta["total_steps"] + meta["total_episodes"]) * step, where, "episodes")
     episodes, total = [], 0

@@ -23,7 +23,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from dt_primal import arrow_episodes, untrusted
+from dt_primal import arrow_episodes, minari_hdf5, untrusted
 from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
 from envs import Task, derived_targets, find_task, task_for
@@ -196,15 +196,12 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
     try:
         if download and dataset_id not in minari.list_local_datasets():
             minari.download_dataset(dataset_id)
-        meta = untrusted.check_minari_folder(dataset_id)  # before Minari reads anything of it
-        if meta["data_format"] == "arrow":
-            data = get_dataset_path(dataset_id) / "data"
-            episodes = arrow_episodes.read_episodes(data, meta, f"The Minari dataset {dataset_id}")
-        else:
-            episodes = [
-                dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards, terminals=ep.terminations)
-                for ep in minari.load_dataset(dataset_id).iterate_episodes()
-            ]
+        where = f"The Minari dataset {dataset_id}"
+        with untrusted.open_minari(dataset_id) as (meta, hdf5):
+            if hdf5 is not None:
+                episodes = minari_hdf5.read_episodes(hdf5, meta, where)
+            else:
+                episodes = arrow_episodes.read_episodes(get_dataset_path(dataset_id) / "data", meta, where)
     except UserError:
         raise
     except Exception as exc:  # unknown remote id, damaged or truncated files, no network

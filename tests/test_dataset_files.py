@@ -523,3 +523,48 @@ def test_damaged_minari_data_and_metadata_are_a_message(minari_home):
     minari_dataset("evil/hopper/refs-v0", minari_home, ref_min_score="low", ref_max_score=100.0)
     with pytest.raises(UserError, match="ref_min_score low and ref_max_score 100.0, which cannot normalise"):
         load_dataset("evil/hopper/refs-v0")
+
+
+def test_a_minari_hdf5_dataset_loads_as_minari_reads_it(minari_home):
+    import minari
+
+    minari_dataset("hosted/hopper/read-v0", minari_home)
+    theirs = list(minari.load_dataset("hosted/hopper/read-v0").iterate_episodes())
+    ours = load_dataset("hosted/hopper/read-v0")
+    starts = np.cumsum([0, *ours.lengths])
+    assert list(ours.lengths) == [len(ep.actions) for ep in theirs]
+    for ep, a, b in zip(theirs, starts, starts[1:]):
+        assert np.array_equal(ours.observations[a:b], ep.observations[:-1])
+        assert np.array_equal(ours.actions[a:b], ep.actions) and np.array_equal(ours.rewards[a:b], ep.rewards)
+    assert list(ours.terminals) == [bool(ep.terminations.any()) for ep in theirs]
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda f: f.__delitem__("episode_1/actions"), "lacks the array episode_1/actions"),
+        (lambda f: _replace(f, "episode_0/observations", np.zeros((8, 5), np.float32)), r"\(rows, 11\)"),
+        (lambda f: _replace(f, "episode_2/rewards", np.array([b"x"] * 12)), "episode_2/rewards holds"),
+        (lambda f: _replace(f, "episode_0/rewards", np.zeros(9)), "with 7 rows"),
+        (lambda f: _replace(f, "episode_2/actions", np.zeros((13, 3), np.float32)), "declares 22 steps in all"),
+        (lambda f: _shorten(f, "episode_1"), "episodes hold 21 steps, its metadata.json declares 22"),
+    ],
+    ids=["missing", "width", "strings", "rows", "more steps", "fewer steps"],
+)
+def test_a_damaged_minari_hdf5_episode_is_a_message(minari_home, damage, match):
+    folder = minari_dataset("evil/hopper/episode-v0", minari_home)
+    with h5py.File(folder / "main_data.hdf5", "a") as f:
+        damage(f)
+    with pytest.raises(UserError, match=match):
+        load_dataset("evil/hopper/episode-v0")
+
+
+def _replace(f, name: str, values: np.ndarray) -> None:
+    del f[name]
+    f[name] = values
+
+
+def _shorten(f, episode: str) -> None:
+    """The episode one step shorter, every array of it."""
+    for key in ("observations", "actions", "rewards", "terminations", "truncations"):
+        _replace(f, f"{episode}/{key}", f[f"{episode}/{key}"][:-1])
