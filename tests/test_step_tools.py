@@ -240,8 +240,13 @@ def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_wh
 
 def test_the_cuda_tests_are_started_detached_and_leave_their_exit_status(window, tmp_path, monkeypatch):
     w = window
-    (tmp_path / "test_gpu.py").write_text("def test_on_cuda():\n    pass\n\ndef test_other():\n    raise ValueError\n")
-    monkeypatch.setattr(gpu_window, "CUDA_TESTS", ["test_gpu.py"])
+    # a project of its own: else pytest's root may be an ancestor (a setup.py there), and -k also matches the
+    # names of the folders below it, tmp_path's among them, which names cuda
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "pytest.ini").write_text("[pytest]\n")
+    tests = "def test_on_cuda():\n    pass\n\ndef test_other():\n    raise ValueError\n"
+    (tmp_path / "suite" / "test_gpu.py").write_text(tests)
+    monkeypatch.setattr(gpu_window, "CUDA_TESTS", ["suite/test_gpu.py"])
     gpu_window.start_tests(w)
     deadline = time.time() + 120
     while not (gpu_window.STATE / "cuda-tests.rc").exists() and time.time() < deadline:
