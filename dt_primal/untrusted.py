@@ -467,6 +467,15 @@ def minari_spaces(meta: dict) -> tuple[list[int], list[np.dtype]]:
     return [math.prod(s["shape"]) for s in spaces], [np.dtype(s["dtype"]) for s in spaces]
 
 
+def check_steps_add_up(total: int, meta: dict, where: str) -> None:
+    """The ``total`` steps of a Minari dataset's episodes, as read, are the steps its ``metadata.json`` declares."""
+    if total != meta["total_steps"]:
+        raise UserError(
+            f"{where}'s episodes hold {total} steps, its metadata.json declares {meta['total_steps']}. The "
+            f"dataset is damaged: download or make it again."
+        )
+
+
 @contextlib.contextmanager
 def open_minari(dataset_id: str):
     """The local Minari dataset ``dataset_id``, its files checked: ``(metadata, hdf5)``, its metadata checked
