@@ -3,6 +3,7 @@ import json
 import math
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -149,6 +150,39 @@ def test_the_copy_evaluated_beside_training_acts_without_a_cuda_graph():
     assert beside.policy == {"capture": False}
 
 
+def test_while_an_evaluation_runs_beside_it_training_queues_at_most_run_ahead_updates(monkeypatch):
+    """``pace`` after each update: an event per update, and a wait on the oldest beyond ``run_ahead``; nothing
+    once the evaluation has ended, nor without a limit (a stand-in for CUDA's events and the thread)."""
+    from dt_primal.model.transformer import DecisionTransformer
+    from dt_primal.training.overlapped_eval import RUN_AHEAD, OverlappedEvaluation
+
+    waited = []
+
+    class Event:
+        def record(self):
+            self.n = len(recorded)
+            recorded.append(self)
+
+        def synchronize(self):
+            waited.append(self.n)
+
+    recorded, alive = [], [True]  # the events recorded; whether the evaluation's thread runs
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    model = DecisionTransformer(Config(**SMALL).model_config(11, 3))
+    beside = OverlappedEvaluation(model, lambda copy, **options: None, torch.device("cpu"), "math")
+    beside.stream, beside.thread = object(), types.SimpleNamespace(is_alive=lambda: alive[0], join=lambda: None)
+    for _ in range(5):
+        beside.pace()
+    assert RUN_AHEAD == 2 and waited == [0, 1, 2] and len(beside.queued) == 2  # updates 3 and 4 still queued
+    alive[0] = False
+    beside.pace()
+    beside.step, beside.outcome, beside.stream = 4, ([], 1.0), None  # collect's wait on the stream: CUDA's
+    assert len(recorded) == 5 and beside.collect() == (4, [], 1.0) and not beside.queued
+    beside.stream, beside.thread, beside.run_ahead = object(), types.SimpleNamespace(is_alive=lambda: True), None
+    beside.pace()
+    assert len(recorded) == 5
+
+
 @needs_cuda
 def test_training_replays_its_cuda_graph_while_an_evaluation_beside_it_acts(tmp_path):
     """Training's captured step (whose dropout advances the default CUDA generator) replays while the evaluation
@@ -184,6 +218,30 @@ def test_training_replays_its_cuda_graph_while_an_evaluation_beside_it_acts(tmp_
         step()
         replays += 1
     assert beside.collect() == (4, [], 0.0)
+    torch.cuda.synchronize()
+
+
+@needs_cuda
+def test_paced_training_has_at_most_run_ahead_updates_queued_on_a_cuda_device(tmp_path):
+    """While an evaluation runs beside it, the update ``RUN_AHEAD`` before the one just queued has ended."""
+    from dt_primal.training.overlapped_eval import RUN_AHEAD, OverlappedEvaluation
+    from dt_primal.training.step import WARMUP_CALLS
+    from dt_primal.training.throughput import fresh_step
+
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(**SMALL)
+    step = fresh_step(cfg, data, seeds=[1, 2], device="cuda")
+    for _ in range(WARMUP_CALLS + 1):
+        step()
+    beside = OverlappedEvaluation(step.model, lambda copy, **options: None, torch.device("cuda"), "math")
+    beside.thread = types.SimpleNamespace(is_alive=lambda: True)  # an evaluation running
+    ended = []
+    for _ in range(20):
+        step()
+        beside.pace()
+        ended.append(torch.cuda.Event())
+        ended[-1].record()
+        assert len(ended) <= RUN_AHEAD or ended[-RUN_AHEAD - 1].query()
     torch.cuda.synchronize()
 
 

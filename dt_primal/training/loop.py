@@ -234,6 +234,8 @@ class TrainingRun:
         """One training step of every member."""
         with phase("training"):
             self.train_step()
+        if self.beside is not None:
+            self.beside.pace()
         self.step += 1
         self.n_log += 1
         self.bar.update(1)

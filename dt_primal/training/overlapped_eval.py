@@ -4,10 +4,12 @@ training does not wait for the environments. Its reports are the ones the same e
 line (on CUDA to rounding: in line the forward pass is a replayed CUDA graph, here it runs eagerly): the copy
 holds that step's weights, acting draws no random numbers, and the loop records them
 (``collect``) in step order, before the next evaluation starts, before a stop and before the final one.
+While one runs on CUDA, training queues at most ``RUN_AHEAD`` updates on the device (``pace``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Callable
@@ -16,6 +18,8 @@ import torch
 
 from dt_primal.model.attention import use_attention_kernel
 from dt_primal.model.transformer import DecisionTransformer
+
+RUN_AHEAD = 2  # training's updates queued on the device while an evaluation runs beside it (None: no limit)
 
 
 class OverlappedEvaluation:
@@ -36,6 +40,7 @@ class OverlappedEvaluation:
         # on CUDA its own stream, ahead of training's kernels: an evaluation step waits on its few small ones
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self.thread, self.step, self.outcome = None, None, None
+        self.run_ahead, self.queued = RUN_AHEAD, collections.deque()
 
     @torch.no_grad()
     def start(self, model: DecisionTransformer, step: int, evaluate: Callable) -> None:
@@ -47,6 +52,18 @@ class OverlappedEvaluation:
         self.step, self.outcome = step, None
         self.thread = threading.Thread(target=self._run, args=(evaluate,), name=f"evaluation {step}", daemon=True)
         self.thread.start()
+
+    def pace(self) -> None:
+        """After each training update: while an evaluation runs (on CUDA), wait until no more than ``run_ahead``
+        updates are queued on the device, so that the evaluation's small kernels and transfers wait behind few
+        of training's (without it the host queues up to a log interval's updates). Costs training nothing while
+        the host queues an update faster than the device runs one."""
+        if self.stream is None or self.run_ahead is None or self.thread is None or not self.thread.is_alive():
+            return
+        self.queued.append(torch.cuda.Event())
+        self.queued[-1].record()
+        while len(self.queued) > self.run_ahead:
+            self.queued.popleft().synchronize()
 
     def _run(self, evaluate: Callable) -> None:
         try:
@@ -61,6 +78,7 @@ class OverlappedEvaluation:
             return None
         self.thread.join()
         self.thread = None
+        self.queued.clear()
         if self.stream is not None:
             torch.cuda.current_stream().wait_stream(self.stream)
         if isinstance(self.outcome, BaseException):
