@@ -1,5 +1,6 @@
 """The sweep's time budget: durations, the throughput it reads, its estimate and which groups it starts."""
 
+import dataclasses
 import json
 
 import pytest
@@ -54,6 +55,23 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
     assert estimate([a, b], latency) == pytest.approx(before - (24 + 9 + 2 / 3) + 100 + 24)
     a.wait_s, b.wait_s = 0.0, 20.0  # b waits less than a takes: the device is never idle
     assert estimate([a, b], latency) == pytest.approx(before)
+
+
+def test_an_evaluation_beside_training_counts_what_training_waits_for_it():
+    """BESIDE_SLOWDOWN × the evaluation's time alone, less the time of the updates between two of them, per
+    evaluation beside training; nothing where the updates take longer."""
+    from commands.sweep.budget import BESIDE_SLOWDOWN
+
+    a = Group(["a"], "primal", [0, 1, 2], PRIMAL, steps=1000, eval_steps=6000)
+    alone = estimate([a], throughput())
+    a.beside, a.beside_steps, a.beside_rounds, a.beside_every = 9, 3000, 100, 100  # 100 updates: 1.5 s
+    slow = throughput()
+    slow.eval_step_s = 0.01  # one evaluation alone: 3 s of environment steps + 1 s of rollout steps
+    assert estimate([a], slow) - estimate([dataclasses.replace(a, beside=0)], slow) == pytest.approx(
+        9 * (BESIDE_SLOWDOWN * 4 - 1.5)
+    )
+    a.beside_every = 1000  # 15 s of updates between two: longer than the evaluation beside them
+    assert estimate([a], throughput()) == alone
 
 
 def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_build(monkeypatch, tmp_path):

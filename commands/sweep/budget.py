@@ -11,8 +11,9 @@ process; processes share a GPU (or the cores) by turns, so their times add up:
 where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
 evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
-environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``; intermediate
-evaluations beside training on a GPU (``--eval-overlap``, the default) count nothing. A group
+environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. An intermediate
+evaluation beside training on a GPU (``--eval-overlap``, the default) counts what training waits for it at the
+next one: its time, BESIDE_SLOWDOWN × what it would take alone, less the time of the updates between them. A group
 whose datasets another process is still building starts once they are built (``--building``,
 ``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
 w + Σ_{groups waiting w or longer} work over the waits w (0 included).
@@ -36,6 +37,10 @@ START_S = 30.0  # a group's process start, imports, dataset load and model build
 # environment steps per second of one group's evaluations: hopper medium-replay's final evaluation on a
 # 16-core H100 machine, 2026-11-23 (results/gpu-hopper-medium-replay: 2 x 100 episodes in 22 s, six runs at once)
 EVAL_STEPS_PER_S = 10_000.0
+# an evaluation beside training against the same alone: 180 episodes of 1000 steps took 51-54 s beside a 9-member
+# group on an H100 (2026-11-27, results/gpu-h100-hopper-2026-11-27/group.json), where the fit of that machine's
+# evaluation alone (evaluation.json there) gives 14.3 s
+BESIDE_SLOWDOWN = 3.6
 UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
 
 
@@ -147,6 +152,10 @@ class Group:
     cfg: object = None  # its first dataset's Config, to measure the setting with
     eval_rounds: int = 0  # steps of the batched rollout of all its evaluations at most (evaluations × limit)
     wait_s: float = 0.0  # seconds its datasets' builds may still take before it can start
+    beside: int = 0  # its intermediate evaluations beside training (on a GPU)
+    beside_steps: int = 0  # environment steps of one of them at most (members × targets × episodes × limit)
+    beside_rounds: int = 0  # steps of its batched rollout at most (the episode limit)
+    beside_every: int = 0  # updates between two of them
 
     @property
     def members(self) -> int:
@@ -161,12 +170,19 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
         g.members * g.steps / tp.rate(tp.find(g.setting), g.members)
         + g.eval_steps / tp.eval_steps_per_s
         + g.eval_rounds * tp.eval_step_s
+        + g.beside * waited(g, tp)
         for g in groups
     ]
     warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
     waits = {0.0, *(g.wait_s for g in groups)}
     busy = max(w + sum(t for g, t in zip(groups, work) if g.wait_s >= w) for w in waits)
     return START_S + warmup + busy
+
+
+def waited(g: Group, tp: Throughput) -> float:
+    """Seconds training waits, at an evaluation step, for the evaluation that ran beside it since the one before."""
+    beside = BESIDE_SLOWDOWN * (g.beside_steps / tp.eval_steps_per_s + g.beside_rounds * tp.eval_step_s)
+    return max(0.0, beside - g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members))
 
 
 Pair = tuple[str, str]  # (dataset, model)

@@ -175,13 +175,18 @@ def budget_groups(
             continue
         cfg = make_config(preset, **{**given, "dataset": ds[0], "model": model})
         task = find_task(given.get("env") or ds[0])
-        # the intermediate evaluations that take training time (none beside training on a GPU)
-        during = 0 if beside_a_gpu(cfg) else (cfg.steps - 1) // max(1, cfg.eval_every)
+        # the intermediate evaluations: in line they take training time; beside training on a GPU, what it waits
+        intermediate = (cfg.steps - 1) // max(1, cfg.eval_every)
+        beside = intermediate if beside_a_gpu(cfg) else 0
+        during = intermediate - beside
         episodes = cfg.eval_episodes + during * cfg.eval_episodes_during
         targets = len(cfg.targets or (task.targets if task else ())) or 1
         limit = (task.time_limit if task else None) or 1000
-        eval_steps = len(ds) * len(left) * targets * episodes * limit
-        groups.append(Group(ds, model, left, step_setting(cfg), cfg.steps, eval_steps, cfg, (during + 1) * limit))
+        runs = len(ds) * len(left) * targets * limit
+        group = Group(ds, model, left, step_setting(cfg), cfg.steps, runs * episodes, cfg, (during + 1) * limit)
+        group.beside, group.beside_steps, group.beside_rounds = beside, runs * cfg.eval_episodes_during, limit
+        group.beside_every = cfg.eval_every
+        groups.append(group)
     return groups
 
 
