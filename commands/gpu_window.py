@@ -42,6 +42,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
 SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
+RECORDED, MODELS, SEEDS = Path("results/table4"), ["dt", "primal"], [0, 1, 2]  # the runs of Table 4, committed
+# Table 4's datasets in the sweep's priority order, those with a run neither committed nor in SWEEP
+LEFT = f"""from pathlib import Path
+from commands.sweep.grid import TABLE4_BY_GAIN, finished
+runs = [(m, s) for m in {MODELS} for s in {SEEDS}]
+done = lambda d: all(finished(d, m, s, Path('{SWEEP}'), Path('{RECORDED}')) for m, s in runs)
+print(' '.join(d for d in TABLE4_BY_GAIN if not done(d)))
+"""
 MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
 # the first datasets' builds on a 16-core GPU machine, each rollout in 2 processes: five in 112 s on an H200
 # (2026-11-26), in about 165 s on an H100 beside the step's compilations (2026-11-27: a medium dataset, a million
@@ -335,12 +343,21 @@ def profile_step(w: Window, options: list[str]) -> None:
     w.run("profile", profile, 90, w.doc["reserve"])
 
 
+def evaluation_beside_training(w: Window, options: list[str]) -> None:
+    """``bench/eval_beside.py``: an evaluation of 9 members' 180 episodes of 200 steps alone, and beside their
+    training step with ``options`` replaying, paced and not, into OUT/beside.json (about a minute on an H100)."""
+    beside = [sys.executable, "bench/eval_beside.py", "--device", w.doc["device"], "--members", "9"]
+    w.run("evaluation beside training", [*beside, "--json", str(w.out / "beside.json"), "--", *options], 100)
+
+
 def measure_after_the_sweep(w: Window) -> None:
     """In the seconds a finished sweep leaves of the window (each phase skipped where it would not end MARGIN
-    s before it): the evaluation's profile unless measured, one run's updates/s (OUT/one-run.json), then the
-    step's profile unless measured (OUT/profile.json)."""
+    s before it): an evaluation beside training (OUT/beside.json), the evaluation's profile unless measured or
+    committed, one run's updates/s (OUT/one-run.json), then the step's profile unless measured
+    (OUT/profile.json)."""
     w.doc["reserve"] = 0.0
-    if not (w.out / "evaluation.json").exists():
+    evaluation_beside_training(w, w.doc.get("options", []))
+    if not (w.out / "evaluation.json").exists() and not captured_fit_committed(w):
         profile_evaluation(w)
     one = bench(w, "one run", w.doc.get("options", []), [1], 90)
     if one:
@@ -413,8 +430,8 @@ def start_sweep(w: Window, options: list[str], sweep_args: list[str], building: 
     window's end; ``building``: the datasets being built now, which may still take ``left`` seconds: the groups
     that need them are planned to start after that."""
     budget = w.left() - MARGIN
-    cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", "dt", "primal"]
-    cmd += ["--seeds", "0", "1", "2", "--out", str(SWEEP), "--recorded", "results/table4"]
+    cmd = [sys.executable, "-m", "commands.sweep", "--datasets", "table4", "--models", *MODELS]
+    cmd += ["--seeds", *map(str, SEEDS), "--out", str(SWEEP), "--recorded", str(RECORDED)]
     cmd += ["--time-budget", f"{budget:.0f}s", "--throughput", str(STATE / "throughput.json")]
     cmd += ["--building", *building, "--build-wait", f"{left:.0f}s"] if building else []
     cmd += ["--"]
@@ -460,13 +477,8 @@ def start(args) -> None:
     except subprocess.CalledProcessError as exc:
         w.phase("wheels", t0, "failed", (exc.stderr or b"")[-600:].decode(errors="replace"))
     t0 = time.time()
-    from_priority = subprocess.run(
-        [sys.executable, "-c", "from commands.sweep.grid import TABLE4_BY_GAIN as t; print(' '.join(t))"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    builds = start_builds(w, from_priority, args.build, args.build_steps)  # first: the sweep's start waits for them
+    left = subprocess.run([sys.executable, "-c", LEFT], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    builds = start_builds(w, left, args.build, args.build_steps)  # first: the sweep's start waits for them
     w.run("imports", [sys.executable, "-c", PROBE], 60)
     w.doc["versions"] = (STATE / "imports.log").read_text()[-2000:]
     if w.run("engine", [sys.executable, "-c", ENGINE], 60):

@@ -315,10 +315,37 @@ def test_the_window_builds_the_first_tasks_datasets_first_and_every_medium_repla
     ]
 
 
+def test_the_window_builds_only_datasets_with_a_table4_run_left(tmp_path):
+    """``LEFT`` lists, in the sweep's priority order, the datasets with a run neither committed nor finished in
+    the window's sweep; a dataset all of whose runs are done is not built again."""
+    import os
+    import subprocess
+
+    from commands.sweep.grid import TABLE4_BY_GAIN
+    from dt_primal.run_folder import RECORD, run_dir
+
+    done = "dt-primal/hopper/medium-v0"
+    for m in gpu_window.MODELS:
+        for s in gpu_window.SEEDS:
+            folder = run_dir(tmp_path / ("results/table4" if s else "runs/table4"), done, m, s)  # committed or not
+            folder.mkdir(parents=True)
+            (folder / RECORD).write_text("{}")
+    (run_dir(tmp_path / "results/table4", TABLE4_BY_GAIN[1], "dt", 0) / RECORD).parent.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-c", gpu_window.LEFT]
+    left = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert left == [d for d in TABLE4_BY_GAIN if d != done]
+    assert list(gpu_window.build_order(left, 3)) == ["walker2d", "hopper", "halfcheetah"]
+    assert gpu_window.build_order(left, 3)["walker2d"] == [
+        f"dt-primal/walker2d/{level}" for level in ("medium-replay-v0", "medium-v0", "medium-expert-v1")
+    ]
+
+
 def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_the_steps_profile(window, monkeypatch):
     w = window
     w.doc.update(device="cuda", options=["--compile"])
     ran = []
+    monkeypatch.setattr(gpu_window, "captured_fit_committed", lambda w: False)
 
     def run(name, cmd, limit, reserve=0.0):  # as a GPU would answer
         ran.append((name, cmd[1], reserve))
@@ -329,6 +356,7 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     monkeypatch.setattr(w, "run", run)
     gpu_window.measure_after_the_sweep(w)
     assert ran == [
+        ("evaluation beside training", "bench/eval_beside.py", 0.0),
         ("evaluation profile", "bench/eval_overhead.py", 0.0),
         ("one run", "bench/ensemble_speed.py", 0.0),
         ("profile", "bench/step_kernels.py", 0.0),
@@ -336,4 +364,9 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     assert json.loads((w.out / "one-run.json").read_text())["records"] == [{"members": 1}]
     ran.clear()
     gpu_window.measure_after_the_sweep(w)  # the evaluation and the step measured before in this window: not again
-    assert [name for name, _, _ in ran] == ["one run"]
+    assert [name for name, _, _ in ran] == ["evaluation beside training", "one run"]
+    ran.clear()
+    (w.out / "evaluation.json").unlink()
+    monkeypatch.setattr(gpu_window, "captured_fit_committed", lambda w: True)
+    gpu_window.measure_after_the_sweep(w)  # a committed fit with the captured forward pass: not measured again
+    assert "evaluation profile" not in [name for name, _, _ in ran]
