@@ -97,6 +97,20 @@ def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_buil
         command.budgeted_groups(priority, args, [], 1000)
 
 
+def test_an_unbuilt_dataset_is_named_as_left_out_only_while_it_has_a_run_left(monkeypatch, tmp_path, capsys):
+    from commands.sweep import command
+
+    monkeypatch.setattr(command, "budget_groups", lambda datasets, *rest: [])  # no run left to train
+    monkeypatch.setattr(command, "is_built", lambda d: False)
+    monkeypatch.setattr(command, "finished", lambda d, m, s, out, recorded: d == "dt-primal/done")
+    monkeypatch.setattr(command, "load_throughput", lambda path: throughput())
+    argv = ["--datasets", "x", "--models", "primal", "--seeds", "0", "--out", str(tmp_path), "--throughput", "t.json"]
+    args = command.parser().parse_args(argv)
+    assert command.budgeted_groups(["dt-primal/done", "dt-primal/todo"], args, [], 60) == []
+    out = capsys.readouterr().out
+    assert "left out: dt-primal/todo (not built yet" in out and "dt-primal/done" not in out
+
+
 def test_pairs_are_taken_in_priority_order_and_smaller_ones_still_tried_after_one_that_does_not_fit():
     steps = {"first": 1000, "huge": 10**7, "second": 1000, "other-size": 10}
 

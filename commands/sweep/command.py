@@ -41,6 +41,7 @@ from commands.sweep.grid import (
     TABLE4_BY_GAIN,
     budget_groups,
     ensemble_groups,
+    finished,
     run_groups_locally,
     train_options,
 )
@@ -160,8 +161,16 @@ def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float
             for g in budget_groups([d for d, dm in pairs if dm == m], [m], args.seeds, extra, args.out, args.recorded)
         ]
 
-    # --building: datasets another process builds now count as built (their groups wait for its build lock)
-    unbuilt = [d for d in priority if d.startswith(SUITE_NAMESPACE + "/") and not (is_built(d) or d in args.building)]
+    # --building: datasets another process builds now count as built (their groups wait for its build lock); one
+    # whose runs have all finished is not named
+    runs = [(m, s) for m in args.models for s in args.seeds]
+    unbuilt = [
+        d
+        for d in priority
+        if d.startswith(SUITE_NAMESPACE + "/")
+        and not (is_built(d) or d in args.building)
+        and not all(finished(d, m, s, args.out, args.recorded) for m, s in runs)
+    ]
     pairs = [(d, m) for d in priority if d not in unbuilt for m in args.models]
     if args.throughput:
         tp = load_throughput(args.throughput)
