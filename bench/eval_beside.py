@@ -106,7 +106,8 @@ def main() -> None:
         records = [dict(measure_mode(mode, cfg, step, beside, evaluate), alone_updates_per_s=alone) for mode in MODES]
         for r in records:
             print(json.dumps(r), flush=True)
-        doc = dict(members=args.members, episodes=args.episodes, steps=args.steps, options=options)
+        size = "the DT paper's size" if args.quick else "the paper's size"
+        doc = dict(members=args.members, size=size, episodes=args.episodes, steps=args.steps, options=options)
         doc |= {"records": records, "run_ahead": RUN_AHEAD, "device": args.device, "info": common.run_info()}
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
@@ -127,7 +128,7 @@ def section(doc: dict, quick: bool) -> None:
     header = ["evaluation", "its seconds", "training's updates/s meanwhile", "training's updates/s alone"]
     body = "\n".join(
         [
-            f"`--device {doc['device']}`, {doc['members']} members of Primal.+DT at the paper's size "
+            f"`--device {doc['device']}`, {doc['members']} members of Primal.+DT at {doc['size']} "
             f"(options: {' '.join(doc['options']) or 'none'}), an evaluation of {doc['episodes']} Hopper-v5 "
             f"episodes of {doc['steps']} steps; paced: training holds at most {doc['run_ahead']} updates queued on "
             "the device while the evaluation runs.",

@@ -216,6 +216,7 @@ def test_training_replays_its_cuda_graph_while_an_evaluation_beside_it_acts(tmp_
     replays = 0
     while beside.thread.is_alive() or replays < 10:
         step()
+        beside.pace()  # as the loop does
         replays += 1
     assert beside.collect() == (4, [], 0.0)
     torch.cuda.synchronize()
@@ -238,9 +239,9 @@ def test_paced_training_has_at_most_run_ahead_updates_queued_on_a_cuda_device(tm
     ended = []
     for _ in range(20):
         step()
-        beside.pace()
-        ended.append(torch.cuda.Event())
+        ended.append(torch.cuda.Event())  # recorded before pace's own: done once pace has waited for that
         ended[-1].record()
+        beside.pace()
         assert len(ended) <= RUN_AHEAD or ended[-RUN_AHEAD - 1].query()
     torch.cuda.synchronize()
 

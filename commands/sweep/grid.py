@@ -182,9 +182,9 @@ def budget_groups(
         episodes = cfg.eval_episodes + during * cfg.eval_episodes_during
         targets = len(cfg.targets or (task.targets if task else ())) or 1
         limit = (task.time_limit if task else None) or 1000
-        runs = len(ds) * len(left) * targets * limit
-        group = Group(ds, model, left, step_setting(cfg), cfg.steps, runs * episodes, cfg, (during + 1) * limit)
-        group.beside, group.beside_steps, group.beside_rounds = beside, runs * cfg.eval_episodes_during, limit
+        per_episode = len(ds) * len(left) * targets * limit  # environment steps of an episode of each run and target
+        group = Group(ds, model, left, step_setting(cfg), cfg.steps, per_episode * episodes, cfg, (during + 1) * limit)
+        group.beside, group.beside_steps, group.beside_rounds = beside, per_episode * cfg.eval_episodes_during, limit
         group.beside_every = cfg.eval_every
         groups.append(group)
     return groups
