@@ -477,8 +477,10 @@ def start(args) -> None:
     except subprocess.CalledProcessError as exc:
         w.phase("wheels", t0, "failed", (exc.stderr or b"")[-600:].decode(errors="replace"))
     t0 = time.time()
-    left = subprocess.run([sys.executable, "-c", LEFT], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    builds = start_builds(w, left, args.build, args.build_steps)  # first: the sweep's start waits for them
+    found = subprocess.run([sys.executable, "-c", LEFT], cwd=ROOT, capture_output=True, text=True)
+    if found.returncode:  # then nothing is built, and the sweep trains only what is
+        w.phase("datasets left", t0, f"failed ({found.returncode})", found.stderr[-600:])
+    builds = start_builds(w, found.stdout.split(), args.build, args.build_steps)  # first: the sweep waits for them
     w.run("imports", [sys.executable, "-c", PROBE], 60)
     w.doc["versions"] = (STATE / "imports.log").read_text()[-2000:]
     if w.run("engine", [sys.executable, "-c", ENGINE], 60):
