@@ -240,6 +240,14 @@ def gpu_suffix(info: dict) -> str:
     return "_" + gpu.lower().replace("nvidia ", "").split()[0] if gpu else ""
 
 
+def write_measured_section(name: str, title: str, body: str, quick: bool, doc: dict) -> None:
+    """``write_section`` of a measurement ``doc`` ({"device", "info"}), keyed and titled by its GPU's name
+    (``gpu_suffix``), or by its device where it ran on none (``device_key``)."""
+    suffix = gpu_suffix(doc["info"])
+    key = name + suffix if suffix else device_key(name, doc["device"])
+    write_section(key, f"{title} ({doc['info'].get('gpu') or doc['device']})", body, quick, doc["info"])
+
+
 def write_section(
     key: str, title: str, body: str, quick: bool, info: dict | None = None, device: str | None = None
 ) -> None:

@@ -136,10 +136,7 @@ def section(doc: dict, quick: bool) -> None:
             common.md_table(header, rows),
         ]
     )
-    suffix = common.gpu_suffix(doc["info"])
-    key = "eval_beside" + suffix if suffix else common.device_key("eval_beside", doc["device"])
-    title = f"Evaluation beside training ({doc['info'].get('gpu') or doc['device']})"
-    common.write_section(key, title, body, quick, doc["info"])
+    common.write_measured_section("eval_beside", "Evaluation beside training", body, quick, doc)
 
 
 if __name__ == "__main__":

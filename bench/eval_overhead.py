@@ -195,10 +195,7 @@ def section(doc: dict, quick: bool) -> None:
             *(["", doc["note"]] if doc.get("note") else []),
         ]
     )
-    suffix = common.gpu_suffix(doc["info"])
-    key = "eval_overhead" + suffix if suffix else common.device_key("eval_overhead", doc["device"])
-    title = f"Evaluation: where a step's time goes ({doc['info'].get('gpu') or doc['device']})"
-    common.write_section(key, title, body, quick, doc["info"])
+    common.write_measured_section("eval_overhead", "Evaluation: where a step's time goes", body, quick, doc)
 
 
 if __name__ == "__main__":
