@@ -19,7 +19,6 @@ prints the tables last.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
@@ -28,12 +27,13 @@ from pathlib import Path
 
 import common
 import torch
+from step_variants import variant_config
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser
-from dt_primal.config import Config, add_config_args, make_config, overrides
+from dt_primal.config import Config
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import engine_hash, fresh_step
 
@@ -191,14 +191,9 @@ def main() -> None:
     args = p.parse_args(argv[:cut])
     if args.from_json:
         return section(json.loads(args.from_json.read_text()), quick=False)
-    train = argparse.ArgumentParser(prog="train.py options after --", allow_abbrev=False)
-    add_config_args(train)
-    changes = overrides(train.parse_args(argv[cut + 1 :]))
-    base = dict(model="primal", s=64, device=args.device, precision="bf16" if args.device != "cpu" else "fp32")
     if args.quick:
         args.members, args.warmup, args.updates = 2, 1, 2
-        base |= dict(d_model=128, n_head=1)
-    cfg = make_config("paper", **(base | changes))
+    cfg = variant_config(argv[cut + 1 :], args.device, args.quick)
     data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
     r = profile_step(cfg, data, args.members, args.warmup, args.updates, args.peak_tflops)
     r |= {"info": common.run_info()}

@@ -54,7 +54,9 @@ TOLERANCE = {"fp32": (1e-4, 1e-3), "tf32": (1e-2, 0.25), "bf16": (2e-2, 0.25)}
 
 
 def variant_config(options: list[str], device: str, quick: bool):
-    parser = argparse.ArgumentParser(allow_abbrev=False)
+    """The Config of train.py's ``options`` for Primal.+DT at the paper's size (the DT paper's with ``quick``) on
+    ``device``, in bf16 on a GPU."""
+    parser = argparse.ArgumentParser(prog="train.py options after --", allow_abbrev=False)
     add_config_args(parser)
     base = dict(model="primal", s=64, device=device, precision="bf16" if device != "cpu" else "fp32")
     base |= dict(d_model=128, n_head=1) if quick else {}
