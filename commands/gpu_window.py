@@ -45,10 +45,9 @@ SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine 
 RECORDED, MODELS, SEEDS = Path("results/table4"), ["dt", "primal"], [0, 1, 2]  # the runs of Table 4, committed
 # Table 4's datasets in the sweep's priority order, those with a run neither committed nor in SWEEP
 LEFT = f"""from pathlib import Path
-from commands.sweep.grid import TABLE4_BY_GAIN, finished
-runs = [(m, s) for m in {MODELS} for s in {SEEDS}]
-done = lambda d: all(finished(d, m, s, Path('{SWEEP}'), Path('{RECORDED}')) for m, s in runs)
-print(' '.join(d for d in TABLE4_BY_GAIN if not done(d)))
+from commands.sweep.grid import TABLE4_BY_GAIN, all_finished
+left = [d for d in TABLE4_BY_GAIN if not all_finished(d, {MODELS}, {SEEDS}, Path('{SWEEP}'), Path('{RECORDED}'))]
+print(' '.join(left))
 """
 MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
 # the first datasets' builds on a 16-core GPU machine, each rollout in 2 processes: five in 112 s on an H200

@@ -102,7 +102,7 @@ def test_an_unbuilt_dataset_is_named_as_left_out_only_while_it_has_a_run_left(mo
 
     monkeypatch.setattr(command, "budget_groups", lambda datasets, *rest: [])  # no run left to train
     monkeypatch.setattr(command, "is_built", lambda d: False)
-    monkeypatch.setattr(command, "finished", lambda d, m, s, out, recorded: d == "dt-primal/done")
+    monkeypatch.setattr(command, "all_finished", lambda d, models, seeds, out, recorded: d == "dt-primal/done")
     monkeypatch.setattr(command, "load_throughput", lambda path: throughput())
     argv = ["--datasets", "x", "--models", "primal", "--seeds", "0", "--out", str(tmp_path), "--throughput", "t.json"]
     args = command.parser().parse_args(argv)

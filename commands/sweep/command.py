@@ -39,9 +39,9 @@ from commands.sweep.grid import (
     BUSY,
     TABLE4,
     TABLE4_BY_GAIN,
+    all_finished,
     budget_groups,
     ensemble_groups,
-    finished,
     run_groups_locally,
     train_options,
 )
@@ -163,13 +163,12 @@ def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float
 
     # --building: datasets another process builds now count as built (their groups wait for its build lock); one
     # whose runs have all finished is not named
-    runs = [(m, s) for m in args.models for s in args.seeds]
     unbuilt = [
         d
         for d in priority
         if d.startswith(SUITE_NAMESPACE + "/")
         and not (is_built(d) or d in args.building)
-        and not all(finished(d, m, s, args.out, args.recorded) for m, s in runs)
+        and not all_finished(d, args.models, args.seeds, args.out, args.recorded)
     ]
     pairs = [(d, m) for d in priority if d not in unbuilt for m in args.models]
     if args.throughput:

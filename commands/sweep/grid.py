@@ -96,6 +96,11 @@ def finished(dataset: str, model: str, seed: int, out: Path, recorded: Path | No
     return any((run_dir(o, dataset, model, seed) / RECORD).exists() for o in (out, recorded) if o)
 
 
+def all_finished(dataset: str, models: list[str], seeds: list[int], out: Path, recorded: Path | None) -> bool:
+    """Whether every run of ``dataset`` with ``models`` and ``seeds`` has finished (``finished``)."""
+    return all(finished(dataset, m, s, out, recorded) for m in models for s in seeds)
+
+
 def train_ensemble(
     datasets: list[str], model: str, seeds: list[int], out: Path, extra: list[str], trainer: Trainer, resume: bool
 ) -> int:
@@ -183,10 +188,22 @@ def budget_groups(
         targets = len(cfg.targets or (task.targets if task else ())) or 1
         limit = (task.time_limit if task else None) or 1000
         per_episode = len(ds) * len(left) * targets * limit  # environment steps of an episode of each run and target
-        group = Group(ds, model, left, step_setting(cfg), cfg.steps, per_episode * episodes, cfg, (during + 1) * limit)
-        group.beside, group.beside_steps, group.beside_rounds = beside, per_episode * cfg.eval_episodes_during, limit
-        group.beside_every = cfg.eval_every
-        groups.append(group)
+        groups.append(
+            Group(
+                ds,
+                model,
+                left,
+                step_setting(cfg),
+                cfg.steps,
+                per_episode * episodes,
+                cfg,
+                (during + 1) * limit,
+                beside=beside,
+                beside_steps=per_episode * cfg.eval_episodes_during,
+                beside_rounds=limit,
+                beside_every=cfg.eval_every,
+            )
+        )
     return groups
 
 
