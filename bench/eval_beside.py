@@ -59,7 +59,7 @@ def evaluation(args):
 
     def evaluate(policy):
         t0 = time.perf_counter()
-        rollout(policy, task, [3600.0], args.episodes // args.members)
+        rollout(policy, task, [3600.0], args.episodes // args.members, pipeline=False)  # as periodic ones run
         return [], time.perf_counter() - t0
 
     return evaluate

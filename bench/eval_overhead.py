@@ -20,6 +20,7 @@ forward and stepping.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -31,25 +32,10 @@ import torch
 import dt_primal.evaluation.rollout as rollout_module
 from dt_primal.cli import command_parser
 from dt_primal.config import make_config
-from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.policy import CapturedForward, Policy
 from dt_primal.evaluation.rollout import default_env_workers
 from dt_primal.model.transformer import DecisionTransformer
 from envs import TASKS, Episodes
-
-
-class Timed:
-    """Seconds spent in ``fn``, the device synchronised after each call."""
-
-    def __init__(self, fn, device: torch.device):
-        self.fn, self.seconds, self.cuda = fn, 0.0, device.type == "cuda"
-
-    def __call__(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = self.fn(*args, **kwargs)
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.seconds += time.perf_counter() - t0
-        return out
 
 
 def envs_alone(task, n: int, workers: int, steps: int) -> float:
@@ -65,31 +51,51 @@ def envs_alone(task, n: int, workers: int, steps: int) -> float:
     return seconds
 
 
-def in_rollout(task, n: int, workers: int, steps: int, device: str, members: int, capture: bool = True) -> dict:
-    """The rollout of ``n`` episodes (over ``members`` members) split into forward, stepping and the rest;
-    ``capture``: the policy's forward pass replayed as a CUDA graph (on CUDA: ``Policy``'s ``capture``)."""
+def in_rollout(
+    task, n: int, workers: int, steps: int, device: str, members: int, capture: bool = True, pipeline: bool = False
+) -> dict:
+    """The rollout of ``n`` episodes (over ``members`` members) split into forward, stepping (sending the actions to
+    the environments and waiting for their step) and the rest; ``capture``: the policy's forward pass replayed as a
+    CUDA graph (on CUDA: ``Policy``'s ``capture``); ``pipeline``: ``rollout``'s."""
     cfg = make_config("paper", model="primal", s=64, max_ep_len=steps)
     model = DecisionTransformer(cfg.model_config(11, 3), members=members).to(device).eval()
-    stepping = []
+    seconds = {"forward": 0.0, "capture": 0.0, "stepping": 0.0}
+
+    def timed(fn, key: str):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if key in ("forward", "capture") and device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds[key] += time.perf_counter() - t0
+            return out
+
+        return run
+
+    class TimedForward(CapturedForward):  # a pipelined rollout's second half makes its own, of the same type
+        __call__ = timed(CapturedForward.__call__, "forward")
+        _capture = timed(CapturedForward._capture, "capture")  # inside a forward pass: part of its seconds
 
     class TimedEpisodes(Episodes):
-        def step(self, actions, alive):
-            t0 = time.perf_counter()
-            out = super().step(actions, alive)
-            stepping.append(time.perf_counter() - t0)
-            return out
+        send, receive = timed(Episodes.send, "stepping"), timed(Episodes.receive, "stepping")
 
     precision = "bf16" if device.startswith("cuda") else "fp32"
     policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context, precision, capture)
-    policy.forward = forward = Timed(policy.forward, torch.device(device))
+    policy.forward = TimedForward(model, cfg.context, policy.forward.on)
     saved, rollout_module.Episodes = rollout_module.Episodes, TimedEpisodes
     try:
         t0 = time.perf_counter()
-        rollout_module.rollout(policy, task, [3600.0], n // members, env_workers=workers)
+        rollout_module.rollout(policy, task, [3600.0], n // members, env_workers=workers, pipeline=pipeline)
         total = time.perf_counter() - t0
     finally:
         rollout_module.Episodes = saved
-    return {"total": total, "forward": forward.seconds, "stepping": sum(stepping)}
+    return {"total": total, **seconds}
+
+
+def product_setting(record: dict, device: str) -> bool:
+    """Whether ``record`` ran as an evaluation of its episodes does: the workers it starts, pipelined with several."""
+    workers = default_env_workers(device, record["episodes"])
+    return record["workers"] == workers and record.get("pipeline", False) == (workers > 1)
 
 
 def fit(records: list[dict]) -> dict:
@@ -114,11 +120,12 @@ def measure(args) -> list[dict]:
         for w in args.workers:
             w = w or default_env_workers(args.device, n)
             alone = envs_alone(task, n, w, args.steps)
-            for forward in forwards:
-                r = in_rollout(task, n, w, args.steps, args.device, args.members, forward == "captured")
+            for forward, pipelined in itertools.product(forwards, args.pipeline):
+                pipeline = pipelined == "pipelined"
+                r = in_rollout(task, n, w, args.steps, args.device, args.members, forward == "captured", pipeline)
                 records.append(
                     dict(episodes=n, workers=w, steps=args.steps, members=args.members, forward=forward)
-                    | {"alone_s": alone}
+                    | {"pipeline": pipeline, "alone_s": alone}
                     | {f"{k}_s": v for k, v in r.items()}
                 )
                 print(json.dumps(records[-1]), f"(load {common.load_avg():.2f})", flush=True)
@@ -139,6 +146,14 @@ def main() -> None:
         default=["captured"],
         help="on CUDA, the policy's forward pass replayed as a CUDA graph (as evaluations run it), eager, or both",
     )
+    p.add_argument(
+        "--pipeline",
+        nargs="+",
+        choices=["pipelined", "in-turn"],
+        default=["pipelined", "in-turn"],
+        help="the episodes in two halves, one stepping while the other acts (evaluations do it with workers), or all "
+        "acting and then all stepping",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the measurements and their fit here")
     p.add_argument("--from-json", type=Path, default=None, help="write the section from this --json file")
     p.add_argument("--quick", action="store_true")
@@ -149,9 +164,14 @@ def main() -> None:
         doc = json.loads(args.from_json.read_text())
     else:
         records = measure(args)
-        product = [r for r in records if r["workers"] == default_env_workers(args.device, r["episodes"])]
-        fitted = fit([r for r in product if r["forward"] == records[0]["forward"]] or records)
-        doc = {"records": records, "evaluation": fitted, "device": args.device, "info": common.run_info()}
+        first = [r for r in records if r["forward"] == records[0]["forward"]]
+        product = [r for r in first if product_setting(r, args.device)]
+        fitted = fit(product or records) | {"pipelined": any(r["pipeline"] for r in product)}
+        doc = {"records": records, "evaluation": fitted, "device": args.device}
+        in_turn = [r for r in first if r["workers"] == default_env_workers(args.device, r["episodes"])]
+        if any(r["pipeline"] for r in product) and not all(r["pipeline"] for r in in_turn):
+            doc["evaluation_in_turn"] = fit([r for r in in_turn if not r["pipeline"]])
+        doc["info"] = common.run_info()
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
     section(doc, args.quick)
@@ -163,8 +183,10 @@ def section(doc: dict, quick: bool) -> None:
     for r in doc["records"]:
         per = lambda s, r=r: f"{1e6 * s / (r['episodes'] * r['steps']):.1f}"
         rest = r["total_s"] - r["forward_s"] - r["stepping_s"]
+        capture = f"{r['capture_s']:.2f}" if r.get("forward") == "captured" and "capture_s" in r else "–"
         rows.append(
-            [r["episodes"], r["workers"], r.get("forward", "eager"), per(r["total_s"]), per(r["forward_s"])]
+            [r["episodes"], r["workers"], r.get("forward", "eager"), "pipelined" if r.get("pipeline") else "in turn"]
+            + [per(r["total_s"]), per(r["forward_s"]), capture]
             + [per(r["stepping_s"]), per(rest)]
             + [per(r["alone_s"]), f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / r['total_s']:.0%}"]
         )
@@ -172,15 +194,18 @@ def section(doc: dict, quick: bool) -> None:
         "episodes",
         "workers",
         "forward pass",
+        "acting and stepping",
         "rollout µs per env-step",
         "forward",
+        "of it capturing: s per rollout",
         "stepping",
         "the rest (acting, loop, transfers)",
         "envs alone",
         "stepping ÷ alone",
         "the rest's share",
     ]
-    r0, fitted = doc["records"][0], doc["evaluation"]
+    r0, fitted, in_turn = doc["records"][0], doc["evaluation"], doc.get("evaluation_in_turn")
+    how = "pipelined" if fitted.get("pipelined") else "acting and stepping in turn"
     body = "\n".join(
         [
             f"`--device {doc['device']}`, {r0['members']} members of an untrained Primal.+DT at the paper's size, "
@@ -189,9 +214,23 @@ def section(doc: dict, quick: bool) -> None:
             "",
             common.md_table(header, rows),
             "",
-            f"Fitted, with the workers an evaluation starts and the {doc['records'][0].get('forward', 'eager')} "
-            "forward pass: each step of an evaluation of N episodes takes "
-            f"{1e3 * fitted['step_s']:.2f} ms + N × {1e6 * fitted['env_step_s']:.1f} µs.",
+            "Stepping: sending the actions to the environments and waiting for their step."
+            + (
+                " Pipelined, the episodes run in two halves, each with that many workers, and one half's environments "
+                "step while the other half's actions are computed, so part of the stepping and the rest overlap."
+                if any(r.get("pipeline") for r in doc["records"])
+                else ""
+            ),
+            "",
+            f"Fitted, with the workers an evaluation starts, {how}, and the {r0.get('forward', 'eager')} forward "
+            "pass: each step of an evaluation of N episodes takes "
+            f"{1e3 * fitted['step_s']:.2f} ms + N × {1e6 * fitted['env_step_s']:.1f} µs"
+            + (
+                f"; acting and stepping in turn (as beside training), {1e3 * in_turn['step_s']:.2f} ms + "
+                f"N × {1e6 * in_turn['env_step_s']:.1f} µs."
+                if in_turn
+                else "."
+            ),
             *(["", doc["note"]] if doc.get("note") else []),
         ]
     )

@@ -317,19 +317,23 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
 
 
 def profile_evaluation(w: Window) -> None:
-    """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of 200 steps, the acting forward pass captured and
-    eager, into OUT/evaluation.json (about 20 s on an H100: stopped after 60 s, when the committed fit serves)."""
+    """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of 200 steps, the acting forward pass captured, the
+    episodes' halves pipelined (as evaluations run) and in turn, into OUT/evaluation.json (about 20 s on an H100:
+    stopped after 60 s, when the committed fit serves)."""
     rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
-    rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--forward", "captured", "eager"]
+    rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--forward", "captured"]
+    rollout += ["--pipeline", "pipelined", "in-turn"]
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 60, w.doc["reserve"])
 
 
-def captured_fit_committed(w: Window) -> bool:
-    """Whether what an evaluation costs with the captured acting forward pass is committed for this GPU (the
-    sweep's budget reads the fit of the forward pass measured first; an eager one overestimates it)."""
+def committed_fit(w: Window, pipelined: bool) -> bool:
+    """Whether what an evaluation costs with the captured acting forward pass (``pipelined``: and its episodes'
+    halves pipelined, as evaluations run with workers) is committed for this GPU (the sweep's budget reads the fit
+    of the product's setting; an eager forward pass overestimates it, and so does acting and stepping in turn)."""
     path = committed("evaluation", w.doc.get("engine", {}), any_engine=True)
     try:
-        return any(r.get("forward") == "captured" for r in json.loads(path.read_text())["records"])
+        records = json.loads(path.read_text())["records"]
+        return any(r.get("forward") == "captured" and r.get("pipeline", False) >= pipelined for r in records)
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -356,7 +360,7 @@ def measure_after_the_sweep(w: Window) -> None:
     (OUT/profile.json)."""
     w.doc["reserve"] = 0.0
     evaluation_beside_training(w, w.doc.get("options", []))
-    if not (w.out / "evaluation.json").exists() and not captured_fit_committed(w):
+    if not (w.out / "evaluation.json").exists() and not committed_fit(w, pipelined=True):
         profile_evaluation(w)
     one = bench(w, "one run", w.doc.get("options", []), [1], 90)
     if one:
@@ -367,17 +371,21 @@ def measure_after_the_sweep(w: Window) -> None:
 
 def add_evaluation(w: Window) -> None:
     """What an evaluation costs on this GPU (``bench/eval_overhead.py --json``'s fit: per step of the batched
-    rollout and per environment step), measured now or committed (under any engine), into the throughput
-    file the sweep's budget reads (without it, the budget's default rate: ``commands.sweep.budget``)."""
+    rollout and per environment step; and its fit acting and stepping in turn, where measured), measured now or
+    committed (under any engine), into the throughput file the sweep's budget reads (without it, the budget's
+    default rate: ``commands.sweep.budget``)."""
     path = w.out / "evaluation.json"
     path = path if path.exists() else committed("evaluation", w.doc.get("engine", {}), any_engine=True)
     measured = STATE / "throughput.json"
     try:
-        evaluation = json.loads(path.read_text())["evaluation"]
+        fits = json.loads(path.read_text())
         doc = json.loads(measured.read_text())
+        doc["evaluation"] = w.doc["evaluation"] = fits["evaluation"]
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return
-    doc["evaluation"] = w.doc["evaluation"] = evaluation
+    doc.pop("evaluation_in_turn", None)
+    if "evaluation_in_turn" in fits:  # what an evaluation beside training costs (it acts and steps in turn)
+        doc["evaluation_in_turn"] = fits["evaluation_in_turn"]
     save_throughput(w, doc)
 
 
@@ -495,7 +503,7 @@ def start(args) -> None:
     # still being built then waits for them (their build lock), planned to start when the builds may have ended
     settle_builds(builds, max(0.0, SETTLE_S - (time.time() - t0)))
     if args.device.startswith("cuda"):
-        if args.profile or not captured_fit_committed(w):  # after the builds: the CPU's cores are the workers'
+        if args.profile or not committed_fit(w, pipelined=False):  # after the builds: the cores are the workers'
             profile_evaluation(w)
         add_evaluation(w)
     rcs = [p.poll() for p in builds]

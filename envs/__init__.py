@@ -340,10 +340,22 @@ class Episodes:
     def step(self, actions: np.ndarray, alive: np.ndarray):
         """Step the environments whose episode is ``alive``: observations, rewards, terminated, truncated
         (zeros for the others)."""
+        self.send(actions, alive)
+        return self.receive()
+
+    def send(self, actions: np.ndarray, alive: np.ndarray) -> None:
+        """``step``'s first half: the workers start stepping, and this process may do other work meanwhile
+        (with ``workers`` 1 the stepping waits for ``receive``)."""
         if self.workers == 1:
-            return _step_envs(self.envs, actions, alive)
+            self.sent = actions, alive
+            return
         for conn, s in zip(self.conns, self.slices):
             conn.send(("step", (actions[s], alive[s])))
+
+    def receive(self):
+        """``step``'s second half: what the step ``send`` started returns, once every worker has stepped."""
+        if self.workers == 1:
+            return _step_envs(self.envs, *self.sent)
         parts = [conn.recv() for conn in self.conns]
         return tuple(np.concatenate(x) for x in zip(*parts))
 

@@ -72,6 +72,12 @@ def test_an_evaluation_beside_training_counts_what_training_waits_for_it():
     )
     a.beside_every = 1000  # 15 s of updates between two: longer than the evaluation beside them
     assert estimate([a], throughput()) == alone
+    a.beside_every, piped = 100, dataclasses.replace(slow, eval_step_s=0.0, eval_steps_per_s=1e6)
+    assert estimate([a], piped) < estimate([a], slow)  # the final evaluation, pipelined, is faster ...
+    piped.in_turn = (slow.eval_step_s, slow.eval_steps_per_s)  # ... but one beside training acts and steps in turn
+    assert estimate([a], piped) - estimate([dataclasses.replace(a, beside=0)], piped) == pytest.approx(
+        9 * (BESIDE_SLOWDOWN * 4 - 1.5)
+    )
 
 
 def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_build(monkeypatch, tmp_path):
@@ -162,6 +168,8 @@ def test_a_group_filled_before_the_next_wins_where_it_trains_more_runs_in_the_bu
         '{"records": [], "evaluation": {"step_s": 0.003, "env_step_s": 0}}',
         '{"records": [], "evaluation": {"step_s": -1, "env_step_s": 1e-5}}',
         '{"records": [], "evaluation": {"env_step_s": 1e-5}}',
+        '{"records": [], "evaluation_in_turn": {"step_s": 0.003, "env_step_s": 0}}',
+        '{"records": [], "evaluation_in_turn": {"step_s": 11, "env_step_s": 1e-5}}',
     ],
 )
 def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content):
@@ -180,8 +188,13 @@ def test_a_throughput_file_carries_the_evaluations_cost_per_step_and_per_environ
     doc = json.loads(path.read_text()) | {"evaluation": {"step_s": 0.004, "env_step_s": 2e-5}}
     path.write_text(json.dumps(doc))
     t = load_throughput(path)
-    assert t.eval_step_s == 0.004 and t.eval_steps_per_s == pytest.approx(50_000)
+    assert t.eval_step_s == 0.004 and t.eval_steps_per_s == pytest.approx(50_000) and t.in_turn is None
     assert t.rate(PRIMAL, 9) == 500.0
+    path.write_text(json.dumps(doc | {"evaluation_in_turn": {"step_s": 0.01, "env_step_s": 4e-5}}))
+    t = load_throughput(path)
+    assert t.in_turn == pytest.approx((0.01, 25_000))
+    t.save(path, {})
+    assert load_throughput(path).in_turn == pytest.approx((0.01, 25_000))  # kept where the sweep saves it
 
 
 def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committed_runs(tmp_path):

@@ -19,7 +19,7 @@ from dt_primal import checkpoint
 from dt_primal import data as data_module
 from dt_primal.config import Config
 from dt_primal.evaluation.policy import Policy
-from dt_primal.evaluation.rollout import rollout
+from dt_primal.evaluation.rollout import Recorder, rollout
 from dt_primal.model.members import member_state, stack_members
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training.loop import train
@@ -344,18 +344,51 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
     assert four["bmm"] + four["baddbmm"] == one["bmm"] + one["baddbmm"]
 
 
-def test_environment_workers_give_the_episodes_of_in_process_stepping():
+def two_member_policy() -> Policy:
     torch.manual_seed(0)
     cfg = dataclasses.replace(CFG, dropout=0.0)
     model = stack_members(
         lambda n: DecisionTransformer(cfg.model_config(11, 3), members=n),
         [member_state(DecisionTransformer(cfg.model_config(11, 3)), 0) for _ in range(2)],
     )
-    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context)
-    args = (TASKS["hopper"], [3600.0, 1800.0], 3)
-    one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w) for w in (1, 3))
+    return Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_environment_workers_give_the_episodes_of_in_process_stepping(pipeline):
+    policy, args = two_member_policy(), (TASKS["hopper"], [3600.0, 1800.0], 3)
+    one, three = (rollout(policy, *args, seeds=[5, 9], env_workers=w, pipeline=pipeline) for w in (1, 3))
     assert one == three
     assert one[0][0]["episodes"] == 3 and one[0] != one[1]  # members differ
+
+
+def test_the_pipelined_evaluation_gives_each_half_the_episodes_it_gives_alone():
+    """Workers step one half (here: one target's episodes) while the other half's actions are computed: each half's
+    episodes are those it has evaluated alone, with the same seeds and widths; against the whole evaluation acted on
+    at once they differ only by the rounding of forward passes of another width."""
+    policy, hopper = two_member_policy(), TASKS["hopper"]
+    piped = rollout(policy, hopper, [3600.0, 1800.0], 3, seeds=[5, 9], env_workers=2)
+    alone = [(3600.0, [5, 9]), (1800.0, [8, 12])]  # the second half's episodes: seeds 3, 4 and 5 after the first's
+    high, low = (rollout(policy, hopper, [target], 3, seeds=seeds, env_workers=1) for target, seeds in alone)
+    assert piped == [[h[0], lo[0]] for h, lo in zip(high, low)]
+    at_once = rollout(policy, hopper, [3600.0, 1800.0], 3, seeds=[5, 9], env_workers=2, pipeline=False)
+    for a, b in zip(sum(piped, []), sum(at_once, [])):
+        assert a["lengths"] == b["lengths"] and np.allclose(a["returns"], b["returns"], rtol=1e-4)
+
+
+def test_the_pipelined_evaluation_records_the_actions_it_took():
+    """A recorder's episodes, replayed with their seeds and actions, return what the pipelined evaluation reported."""
+    policy, hopper = two_member_policy(), TASKS["hopper"]
+    recorder = Recorder(2)
+    reports = rollout(policy, hopper, [3600.0, 1800.0], 3, seeds=[5, 9], recorder=recorder, pipeline=True)
+    recorded = recorder.recorded()
+    assert len(recorded) == 2 * 2 * 2
+    for episode in recorded:
+        env = hopper.make()
+        env.reset(seed=episode["seed"])
+        total = sum(env.step(a)[1] for a in episode["actions"])
+        target = [3600.0, 1800.0].index(episode["target"])
+        assert np.isclose(total, reports[episode["member"]][target]["returns"][episode["episode"]])
 
 
 class HostSyncs(TorchDispatchMode):

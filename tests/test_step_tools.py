@@ -203,25 +203,35 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(window,
     gpu_window.add_evaluation(w)
     for folder in (gpu_window.STATE, tmp_path / "out"):
         assert json.loads((folder / "throughput.json").read_text())["evaluation"] == old["evaluation"]
-    (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old | {"evaluation": {"step_s": 0.001}}))
-    gpu_window.add_evaluation(w)  # this window's own measurement wins
-    assert json.loads((gpu_window.STATE / "throughput.json").read_text())["evaluation"] == {"step_s": 0.001}
+    in_turn = {"evaluation": {"step_s": 0.001}, "evaluation_in_turn": {"step_s": 0.002}}
+    (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old | in_turn))
+    gpu_window.add_evaluation(w)  # this window's own measurement wins, with its fit of evaluations beside training
+    assert {
+        k: v for k, v in json.loads((gpu_window.STATE / "throughput.json").read_text()).items() if k in in_turn
+    } == (in_turn)
+    (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old))
+    gpu_window.add_evaluation(w)
+    assert "evaluation_in_turn" not in json.loads((gpu_window.STATE / "throughput.json").read_text())
 
 
-def test_the_window_measures_the_evaluation_until_one_with_the_captured_forward_pass_is_committed(window, tmp_path):
+def test_the_window_measures_the_evaluation_until_one_as_evaluations_run_is_committed(window, tmp_path):
     w = window
     w.doc.update(engine={"engine": "new", "gpu": "G"})
-    assert not gpu_window.captured_fit_committed(w)  # none committed
+    fits = lambda: [gpu_window.committed_fit(w, pipelined) for pipelined in (False, True)]
+    assert fits() == [False, False]  # none committed
     committed = tmp_path / "results" / "gpu-g-2026-11-27"
     committed.mkdir(parents=True)
     eager = {"records": [{"episodes": 60}], "evaluation": {"step_s": 0.011}, "info": {"gpu": "G"}}  # no "forward"
     (committed / "evaluation.json").write_text(json.dumps(eager))
-    assert not gpu_window.captured_fit_committed(w)
+    assert fits() == [False, False]
     captured = eager | {"records": [{"episodes": 60, "forward": "captured"}, {"episodes": 60, "forward": "eager"}]}
     (committed / "evaluation.json").write_text(json.dumps(captured))
-    assert gpu_window.captured_fit_committed(w)
+    assert fits() == [True, False]  # the budget has a fit; the pipelined evaluation is still to be measured
+    pipelined = captured | {"records": [{"episodes": 60, "forward": "captured", "pipeline": True}]}
+    (committed / "evaluation.json").write_text(json.dumps(pipelined))
+    assert fits() == [True, True]
     w.doc["engine"]["gpu"] = "another GPU"
-    assert not gpu_window.captured_fit_committed(w)
+    assert fits() == [False, False]
 
 
 def test_the_cuda_tests_run_beside_the_sweep_and_their_result_is_written_down_when_they_end(window):
@@ -345,7 +355,7 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     w = window
     w.doc.update(device="cuda", options=["--compile"])
     ran = []
-    monkeypatch.setattr(gpu_window, "captured_fit_committed", lambda w: False)
+    monkeypatch.setattr(gpu_window, "committed_fit", lambda w, pipelined: not pipelined)
 
     def run(name, cmd, limit, reserve=0.0):  # as a GPU would answer
         ran.append((name, cmd[1], reserve))
@@ -367,6 +377,6 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     assert [name for name, _, _ in ran] == ["evaluation beside training", "one run"]
     ran.clear()
     (w.out / "evaluation.json").unlink()
-    monkeypatch.setattr(gpu_window, "captured_fit_committed", lambda w: True)
-    gpu_window.measure_after_the_sweep(w)  # a committed fit with the captured forward pass: not measured again
+    monkeypatch.setattr(gpu_window, "committed_fit", lambda w, pipelined: True)
+    gpu_window.measure_after_the_sweep(w)  # a committed fit of the pipelined evaluation: not measured again
     assert "evaluation profile" not in [name for name, _, _ in ran]

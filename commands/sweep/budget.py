@@ -13,7 +13,8 @@ evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (wha
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
 environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. An intermediate
 evaluation beside training on a GPU (``--eval-overlap``, the default) counts what training waits for it at the
-next one: its time, BESIDE_SLOWDOWN × what it would take alone, less the time of the updates between them. A group
+next one: its time, BESIDE_SLOWDOWN × what it would take alone (acting and stepping in turn, as it runs there), less
+the time of the updates between them. A group
 whose datasets another process is still building starts once they are built (``--building``,
 ``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
 w + Σ_{groups waiting w or longer} work over the waits w (0 included).
@@ -75,6 +76,9 @@ class Throughput:
     warmups: dict[Setting, float] = field(default_factory=dict)
     eval_steps_per_s: float = EVAL_STEPS_PER_S
     eval_step_s: float = 0.0  # seconds of every step of an evaluation, whatever its width
+    # the same two of an evaluation acting and stepping in turn (as beside training), where measured apart from the
+    # pipelined one (evaluations with worker processes): (step_s, env steps/s); None: those above
+    in_turn: tuple[float, float] | None = None
 
     def add(self, record: dict) -> None:
         """One measurement: a record of ``dt_primal.training.throughput.time_updates`` with its setting's fields."""
@@ -112,13 +116,16 @@ class Throughput:
 
         evaluation = {"step_s": self.eval_step_s, "env_step_s": 1 / self.eval_steps_per_s}
         doc = {"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, "evaluation": evaluation, **about}
+        if self.in_turn:
+            doc["evaluation_in_turn"] = {"step_s": self.in_turn[0], "env_step_s": 1 / self.in_turn[1]}
         write_file(path, json.dumps(doc, indent=1), "The throughput file")
 
 
 def load_throughput(path: Path) -> Throughput:
     """A file of measurements: ``{"records": [...], "eval_steps_per_s": ..., "evaluation": {"step_s": ...,
     "env_step_s": ...}}`` (this module's, ``bench/ensemble_speed.py --json``'s, with ``bench/eval_overhead.py
-    --json``'s "evaluation", which wins over "eval_steps_per_s"); a UserError naming what is wrong with it."""
+    --json``'s "evaluation", which wins over "eval_steps_per_s", and its "evaluation_in_turn", the same acting and
+    stepping in turn); a UserError naming what is wrong with it."""
     from dt_primal.untrusted import read_json
 
     try:
@@ -127,14 +134,17 @@ def load_throughput(path: Path) -> Throughput:
         if "evaluation" in doc:
             t.eval_step_s = float(doc["evaluation"]["step_s"])
             t.eval_steps_per_s = 1 / float(doc["evaluation"]["env_step_s"])
+        if "evaluation_in_turn" in doc:
+            t.in_turn = float(doc["evaluation_in_turn"]["step_s"]), 1 / float(doc["evaluation_in_turn"]["env_step_s"])
         for r in doc["records"]:
             t.add(r)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
         raise UserError(f"{path} is not a file of throughput measurements ({type(exc).__name__}: {exc}).") from None
     bad = [r for pts in t.rates.values() for r in pts.values() if not 0 < r < 1e9]
-    if bad or not 0 < t.eval_steps_per_s < 1e9 or not all(0 <= w < 1e5 for w in t.warmups.values()):
+    steps_per_s = [t.eval_steps_per_s, *(t.in_turn[1:] if t.in_turn else [])]
+    if bad or not all(0 < r < 1e9 for r in steps_per_s) or not all(0 <= w < 1e5 for w in t.warmups.values()):
         raise UserError(f"{path}: rates and warm-ups must be positive, finite numbers.")
-    if not 0 <= t.eval_step_s < 10:
+    if not all(0 <= s < 10 for s in [t.eval_step_s, *(t.in_turn[:1] if t.in_turn else [])]):
         raise UserError(f"{path}: an evaluation's seconds per step must be a number from 0 to 10.")
     return t
 
@@ -180,8 +190,10 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
 
 
 def waited(g: Group, tp: Throughput) -> float:
-    """Seconds training waits, at an evaluation step, for the evaluation that ran beside it since the one before."""
-    beside = BESIDE_SLOWDOWN * (g.beside_steps / tp.eval_steps_per_s + g.beside_rounds * tp.eval_step_s)
+    """Seconds training waits, at an evaluation step, for the evaluation that ran beside it since the one before
+    (acting and stepping in turn)."""
+    step_s, steps_per_s = tp.in_turn or (tp.eval_step_s, tp.eval_steps_per_s)
+    beside = BESIDE_SLOWDOWN * (g.beside_steps / steps_per_s + g.beside_rounds * step_s)
     return max(0.0, beside - g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members))
 
 

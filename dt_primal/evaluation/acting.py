@@ -9,6 +9,7 @@ forward pass. No torch here.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 
@@ -56,6 +57,13 @@ class Acting:
         """Start new episodes conditioned on ``target_return``: a number, or one per environment (as
         the observations' leading dimensions)."""
         self.target, self.t, self.history = target_return, 0, None
+
+    def twin(self) -> Acting:
+        """A second acting state of the same model, for other episodes acted on in turn with these (the pipelined
+        evaluation, ``dt_primal.evaluation.rollout``); ``reset`` it before its first ``act``."""
+        twin = copy.copy(self)
+        twin.reset(0.0)
+        return twin
 
     def act(self, obs, reward=0.0, live=None) -> np.ndarray:
         """The action (float32, in [-1, 1]) for observation ``obs``, given ``reward``, the reward

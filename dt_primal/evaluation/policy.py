@@ -171,6 +171,12 @@ class Policy(Acting):
         finally:
             self.model.train(was_training)
 
+    def twin(self) -> Policy:
+        """``Acting.twin``, with a forward pass of its own (its CUDA graphs are captured at its widths)."""
+        twin = super().twin()
+        twin.forward = type(self.forward)(self.model, self.context, self.forward.on, self.forward.graph_of)
+        return twin
+
     @torch.no_grad()
     def act(self, obs, reward=0.0, live=None) -> np.ndarray:
         return super().act(obs, reward, live)

@@ -59,31 +59,64 @@ class Recorder:
         return [dict(e, actions=actions[live[:, k], k]) for k, e in enumerate(self.episodes_of)]
 
 
-def _play(
-    policy, env, obs, shape: tuple[int, int], progress: bool, recorder: Recorder | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Step every episode of ``env`` (started at ``obs``) with ``policy`` until all have ended or reached
-    ``policy.max_ep_len`` steps: each episode's return and length, shaped (members, episodes)."""
-    M, n = shape
-    rewards, returns, lengths = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n), dtype=np.int64)
-    alive = np.ones((M, n), dtype=bool)
-    bar = tqdm(
-        total=policy.max_ep_len, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2
-    )
-    for _ in range(policy.max_ep_len):
-        actions = policy.act(obs.reshape(M, n, -1), rewards, live=alive)
-        if recorder is not None:
-            recorder.step(actions.reshape(M, n, -1), alive)
-        obs, rewards, terms, truncs = env.step(actions.reshape(M * n, -1), alive.reshape(-1))
-        rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
-        returns[alive] += rewards[alive]
-        lengths[alive] += 1
-        alive &= ~ended
-        bar.update(1)
-        if not alive.any():
+class _Part:
+    """The episodes of some ``columns`` of every member (``rollout``'s layout: target-major, ``seeds[m] + column``
+    each): their environments, an acting state for them (``policy``) and what they have earned. ``act`` sends
+    their next step to the environments, ``receive`` takes it back."""
+
+    def __init__(self, policy, tasks: list[Task], columns: np.ndarray, targets: np.ndarray, seeds, workers: int):
+        M, n = len(tasks), len(columns)
+        self.policy, self.columns, self.shape = policy, columns, (M, n)
+        self.env = Episodes([t for t in tasks for _ in columns], M * n, workers)
+        self.obs = self.env.reset([s + int(c) for s in seeds for c in columns])
+        policy.reset(targets[:, columns])
+        self.rewards, self.returns = np.zeros((M, n)), np.zeros((M, n))
+        self.lengths, self.alive = np.zeros((M, n), dtype=np.int64), np.ones((M, n), dtype=bool)
+        self.pending = False
+
+    def act(self) -> np.ndarray:
+        """This step's actions (M, n, act_dim) for the live episodes, sent to their environments."""
+        M, n = self.shape
+        actions = self.policy.act(self.obs.reshape(M, n, -1), self.rewards, live=self.alive).reshape(M, n, -1)
+        self.env.send(actions.reshape(M * n, -1), self.alive.reshape(-1))
+        self.pending = True
+        return actions
+
+    def receive(self) -> None:
+        M, n = self.shape
+        self.obs, rewards, terms, truncs = self.env.receive()
+        self.rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
+        self.returns[self.alive] += self.rewards[self.alive]
+        self.lengths[self.alive] += 1
+        self.alive &= ~ended
+        self.pending = False
+
+
+def _play(parts: list[_Part], n: int, steps: int, progress: bool, recorder: Recorder | None = None) -> None:
+    """Step every part's episodes until all have ended or reached ``steps`` steps. In each round every part takes
+    back its last step and sends the next, so that one part's environments step in their workers while this
+    process computes the next part's actions."""
+    M = parts[0].shape[0]
+    bar = tqdm(total=steps, disable=not progress, desc=f"evaluating {M * n} episodes", unit="step", mininterval=2)
+    for _ in range(steps):
+        acted = []
+        for part in parts:
+            if part.pending:
+                part.receive()
+            if part.alive.any():
+                acted.append((part, part.alive.copy(), part.act()))
+        if not acted:
             break
+        if recorder is not None:
+            actions, alive = np.zeros((M, n, acted[0][2].shape[-1]), np.float32), np.zeros((M, n), bool)
+            for part, live, a in acted:
+                actions[:, part.columns], alive[:, part.columns] = a, live
+            recorder.step(actions, alive)
+        bar.update(1)
+    for part in parts:
+        if part.pending:
+            part.receive()
     bar.close()
-    return returns, lengths
 
 
 def rollout(
@@ -95,27 +128,36 @@ def rollout(
     env_workers: int | None = None,
     progress: bool = False,
     recorder: Recorder | None = None,
+    pipeline: bool | None = None,
 ) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
     seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
     ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
     and action sizes, as many targets each). Returns per member one report per target with the keys
     ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
-    lengths). ``recorder``: keeps the actions of the episodes it names (``Recorder``)."""
+    lengths). ``recorder``: keeps the actions of the episodes it names (``Recorder``). ``pipeline``
+    (default: where the environments step in worker processes, ``env_workers`` > 1): the episodes in two halves,
+    each with its own ``env_workers`` workers and acting state (``policy.twin()``), so that one half's
+    environments step while the other's actions are computed; the same episodes, acted on in forward passes of
+    half the width."""
     M = policy.members
     tasks = task if isinstance(task, list) else [task] * M
     targets = targets if isinstance(targets[0], list) else [targets] * M
     n = episodes * len(targets[0])
     workers = env_workers or default_env_workers(policy.device, M * n)
-    env = Episodes([t for t in tasks for _ in range(n)], M * n, workers)
     seeds = seeds or [0] * M
-    obs = env.reset([s + j for s in seeds for j in range(n)])
-    policy.reset(np.repeat(targets, episodes, axis=1))
+    halves = (pipeline if pipeline is not None else workers > 1) and n > 1
+    columns = np.array_split(np.arange(n), 2 if halves else 1)
+    per_episode = np.repeat(targets, episodes, axis=1)
+    policies = [policy, policy.twin()] if halves else [policy]
+    parts = [_Part(p, tasks, c, per_episode, seeds, workers) for p, c in zip(policies, columns)]
     if recorder is not None:
         recorder.start(episodes, targets, seeds)
     with policy.evaluating():
-        returns, lengths = _play(policy, env, obs, (M, n), progress, recorder)
-    env.close()
+        _play(parts, n, policy.max_ep_len, progress, recorder)
+    for part in parts:
+        part.env.close()
+    returns, lengths = (np.concatenate([getattr(part, k) for part in parts], axis=1) for k in ("returns", "lengths"))
     return [
         [
             report(

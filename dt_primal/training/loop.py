@@ -8,7 +8,6 @@ GPUs train data-parallel under ``torchrun`` (``distributed.py``)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 import warnings
@@ -286,10 +285,10 @@ class TrainingRun:
         self.bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{self.n_log / seconds:.1f}")
 
     def evaluate(
-        self, policy: Policy, episodes: int, recorder: Recorder | None = None
+        self, policy: Policy, episodes: int, recorder: Recorder | None = None, pipeline: bool | None = None
     ) -> tuple[list[list[dict]], float]:
-        """``episodes`` episodes per target of every member at once, acting with ``policy``: per member, a
-        report per target; and the seconds they took."""
+        """``episodes`` episodes per target of every member at once, acting with ``policy`` (``pipeline``: as
+        ``rollout``'s): per member, a report per target; and the seconds they took."""
         members, t0 = self.members, time.perf_counter()
         with phase("evaluation"):
             per_member = rollout(
@@ -299,6 +298,7 @@ class TrainingRun:
                 episodes,
                 seeds=evaluation_seeds([m.cfg.seed for m in members]),
                 recorder=recorder,
+                pipeline=pipeline,
             )
         return per_member, time.perf_counter() - t0
 
@@ -308,15 +308,19 @@ class TrainingRun:
         capture, and no eager step's process-wide TF32 switches, beside an evaluation); else here, at once."""
         self.collect()
         if self.beside is not None and (self.train_step.graph is not None or self.device.type == "cpu"):
-            self.beside.start(
-                self.model, self.step, functools.partial(self.evaluate, episodes=self.cfg.eval_episodes_during)
-            )
+            self.beside.start(self.model, self.step, self.periodic)
             return
         self._evaluate_in_line(self.policy, self.step)
 
+    def periodic(self, policy: Policy) -> tuple[list[list[dict]], float]:
+        """A periodic evaluation's episodes, acting and stepping in turn (not pipelined, ``rollout``), beside training
+        or not, so that both give the same scores: beside training its forward passes wait on training's kernels, and
+        halves would double their number."""
+        return self.evaluate(policy, self.cfg.eval_episodes_during, pipeline=False)
+
     def _evaluate_in_line(self, policy: Policy, step: int) -> None:
         """The periodic evaluation of ``policy`` (the weights of ``step``) here, recorded at once."""
-        self.record(step, *self.evaluate(policy, self.cfg.eval_episodes_during), beside=False)
+        self.record(step, *self.periodic(policy), beside=False)
 
     def collect(self) -> None:
         """Record the evaluation that runs beside training, once it has ended (if one runs). Should it fail (a
