@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="worker processes stepping the environments (default: none on a CPU, one per core beside a "
-        'GPU; docs/benchmarks.md, "Evaluation speed")',
+        "GPU; with 2 or more, two halves of the episodes, each with that many, are pipelined: one steps while the "
+        'other acts; docs/gpu.md, docs/benchmarks.md "Evaluation speed")',
     )
     p.add_argument(
         "--video",
