@@ -316,13 +316,14 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
     return options
 
 
-def profile_evaluation(w: Window) -> None:
+def profile_evaluation(w: Window, short: bool = False) -> None:
     """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of 200 steps, the acting forward pass captured, the
     episodes' halves pipelined (as evaluations run) and in turn, into OUT/evaluation.json (about 20 s on an H100:
-    stopped after 60 s, when the committed fit serves)."""
+    stopped after 60 s, when the committed fit serves); ``short``: 600 and 1,800 episodes of 100 steps (what the
+    end of a window may leave room for)."""
     rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
-    rollout += ["--episodes", *EVAL_EPISODES, "--steps", "200", "--forward", "captured"]
-    rollout += ["--pipeline", "pipelined", "in-turn"]
+    sizes = ["--episodes", *EVAL_EPISODES[1:], "--steps", "100"] if short else ["--episodes", *EVAL_EPISODES]
+    rollout += [*sizes, "--forward", "captured", "--pipeline", "pipelined", "in-turn"]
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 60, w.doc["reserve"])
 
 
@@ -355,13 +356,14 @@ def evaluation_beside_training(w: Window, options: list[str]) -> None:
 
 def measure_after_the_sweep(w: Window) -> None:
     """In the seconds a finished sweep leaves of the window (each phase skipped where it would not end MARGIN
-    s before it): an evaluation beside training (OUT/beside.json), the evaluation's profile unless measured or
-    committed, one run's updates/s (OUT/one-run.json), then the step's profile unless measured
-    (OUT/profile.json)."""
+    s before it): the evaluation's profile, short, unless measured or committed with its halves pipelined (the
+    group's own evaluations measure the evaluations beside training, not the pipelined one against the one in
+    turn), an evaluation beside training (OUT/beside.json), one run's updates/s (OUT/one-run.json), then the step's
+    profile unless measured (OUT/profile.json)."""
     w.doc["reserve"] = 0.0
-    evaluation_beside_training(w, w.doc.get("options", []))
     if not (w.out / "evaluation.json").exists() and not committed_fit(w, pipelined=True):
-        profile_evaluation(w)
+        profile_evaluation(w, short=True)
+    evaluation_beside_training(w, w.doc.get("options", []))
     one = bench(w, "one run", w.doc.get("options", []), [1], 90)
     if one:
         (w.out / "one-run.json").write_text(json.dumps(one, indent=1))

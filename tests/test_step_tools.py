@@ -357,17 +357,22 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     ran = []
     monkeypatch.setattr(gpu_window, "committed_fit", lambda w, pipelined: not pipelined)
 
+    commands = {}
+
     def run(name, cmd, limit, reserve=0.0):  # as a GPU would answer
         ran.append((name, cmd[1], reserve))
+        commands[name] = cmd
         if "--json" in cmd:
             Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"records": [{"members": 1}]}))
         return True
 
     monkeypatch.setattr(w, "run", run)
     gpu_window.measure_after_the_sweep(w)
+    profile = commands["evaluation profile"]  # short, what the end of a window leaves room for; both orders
+    assert profile[profile.index("--steps") + 1] == "100" and {"pipelined", "in-turn"} <= set(profile)
     assert ran == [
-        ("evaluation beside training", "bench/eval_beside.py", 0.0),
         ("evaluation profile", "bench/eval_overhead.py", 0.0),
+        ("evaluation beside training", "bench/eval_beside.py", 0.0),
         ("one run", "bench/ensemble_speed.py", 0.0),
         ("profile", "bench/step_kernels.py", 0.0),
     ]
