@@ -98,11 +98,18 @@ def product_setting(record: dict, device: str) -> bool:
     return record["workers"] == workers and record.get("pipeline", False) == (workers > 1)
 
 
+# steps of an evaluation per capture of its forward pass at a new width (``CapturedForward``): a rollout's one
+# capture counts as if it ran this many steps, whatever its --steps, so that fits of shorter rollouts compare
+CAPTURE_EVERY = 200
+
+
 def fit(records: list[dict]) -> dict:
     """An evaluation's seconds per step of its episodes, ``step_s + env_step_s × episodes``: least squares
-    over ``records`` (the workers an evaluation starts); through the origin with one episode count."""
+    over ``records`` (the workers an evaluation starts; their capturing as one per ``CAPTURE_EVERY`` steps);
+    through the origin with one episode count."""
     x = np.array([r["episodes"] for r in records], float)
-    y = np.array([r["total_s"] / r["steps"] for r in records])
+    y = np.array([(r["total_s"] - r.get("capture_s", 0.0)) / r["steps"] for r in records])
+    y += np.array([r.get("capture_s", 0.0) / CAPTURE_EVERY for r in records])
     if len(set(x)) > 1:
         b, a = np.polyfit(x, y, 1)
         if a >= 0 and b > 0:
