@@ -18,6 +18,7 @@ from datasets.synthetic import write_d4rl
 from dt_primal import checkpoint
 from dt_primal import data as data_module
 from dt_primal.config import Config
+from dt_primal.evaluation.acting import Acting
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import Recorder, rollout
 from dt_primal.model.members import member_state, stack_members
@@ -374,6 +375,22 @@ def test_the_pipelined_evaluation_gives_each_half_the_episodes_it_gives_alone():
     at_once = rollout(policy, hopper, [3600.0, 1800.0], 3, seeds=[5, 9], env_workers=2, pipeline=False)
     for a, b in zip(sum(piped, []), sum(at_once, [])):
         assert a["lengths"] == b["lengths"] and np.allclose(a["returns"], b["returns"], rtol=1e-4)
+
+
+def test_a_pipelined_evaluation_that_fails_runs_again_in_turn(monkeypatch):
+    """A CUDA error of the second half's forward pass, say: a warning, and the episodes of the evaluation in turn."""
+    policy, hopper = two_member_policy(), TASKS["hopper"]
+    in_turn = rollout(policy, hopper, [3600.0, 1800.0], 2, seeds=[5, 9], env_workers=2, pipeline=False)
+
+    def broken_twin(self):
+        twin = Acting.twin(self)
+        twin.act = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access"))
+        return twin
+
+    monkeypatch.setattr(Policy, "twin", broken_twin)
+    with pytest.warns(RuntimeWarning, match="the pipelined evaluation failed .*CUDA error.* in turn"):
+        again = rollout(policy, hopper, [3600.0, 1800.0], 2, seeds=[5, 9], env_workers=2)
+    assert again == in_turn
 
 
 def test_the_pipelined_evaluation_records_the_actions_it_took():

@@ -173,3 +173,29 @@ def test_the_cuda_graph_of_acting_acts_as_the_eager_pass_on_cuda(model_name):
     for a, b in pairs:
         np.testing.assert_allclose(b, a, atol=3e-2)
     assert captured.forward.on and captured.forward.width == 8
+
+
+@needs_cuda
+def test_the_pipelined_evaluation_on_cuda_gives_each_half_the_episodes_it_gives_alone():
+    """Each half acts through a CUDA graph of its own (``Policy.twin``), captured and checked as episodes end, while
+    the other half's environments step: no fallback, no graph dropped, and each half's episodes those it gives in an
+    evaluation of its own."""
+    import warnings
+
+    from dt_primal.config import Config
+    from dt_primal.model.transformer import DecisionTransformer
+
+    torch.manual_seed(0)
+    cfg = Config(model="primal", d_model=16, n_head=2, n_layer=2, context=4, max_ep_len=60, s=4)
+    model = DecisionTransformer(cfg.model_config(11, 3), members=2).to("cuda").train(False)
+    policy, hopper = Policy(model, np.zeros(11), np.ones(11), 1000.0, 4, "bf16"), TASKS["hopper"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        piped = rollout(policy, hopper, [3600.0, 1800.0], 8, seeds=[5, 9], env_workers=2)
+        halves = ((3600.0, [5, 9]), (1800.0, [13, 17]))  # the second half's seeds: 8 after the first's
+        alone = [rollout(policy, hopper, [target], 8, seeds=seeds, env_workers=1) for target, seeds in halves]
+    for m in range(2):
+        for half, reports in zip(piped[m], (alone[0][m][0], alone[1][m][0])):
+            assert half["lengths"] == reports["lengths"]
+            np.testing.assert_allclose(half["returns"], reports["returns"], rtol=1e-5)
+    assert policy.forward.on and policy.forward.width > 0  # acted through its graph

@@ -4,7 +4,9 @@ episodes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -39,6 +41,7 @@ class Recorder:
         self.episodes, self.steps, self.live = episodes, [], []
 
     def start(self, per_target: int, targets: list[list[float]], seeds: list[int]) -> None:
+        self.steps, self.live = [], []
         kept = min(self.episodes, per_target)
         self.columns = [i * per_target + j for i in range(len(targets[0])) for j in range(kept)]
         self.episodes_of = [
@@ -119,6 +122,27 @@ def _play(parts: list[_Part], n: int, steps: int, progress: bool, recorder: Reco
     bar.close()
 
 
+def _episodes(policy, tasks, targets, episodes: int, seeds, workers: int, halves: bool, progress: bool, recorder):
+    """``rollout``'s episodes (in two pipelined halves with ``halves``): their returns and lengths (members,
+    episodes per member)."""
+    n = episodes * len(targets[0])
+    columns = np.array_split(np.arange(n), 2 if halves else 1)
+    per_episode = np.repeat(targets, episodes, axis=1)
+    parts = []
+    if recorder is not None:
+        recorder.start(episodes, targets, seeds)
+    try:
+        for acting, c in zip([policy, policy.twin()] if halves else [policy], columns):
+            parts.append(_Part(acting, tasks, c, per_episode, seeds, workers))
+        with policy.evaluating():
+            _play(parts, n, policy.max_ep_len, progress, recorder)
+    finally:
+        for part in parts:
+            with contextlib.suppress(OSError):  # a worker that has died
+                part.env.close()
+    return tuple(np.concatenate([getattr(part, k) for part in parts], axis=1) for k in ("returns", "lengths"))
+
+
 def rollout(
     policy: Policy,
     task: Task | list[Task],
@@ -147,17 +171,19 @@ def rollout(
     workers = env_workers or default_env_workers(policy.device, M * n)
     seeds = seeds or [0] * M
     halves = (pipeline if pipeline is not None else workers > 1) and n > 1
-    columns = np.array_split(np.arange(n), 2 if halves else 1)
-    per_episode = np.repeat(targets, episodes, axis=1)
-    policies = [policy, policy.twin()] if halves else [policy]
-    parts = [_Part(p, tasks, c, per_episode, seeds, workers) for p, c in zip(policies, columns)]
-    if recorder is not None:
-        recorder.start(episodes, targets, seeds)
-    with policy.evaluating():
-        _play(parts, n, policy.max_ep_len, progress, recorder)
-    for part in parts:
-        part.env.close()
-    returns, lengths = (np.concatenate([getattr(part, k) for part in parts], axis=1) for k in ("returns", "lengths"))
+    run = (policy, tasks, targets, episodes, seeds, workers)
+    try:
+        returns, lengths = _episodes(*run, halves, progress, recorder)
+    except (RuntimeError, EOFError, OSError) as exc:  # a CUDA error of a capture, a worker that died
+        if not halves:
+            raise
+        warnings.warn(
+            f"the pipelined evaluation failed ({type(exc).__name__}: {str(exc)[:200]}); it runs again, its "
+            f"episodes acting and stepping in turn",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        returns, lengths = _episodes(*run, False, progress, recorder)
     return [
         [
             report(
