@@ -8,9 +8,12 @@ the same environments alone with fixed actions.
   python bench/eval_overhead.py --quick                      # smoke check, < 1 min
 
 ``--workers 0``: as many worker processes as an evaluation of that many episodes starts
-(``dt_primal.evaluation.rollout.default_env_workers``). ``--json``: the measurements, and the seconds of an
-evaluation fitted over the episode counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes
-(what ``python -m commands.sweep --time-budget`` reads as "evaluation" in a throughput file).
+(``dt_primal.evaluation.rollout.default_env_workers``). ``--pipeline``: each rollout pipelined (two halves of its
+episodes, one stepping while the other acts, as evaluations with workers run), in turn (as evaluations beside
+training run), or both. ``--json``: the measurements, and the seconds of an evaluation fitted over the episode
+counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes, as evaluations run ("evaluation", what
+``python -m commands.sweep --time-budget`` reads in a throughput file) and in turn ("evaluation_in_turn", where
+that differs: what it reads for evaluations beside training).
 
 Hopper-v5 with ``terminate_when_unhealthy=False``: every episode runs ``--steps`` steps, so every step has
 the same width. The model: an untrained Primal.+DT at the paper's size (3 members), acting in fp32 on a CPU,
