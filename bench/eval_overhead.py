@@ -41,17 +41,20 @@ from dt_primal.model.transformer import DecisionTransformer
 from envs import TASKS, Episodes
 
 
-def envs_alone(task, n: int, workers: int, steps: int) -> float:
-    """Seconds of ``steps`` steps of ``n`` environments with fixed actions."""
+def envs_alone(task, n: int, workers: int, steps: int) -> tuple[float, float]:
+    """Seconds of ``steps`` steps of ``n`` environments with fixed actions, and of as many round trips to their
+    workers that step none of them (what the pipes and the worker loop cost)."""
     env = Episodes(task, n, workers)
     env.reset(list(range(n)))
-    actions, alive = np.zeros((n, *env.action_shape), np.float32), np.ones(n, bool)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        env.step(actions, alive)
-    seconds = time.perf_counter() - t0
+    actions = np.zeros((n, *env.action_shape), np.float32)
+    seconds = []
+    for alive in (np.ones(n, bool), np.zeros(n, bool)):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.step(actions, alive)
+        seconds.append(time.perf_counter() - t0)
     env.close()
-    return seconds
+    return seconds[0], seconds[1]
 
 
 def in_rollout(
@@ -129,13 +132,13 @@ def measure(args) -> list[dict]:
     for n in args.episodes:
         for w in args.workers:
             w = w or default_env_workers(args.device, n)
-            alone = envs_alone(task, n, w, args.steps)
+            alone, pipes = envs_alone(task, n, w, args.steps)
             for forward, pipelined in itertools.product(forwards, args.pipeline):
                 pipeline = pipelined == "pipelined"
                 r = in_rollout(task, n, w, args.steps, args.device, args.members, forward == "captured", pipeline)
                 records.append(
                     dict(episodes=n, workers=w, steps=args.steps, members=args.members, forward=forward)
-                    | {"pipeline": pipeline, "alone_s": alone}
+                    | {"pipeline": pipeline, "alone_s": alone, "pipes_s": pipes}
                     | {f"{k}_s": v for k, v in r.items()}
                 )
                 print(json.dumps(records[-1]), f"(load {common.load_avg():.2f})", flush=True)
@@ -198,7 +201,8 @@ def section(doc: dict, quick: bool) -> None:
             [r["episodes"], r["workers"], r.get("forward", "eager"), "pipelined" if r.get("pipeline") else "in turn"]
             + [per(r["total_s"]), per(r["forward_s"]), capture]
             + [per(r["stepping_s"]), per(rest)]
-            + [per(r["alone_s"]), f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / r['total_s']:.0%}"]
+            + [per(r["alone_s"]), per(r["pipes_s"]) if "pipes_s" in r else "–"]
+            + [f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / r['total_s']:.0%}"]
         )
     header = [
         "episodes",
@@ -211,6 +215,7 @@ def section(doc: dict, quick: bool) -> None:
         "stepping",
         "the rest (acting, loop, transfers)",
         "envs alone",
+        "of it the workers' round trip",
         "stepping ÷ alone",
         "the rest's share",
     ]
@@ -224,7 +229,8 @@ def section(doc: dict, quick: bool) -> None:
             "",
             common.md_table(header, rows),
             "",
-            "Stepping: sending the actions to the environments and waiting for their step."
+            "Stepping: sending the actions to the environments and waiting for their step. The workers' round trip: "
+            "as many steps of the environments alone that step none of them (the pipes, pickling, the workers' loop)."
             + (
                 " Pipelined, the episodes run in two halves, each with that many workers, and one half's environments "
                 "step while the other half's actions are computed, so part of the stepping and the rest overlap."
