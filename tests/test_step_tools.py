@@ -206,9 +206,8 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(window,
     in_turn = {"evaluation": {"step_s": 0.001}, "evaluation_in_turn": {"step_s": 0.002}}
     (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old | in_turn))
     gpu_window.add_evaluation(w)  # this window's own measurement wins, with its fit of evaluations beside training
-    assert {
-        k: v for k, v in json.loads((gpu_window.STATE / "throughput.json").read_text()).items() if k in in_turn
-    } == (in_turn)
+    given = json.loads((gpu_window.STATE / "throughput.json").read_text())
+    assert {k: given[k] for k in in_turn} == in_turn
     (tmp_path / "out" / "evaluation.json").write_text(json.dumps(old))
     gpu_window.add_evaluation(w)
     assert "evaluation_in_turn" not in json.loads((gpu_window.STATE / "throughput.json").read_text())
