@@ -78,6 +78,13 @@ def load_avg() -> float:
     return os.getloadavg()[0]
 
 
+def split_train_options(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """A benchmark's own arguments, and the train.py options given after ``--`` (``sys.argv`` by default)."""
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return argv[:cut], argv[cut + 1 :]
+
+
 def command_line() -> str:
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
 

@@ -16,7 +16,6 @@ CPU the evaluation and training share the cores, and pacing does nothing.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -84,8 +83,7 @@ def measure_mode(mode: str, cfg, step, beside: OverlappedEvaluation, evaluate) -
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    cut = argv.index("--") if "--" in argv else len(argv)
+    own, options = common.split_train_options()
     p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, default=9)
@@ -94,7 +92,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     p.add_argument("--from-json", type=Path, default=None, help="write the section from this --json file")
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 4 episodes")
-    args, options = p.parse_args(argv[:cut]), argv[cut + 1 :]
+    args = p.parse_args(own)
     if args.quick:
         args.members, args.episodes, args.steps = 2, 4, 30
     if args.from_json:

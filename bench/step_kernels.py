@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import common
@@ -170,8 +169,7 @@ def report(r: dict) -> str:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    cut = argv.index("--") if "--" in argv else len(argv)
+    own, options = common.split_train_options()
     p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, default=9)
@@ -188,12 +186,12 @@ def main() -> None:
         "--from-json", type=Path, default=None, help="write the section from this --json file (a GPU machine's)"
     )
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 2 updates")
-    args = p.parse_args(argv[:cut])
+    args = p.parse_args(own)
     if args.from_json:
         return section(json.loads(args.from_json.read_text()), quick=False)
     if args.quick:
         args.members, args.warmup, args.updates = 2, 1, 2
-    cfg = variant_config(argv[cut + 1 :], args.device, args.quick)
+    cfg = variant_config(options, args.device, args.quick)
     data = load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
     r = profile_step(cfg, data, args.members, args.warmup, args.updates, args.peak_tflops)
     r |= {"info": common.run_info()}
