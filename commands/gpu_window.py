@@ -97,7 +97,8 @@ class Window:
         seconds of the window (then skipped below 10 s); whether it passed."""
         limit, t0 = min(limit, self.left() - MARGIN - reserve), time.time()
         if limit < 10:
-            self.phase(name, t0, "skipped", f"{reserve:.0f} s of the window are kept for training")
+            kept = f", {reserve:.0f} s of it kept for training" if reserve else ""
+            self.phase(name, t0, "skipped", f"{self.left():.0f} s of the window were left{kept}")
             return False
         log = STATE / f"{name.replace(' ', '-')}.log"
         with open(log, "w") as f:

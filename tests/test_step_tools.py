@@ -384,3 +384,14 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     monkeypatch.setattr(gpu_window, "committed_fit", lambda w, pipelined: True)
     gpu_window.measure_after_the_sweep(w)  # a committed fit of the pipelined evaluation: not measured again
     assert "evaluation profile" not in [name for name, _, _ in ran]
+
+
+def test_a_phase_the_window_has_no_time_left_for_is_skipped_with_the_seconds_that_were_left(window):
+    window.end = time.time() + gpu_window.MARGIN + 5
+    assert not window.run("profile", ["true"], 90, reserve=25)
+    assert not window.run("one run", ["true"], 90)
+    profile, one = window.doc["phases"]
+    assert profile["status"] == one["status"] == "skipped"
+    assert profile["note"].endswith("s of the window were left, 25 s of it kept for training")
+    assert one["note"].endswith("s of the window were left")
+    assert gpu_window.MARGIN <= int(one["note"].split()[0]) <= gpu_window.MARGIN + 5
