@@ -12,9 +12,10 @@ where rate() interpolates the measured member-updates/s between member counts (f
 evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
 rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
 environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. An intermediate
-evaluation beside training on a GPU (``--eval-overlap``, the default) counts what training waits for it at the
-next one: its time, BESIDE_SLOWDOWN × what it would take alone (acting and stepping in turn, as it runs there), less
-the time of the updates between them. A group
+evaluation beside training on a GPU (``--eval-overlap``, the default) counts, of its time (BESIDE_SLOWDOWN × what
+it would take alone, acting and stepping in turn as it runs there), what training waits for it at the next one (the
+part longer than the updates between them) and the updates training loses while it runs beside them
+(BESIDE_TRAINING_LOSS of the part they overlap). A group
 whose datasets another process is still building starts once they are built (``--building``,
 ``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
 w + Σ_{groups waiting w or longer} work over the waits w (0 included).
@@ -38,10 +39,14 @@ START_S = 30.0  # a group's process start, imports, dataset load and model build
 # environment steps per second of one group's evaluations: hopper medium-replay's final evaluation on a
 # 16-core H100 machine, 2026-11-23 (results/gpu-hopper-medium-replay: 2 x 100 episodes in 22 s, six runs at once)
 EVAL_STEPS_PER_S = 10_000.0
-# an evaluation beside training against the same alone: 180 episodes of 1000 steps took 51-54 s beside a 9-member
-# group on an H100 (2026-11-27, results/gpu-h100-hopper-2026-11-27/group.json), where the fit of that machine's
-# evaluation alone (evaluation.json there) gives 14.3 s
-BESIDE_SLOWDOWN = 3.6
+# an evaluation beside training against the same alone, training held to two queued updates meanwhile: 240 episodes
+# took 11.7-14.7 s (median 12.9) beside a 12-member DT group on an H100 (2026-11-27,
+# results/gpu-h100-walker2d-2026-11-27/group.json), where the fit of that machine's evaluation alone gives 15.6 s
+# at the episode limit (0.83×; before training was held, 51-54 s against 14.3 s: results/gpu-h100-hopper-2026-11-27)
+BESIDE_SLOWDOWN = 1.0
+# the share of an evaluation's seconds beside training that training loses: there, the 200 updates as one started
+# ran at 80.5/s and the next at 164-168/s against 182 otherwise, about 2.3 s of updates in its 12.9 s
+BESIDE_TRAINING_LOSS = 0.18
 UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
 
 
@@ -180,7 +185,7 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
         g.members * g.steps / tp.rate(tp.find(g.setting), g.members)
         + g.eval_steps / tp.eval_steps_per_s
         + g.eval_rounds * tp.eval_step_s
-        + g.beside * waited(g, tp)
+        + g.beside * beside_cost(g, tp)
         for g in groups
     ]
     warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
@@ -189,12 +194,13 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
     return START_S + warmup + busy
 
 
-def waited(g: Group, tp: Throughput) -> float:
-    """Seconds training waits, at an evaluation step, for the evaluation that ran beside it since the one before
-    (acting and stepping in turn)."""
+def beside_cost(g: Group, tp: Throughput) -> float:
+    """Seconds one evaluation beside training costs training (acting and stepping in turn): what training waits
+    for it at the next evaluation step, and the updates it loses while they run side by side."""
     step_s, steps_per_s = tp.in_turn or (tp.eval_step_s, tp.eval_steps_per_s)
     beside = BESIDE_SLOWDOWN * (g.beside_steps / steps_per_s + g.beside_rounds * step_s)
-    return max(0.0, beside - g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members))
+    between = g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members)
+    return max(0.0, beside - between) + BESIDE_TRAINING_LOSS * min(beside, between)
 
 
 Pair = tuple[str, str]  # (dataset, model)

@@ -216,8 +216,8 @@ def _precision(precision: str, device: str, d_model: int) -> str:
 
 
 def beside_a_gpu(cfg) -> bool:
-    """Whether ``cfg``'s intermediate evaluations run beside its training on a GPU, counted as what training waits
-    for them (``commands.sweep.budget.waited``; on a CPU they share the cores that train: counted in full)."""
+    """Whether ``cfg``'s intermediate evaluations run beside its training on a GPU, counted as what they cost
+    training (``commands.sweep.budget.beside_cost``; on a CPU they share the cores that train: counted in full)."""
     from dt_primal.machine import resolve_device
 
     return cfg.eval_overlap and resolve_device(cfg.device).type == "cuda"
