@@ -29,6 +29,7 @@ Back on the CPU machine: ``python -m commands.sweep.records OUT/records.tgz resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -119,6 +120,22 @@ class Window:
         text = json.dumps(self.doc, indent=1)
         (STATE / "window.json").write_text(text)
         (self.out / "window.json").write_text(text)
+
+
+def machine_facts() -> dict:
+    """The seconds since the machine's first process started (its start-up before this command, as far as it
+    shows), and its logical CPUs against its physical cores (Linux's /proc; what is unreadable is left out)."""
+    facts: dict = {"cpus": os.cpu_count()}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        ticks = int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        facts["up_s"] = round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 1)
+    with contextlib.suppress(OSError):
+        blocks = Path("/proc/cpuinfo").read_text().split("\n\n")
+        field = lambda b, key: next((ln.split(":", 1)[1].strip() for ln in b.splitlines() if ln.startswith(key)), "")
+        facts["cores"] = len({(field(b, "physical id"), field(b, "core id")) for b in blocks if field(b, "processor")})
+        facts["cpu"] = field(blocks[0], "model name")
+    return facts
 
 
 def install_wheels() -> str:
@@ -480,7 +497,7 @@ def start(args) -> None:
     shutil.rmtree(STATE, ignore_errors=True)
     STATE.mkdir(parents=True)
     w = Window(args.out, t_start + args.window)
-    w.doc.update(device=args.device, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    w.doc.update(device=args.device, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=machine_facts())
     t0 = time.time()
     try:
         w.phase("wheels", t0, "passed", install_wheels())

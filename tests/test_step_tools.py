@@ -5,7 +5,9 @@ committed measurement is reused only for the same engine, GPU and options."""
 import argparse
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -395,3 +397,11 @@ def test_a_phase_the_window_has_no_time_left_for_is_skipped_with_the_seconds_tha
     assert profile["note"].endswith("s of the window were left, 25 s of it kept for training")
     assert one["note"].endswith("s of the window were left")
     assert gpu_window.MARGIN <= int(one["note"].split()[0]) <= gpu_window.MARGIN + 5
+
+
+def test_the_window_writes_down_how_long_the_machine_was_up_and_its_cores():
+    facts = gpu_window.machine_facts()
+    assert facts["up_s"] > 0 and 1 <= facts["cores"] <= facts["cpus"] == os.cpu_count(), facts
+    if shutil.which("ps"):  # procps's own reading of the same
+        started = float(subprocess.run(["ps", "-o", "etimes=", "-p", "1"], capture_output=True, text=True).stdout)
+        assert abs(facts["up_s"] - started) <= 2
