@@ -85,6 +85,15 @@ def split_train_options(argv: list[str] | None = None) -> tuple[list[str], list[
     return argv[:cut], argv[cut + 1 :]
 
 
+def add_json_options(p, what: str = "the measurements") -> None:
+    """A benchmark's ``--json`` (also write ``what`` to this file) and ``--from-json`` (write its section from
+    such a file, e.g. a GPU machine's, instead of measuring)."""
+    p.add_argument("--json", type=Path, default=None, help=f"also write {what} to this file")
+    p.add_argument(
+        "--from-json", type=Path, default=None, help="write the section from this --json file (a GPU machine's)"
+    )
+
+
 def command_line() -> str:
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
 

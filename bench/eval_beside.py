@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import common  # sets OMP_WAIT_POLICY before torch loads
 import torch
@@ -89,8 +88,7 @@ def main() -> None:
     p.add_argument("--members", type=int, default=9)
     p.add_argument("--episodes", type=int, default=180, help="episodes of all members at once")
     p.add_argument("--steps", type=int, default=200, help="steps of every episode")
-    p.add_argument("--json", type=Path, default=None, help="also write the measurements here")
-    p.add_argument("--from-json", type=Path, default=None, help="write the section from this --json file")
+    common.add_json_options(p)
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 4 episodes")
     args = p.parse_args(own)
     if args.quick:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from pathlib import Path
 
 import common  # sets OMP_WAIT_POLICY before torch loads
 import numpy as np
@@ -167,8 +166,7 @@ def main() -> None:
         help="the episodes in two halves, one stepping while the other acts (evaluations do it with workers), or all "
         "acting and then all stepping",
     )
-    p.add_argument("--json", type=Path, default=None, help="also write the measurements and their fit here")
-    p.add_argument("--from-json", type=Path, default=None, help="write the section from this --json file")
+    common.add_json_options(p, "the measurements and their fit")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-from pathlib import Path
 
 import common
 import torch
@@ -181,10 +180,7 @@ def main() -> None:
         default=989.4,
         help="the device's peak for the precision, in TFLOP/s (default: an H100's or H200's dense bf16)",
     )
-    p.add_argument("--json", type=Path, default=None, help="also write the profile to this file")
-    p.add_argument(
-        "--from-json", type=Path, default=None, help="write the section from this --json file (a GPU machine's)"
-    )
+    common.add_json_options(p, "the profile")
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 2 updates")
     args = p.parse_args(own)
     if args.from_json:

@@ -173,10 +173,7 @@ def main() -> None:
     p.add_argument(
         "--limit", type=float, default=150, help="seconds for all variants' checks and compilations (run at once)"
     )
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument(
-        "--from-json", type=Path, default=None, help="write the section from this --json file (a GPU machine's)"
-    )
+    common.add_json_options(p, "the ranking")
     p.add_argument("--quick", action="store_true", help="DT-paper size, 2 members, 2 variants, a few updates")
     p.add_argument("--variant", help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)

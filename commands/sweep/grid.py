@@ -180,7 +180,7 @@ def budget_groups(
             continue
         cfg = make_config(preset, **{**given, "dataset": ds[0], "model": model})
         task = find_task(given.get("env") or ds[0])
-        # the intermediate evaluations: in line they take training time; beside training on a GPU, what it waits
+        # the intermediate evaluations: in line they take training time; beside training on a GPU, what they cost it
         intermediate = (cfg.steps - 1) // max(1, cfg.eval_every)
         beside = intermediate if beside_a_gpu(cfg) else 0
         during = intermediate - beside
