@@ -352,7 +352,7 @@ def committed_fit(w: Window, pipelined: bool) -> bool:
     path = committed("evaluation", w.doc.get("engine", {}), any_engine=True)
     try:
         records = json.loads(path.read_text())["records"]
-        return any(r.get("forward") == "captured" and r.get("pipeline", False) >= pipelined for r in records)
+        return any(r.get("forward") == "captured" and (r.get("pipeline", False) or not pipelined) for r in records)
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return False
 
