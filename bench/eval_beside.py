@@ -20,7 +20,7 @@ import time
 
 import common  # sets OMP_WAIT_POLICY before torch loads
 import torch
-from step_variants import variant_config
+from step_variants import add_setting_options, variant_config
 
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser
@@ -84,8 +84,7 @@ def measure_mode(mode: str, cfg, step, beside: OverlappedEvaluation, evaluate) -
 def main() -> None:
     own, options = common.split_train_options()
     p = command_parser(__doc__)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--members", type=int, default=9)
+    add_setting_options(p)
     p.add_argument("--episodes", type=int, default=180, help="episodes of all members at once")
     p.add_argument("--steps", type=int, default=200, help="steps of every episode")
     common.add_json_options(p)

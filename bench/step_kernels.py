@@ -25,7 +25,7 @@ import json
 
 import common
 import torch
-from step_variants import variant_config
+from step_variants import add_setting_options, variant_config
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -170,8 +170,7 @@ def report(r: dict) -> str:
 def main() -> None:
     own, options = common.split_train_options()
     p = command_parser(__doc__)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--members", type=int, default=9)
+    add_setting_options(p)
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation happens there)")
     p.add_argument("--updates", type=int, default=5, help="profiled updates")
     p.add_argument(

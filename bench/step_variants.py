@@ -63,6 +63,13 @@ def variant_config(options: list[str], device: str, quick: bool):
     return make_config("paper", **(base | overrides(parser.parse_args(options))))
 
 
+def add_setting_options(p) -> None:
+    """A step benchmark's ``--device`` and ``--members`` (9 by default: a task's three datasets × three seeds, the
+    sweep's group); with ``variant_config``, the setting it measures."""
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--members", type=int, default=9, help="members trained at once (default: 9)")
+
+
 def trained(cfg, data, updates: int):
     """Losses (updates, 2 members) and weights (before, after) of ``updates`` updates of 2 fresh members."""
     step = fresh_step(cfg, data, [0, 1], cfg.device)
@@ -165,8 +172,7 @@ def fastest(doc: dict) -> dict | None:
 
 def main() -> None:
     p = command_parser(__doc__)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--members", type=int, default=9)
+    add_setting_options(p)
     p.add_argument("--warmup", type=int, default=8, help="untimed updates (at least 5: capture, compilation)")
     p.add_argument("--updates", type=int, default=50)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
