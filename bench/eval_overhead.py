@@ -179,9 +179,11 @@ def main() -> None:
         product = [r for r in first if product_setting(r, args.device)]
         fitted = fit(product or records) | {"pipelined": any(r["pipeline"] for r in product)}
         doc = {"records": records, "evaluation": fitted, "device": args.device}
-        in_turn = [r for r in first if r["workers"] == default_env_workers(args.device, r["episodes"])]
-        if any(r["pipeline"] for r in product) and not all(r["pipeline"] for r in in_turn):
-            doc["evaluation_in_turn"] = fit([r for r in in_turn if not r["pipeline"]])
+        in_turn = [
+            r for r in first if r["workers"] == default_env_workers(args.device, r["episodes"]) and not r["pipeline"]
+        ]
+        if any(r["pipeline"] for r in product) and in_turn:
+            doc["evaluation_in_turn"] = fit(in_turn)
         doc["info"] = common.run_info()
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
