@@ -146,10 +146,10 @@ def load_throughput(path: Path) -> Throughput:
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
         raise UserError(f"{path} is not a file of throughput measurements ({type(exc).__name__}: {exc}).") from None
     bad = [r for pts in t.rates.values() for r in pts.values() if not 0 < r < 1e9]
-    steps_per_s = [t.eval_steps_per_s, *(t.in_turn[1:] if t.in_turn else [])]
-    if bad or not all(0 < r < 1e9 for r in steps_per_s) or not all(0 <= w < 1e5 for w in t.warmups.values()):
+    fits = [(t.eval_step_s, t.eval_steps_per_s), *([t.in_turn] if t.in_turn else [])]  # (step_s, env steps/s)
+    if bad or not all(0 < r < 1e9 for _, r in fits) or not all(0 <= w < 1e5 for w in t.warmups.values()):
         raise UserError(f"{path}: rates and warm-ups must be positive, finite numbers.")
-    if not all(0 <= s < 10 for s in [t.eval_step_s, *(t.in_turn[:1] if t.in_turn else [])]):
+    if not all(0 <= s < 10 for s, _ in fits):
         raise UserError(f"{path}: an evaluation's seconds per step must be a number from 0 to 10.")
     return t
 
