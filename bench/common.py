@@ -78,13 +78,6 @@ def load_avg() -> float:
     return os.getloadavg()[0]
 
 
-def split_train_options(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """A benchmark's own arguments, and the train.py options given after ``--`` (``sys.argv`` by default)."""
-    argv = sys.argv[1:] if argv is None else argv
-    cut = argv.index("--") if "--" in argv else len(argv)
-    return argv[:cut], argv[cut + 1 :]
-
-
 def add_json_options(p, what: str = "the measurements") -> None:
     """A benchmark's ``--json`` (also write ``what`` to this file) and ``--from-json`` (write its section from
     such a file, e.g. a GPU machine's, instead of measuring)."""

@@ -23,7 +23,7 @@ import torch
 from step_variants import add_setting_options, variant_config
 
 from datasets.loaders import load_dataset
-from dt_primal.cli import command_parser
+from dt_primal.cli import command_parser, split_train_options
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.training.overlapped_eval import RUN_AHEAD, OverlappedEvaluation
@@ -82,7 +82,7 @@ def measure_mode(mode: str, cfg, step, beside: OverlappedEvaluation, evaluate) -
 
 
 def main() -> None:
-    own, options = common.split_train_options()
+    own, options = split_train_options()
     p = command_parser(__doc__)
     add_setting_options(p)
     p.add_argument("--episodes", type=int, default=180, help="episodes of all members at once")

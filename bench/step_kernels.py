@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from datasets.loaders import load_dataset
-from dt_primal.cli import command_parser
+from dt_primal.cli import command_parser, split_train_options
 from dt_primal.config import Config
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import engine_hash, fresh_step
@@ -168,7 +168,7 @@ def report(r: dict) -> str:
 
 
 def main() -> None:
-    own, options = common.split_train_options()
+    own, options = split_train_options()
     p = command_parser(__doc__)
     add_setting_options(p)
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation happens there)")

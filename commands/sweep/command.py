@@ -50,7 +50,7 @@ from commands.sweep.ray_cluster import run_groups_on_ray
 from commands.sweep.results import DT_PAPER, collect
 from commands.sweep.tables import write_tables
 from datasets.suite import SUITE_NAMESPACE, buildable, is_built
-from dt_primal.cli import command_parser
+from dt_primal.cli import command_parser, split_train_options
 from dt_primal.errors import UserError
 
 
@@ -194,10 +194,9 @@ def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own, extra = split_train_options(argv)
     p = parser()
-    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args = p.parse_args(own)
     for name in ("jobs", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1 (got {getattr(args, name)}).")

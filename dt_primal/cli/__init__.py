@@ -22,6 +22,13 @@ def command_parser(description: str, prog: str | None = None) -> argparse.Argume
     )
 
 
+def split_train_options(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """A command's own arguments, and the train.py options given after ``--`` (``sys.argv`` by default)."""
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return argv[:cut], argv[cut + 1 :]
+
+
 def run_main(main) -> None:
     """Run ``main()``; a UserError becomes a one-paragraph message and exit status 2, and so do running
     out of (GPU) memory and a full or read-only disk; a Ctrl-C that training did not catch (during the
