@@ -1,7 +1,8 @@
 """Where an evaluation step's time goes: the batched rollout (``dt_primal.evaluation.rollout``) split into
 the model's forward pass, the environments' stepping (with the worker processes' pipes) and the rest
 (acting's bookkeeping, the rollout loop, host-device transfers), per environment step, against stepping
-the same environments alone with fixed actions.
+the same environments alone with fixed actions; the start-up (starting the worker processes, making and resetting
+the environments, closing them) is timed apart, once per rollout.
 
   python bench/eval_overhead.py                              # CPU: 64 and 256 episodes, 1 and 2 workers
   python bench/eval_overhead.py --device cuda --episodes 60 600 1800 --workers 0 --json evaluation.json  # a GPU's
@@ -11,7 +12,8 @@ the same environments alone with fixed actions.
 (``dt_primal.evaluation.rollout.default_env_workers``). ``--pipeline``: each rollout pipelined (two halves of its
 episodes, one stepping while the other acts, as evaluations with workers run), in turn (as evaluations beside
 training run), or both. ``--json``: the measurements, and the seconds of an evaluation fitted over the episode
-counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes, as evaluations run ("evaluation", what
+counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes, and ``start_s`` once (the start-up), as
+evaluations run ("evaluation", what
 ``python -m commands.sweep --time-budget`` reads in a throughput file) and in turn ("evaluation_in_turn", where
 that differs: what it reads for evaluations beside training).
 
@@ -64,7 +66,7 @@ def in_rollout(
     CUDA graph (on CUDA: ``Policy``'s ``capture``); ``pipeline``: ``rollout``'s."""
     cfg = make_config("paper", model="primal", s=64, max_ep_len=steps)
     model = DecisionTransformer(cfg.model_config(11, 3), members=members).to(device).eval()
-    seconds = {"forward": 0.0, "capture": 0.0, "stepping": 0.0}
+    seconds = {"forward": 0.0, "capture": 0.0, "stepping": 0.0, "start": 0.0}
 
     def timed(fn, key: str):
         def run(*args, **kwargs):
@@ -83,6 +85,7 @@ def in_rollout(
 
     class TimedEpisodes(Episodes):
         send, receive = timed(Episodes.send, "stepping"), timed(Episodes.receive, "stepping")
+        __init__, reset, close = (timed(f, "start") for f in (Episodes.__init__, Episodes.reset, Episodes.close))
 
     precision = "bf16" if device.startswith("cuda") else "fp32"
     policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context, precision, capture)
@@ -111,15 +114,17 @@ CAPTURE_EVERY = 200
 def fit(records: list[dict]) -> dict:
     """An evaluation's seconds per step of its episodes, ``step_s + env_step_s × episodes``: least squares
     over ``records`` (the workers an evaluation starts; their capturing as one per ``CAPTURE_EVERY`` steps);
-    through the origin with one episode count."""
+    through the origin with one episode count. ``start_s``: the longest of their start-ups (none in records made
+    before it was timed apart, whose per-step seconds hold it)."""
     x = np.array([r["episodes"] for r in records], float)
-    y = np.array([(r["total_s"] - r.get("capture_s", 0.0)) / r["steps"] for r in records])
-    y += np.array([r.get("capture_s", 0.0) / CAPTURE_EVERY for r in records])
+    once = lambda r: r.get("capture_s", 0.0) + r.get("start_s", 0.0)
+    y = np.array([(r["total_s"] - once(r)) / r["steps"] + r.get("capture_s", 0.0) / CAPTURE_EVERY for r in records])
+    start = {"start_s": max(r.get("start_s", 0.0) for r in records)}
     if len(set(x)) > 1:
         b, a = np.polyfit(x, y, 1)
         if a >= 0 and b > 0:
-            return {"step_s": float(a), "env_step_s": float(b)}
-    return {"step_s": 0.0, "env_step_s": float(x @ y / (x @ x))}
+            return {"step_s": float(a), "env_step_s": float(b)} | start
+    return {"step_s": 0.0, "env_step_s": float(x @ y / (x @ x))} | start
 
 
 def measure(args) -> list[dict]:
@@ -190,19 +195,25 @@ def main() -> None:
     section(doc, args.quick)
 
 
+def started(fitted: dict) -> str:
+    """A fit's start-up, as the section words it ("" where its records did not time it apart)."""
+    return f", after a start-up of {fitted['start_s']:.2f} s" if fitted.get("start_s") else ""
+
+
 def section(doc: dict, quick: bool) -> None:
     """The measurements as the section of docs/benchmarks.md for their device (their GPU's name on CUDA)."""
     rows = []
     for r in doc["records"]:
         per = lambda s, r=r: f"{1e6 * s / (r['episodes'] * r['steps']):.1f}"
-        rest = r["total_s"] - r["forward_s"] - r["stepping_s"]
+        rest = r["total_s"] - r["forward_s"] - r["stepping_s"] - r.get("start_s", 0.0)
         capture = f"{r['capture_s']:.2f}" if r.get("forward") == "captured" and "capture_s" in r else "–"
+        start = f"{r['start_s']:.2f}" if "start_s" in r else "–"
         rows.append(
             [r["episodes"], r["workers"], r.get("forward", "eager"), "pipelined" if r.get("pipeline") else "in turn"]
-            + [per(r["total_s"]), per(r["forward_s"]), capture]
+            + [per(r["total_s"] - r.get("start_s", 0.0)), start, per(r["forward_s"]), capture]
             + [per(r["stepping_s"]), per(rest)]
             + [per(r["alone_s"]), per(r["pipes_s"]) if "pipes_s" in r else "–"]
-            + [f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / r['total_s']:.0%}"]
+            + [f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / (r['total_s'] - r.get('start_s', 0.0)):.0%}"]
         )
     header = [
         "episodes",
@@ -210,6 +221,7 @@ def section(doc: dict, quick: bool) -> None:
         "forward pass",
         "acting and stepping",
         "rollout µs per env-step",
+        "start-up: s per rollout",
         "forward",
         "of it capturing: s per rollout",
         "stepping",
@@ -225,7 +237,8 @@ def section(doc: dict, quick: bool) -> None:
         [
             f"`--device {doc['device']}`, {r0['members']} members of an untrained Primal.+DT at the paper's size, "
             f"Hopper-v5 episodes of {r0['steps']} steps (never terminated early); every time per environment step "
-            "(total over episodes × steps).",
+            "(total over episodes × steps) but the start-up's (starting the worker processes, making and resetting the "
+            "environments, closing them: once per rollout, timed apart where a start-up column shows it).",
             "",
             common.md_table(header, rows),
             "",
@@ -240,10 +253,10 @@ def section(doc: dict, quick: bool) -> None:
             "",
             f"Fitted, with the workers an evaluation starts, {how}, and the {r0.get('forward', 'eager')} forward "
             "pass: each step of an evaluation of N episodes takes "
-            f"{1e3 * fitted['step_s']:.2f} ms + N × {1e6 * fitted['env_step_s']:.1f} µs"
+            f"{1e3 * fitted['step_s']:.2f} ms + N × {1e6 * fitted['env_step_s']:.1f} µs{started(fitted)}"
             + (
                 f"; acting and stepping in turn (as beside training), {1e3 * in_turn['step_s']:.2f} ms + "
-                f"N × {1e6 * in_turn['env_step_s']:.1f} µs."
+                f"N × {1e6 * in_turn['env_step_s']:.1f} µs{started(in_turn)}."
                 if in_turn
                 else "."
             ),

@@ -50,6 +50,9 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
     latency.eval_step_s = 0.01  # and every step of the batched rollout costs 10 ms, whatever its width
     a.eval_rounds, b.eval_rounds = 300, 100
     assert estimate([a, b], latency) == pytest.approx(estimate([a, b], throughput()) + 4)
+    started = dataclasses.replace(latency, eval_start_s=2.0)  # each evaluation training waits for starts in 2 s
+    a.evaluations, b.evaluations = 3, 1
+    assert estimate([a, b], started) == pytest.approx(estimate([a, b], latency) + 8)
     before = estimate([a, b], latency)  # a's work: 15 + 6 + 3 s, b's: 6.67 + 2 + 1 s
     a.wait_s = 100.0  # a's dataset is still being built: b has the device meanwhile, then a
     assert estimate([a, b], latency) == pytest.approx(before - (24 + 9 + 2 / 3) + 100 + 24)
@@ -75,8 +78,11 @@ def test_an_evaluation_beside_training_counts_what_training_waits_for_it_and_los
     assert estimate([a], throughput()) == pytest.approx(alone + 9 * BESIDE_TRAINING_LOSS * BESIDE_SLOWDOWN * 3)
     a.beside_every, piped = 100, dataclasses.replace(slow, eval_step_s=0.0, eval_steps_per_s=1e6)
     assert estimate([a], piped) < estimate([a], slow)  # the final evaluation, pipelined, is faster ...
-    piped.in_turn = (slow.eval_step_s, slow.eval_steps_per_s)  # ... but one beside training acts and steps in turn
+    piped.in_turn = (slow.eval_step_s, slow.eval_steps_per_s, 0.0)  # ... but one beside training acts and steps in turn
     assert estimate([a], piped) - estimate([dataclasses.replace(a, beside=0)], piped) == pytest.approx(cost)
+    piped.in_turn = (slow.eval_step_s, slow.eval_steps_per_s, 0.5)  # a start-up of 0.5 s: each one takes it longer
+    more = 9 * (beside + 0.5 - 1.5 + BESIDE_TRAINING_LOSS * 1.5)
+    assert estimate([a], piped) - estimate([dataclasses.replace(a, beside=0)], piped) == pytest.approx(more)
 
 
 def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_build(monkeypatch, tmp_path):
@@ -169,6 +175,8 @@ def test_a_group_filled_before_the_next_wins_where_it_trains_more_runs_in_the_bu
         '{"records": [], "evaluation": {"env_step_s": 1e-5}}',
         '{"records": [], "evaluation_in_turn": {"step_s": 0.003, "env_step_s": 0}}',
         '{"records": [], "evaluation_in_turn": {"step_s": 11, "env_step_s": 1e-5}}',
+        '{"records": [], "evaluation": {"step_s": 0.003, "env_step_s": 1e-5, "start_s": -2}}',
+        '{"records": [], "evaluation_in_turn": {"step_s": 0.003, "env_step_s": 1e-5, "start_s": 1e9}}',
     ],
 )
 def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content):
@@ -180,7 +188,8 @@ def test_a_throughput_file_that_is_not_one_is_refused_by_name(tmp_path, content)
 
 
 def test_a_throughput_file_carries_the_evaluations_cost_per_step_and_per_environment_step(tmp_path):
-    """As bench/eval_overhead.py --json fits it; a file without it keeps its rate alone."""
+    """As bench/eval_overhead.py --json fits it (its start-up too, where timed apart); a file without it keeps its
+    rate alone."""
     path = tmp_path / "throughput.json"
     throughput().save(path, {})
     assert load_throughput(path).eval_step_s == 0 and load_throughput(path).eval_steps_per_s == 1000
@@ -188,12 +197,15 @@ def test_a_throughput_file_carries_the_evaluations_cost_per_step_and_per_environ
     path.write_text(json.dumps(doc))
     t = load_throughput(path)
     assert t.eval_step_s == 0.004 and t.eval_steps_per_s == pytest.approx(50_000) and t.in_turn is None
-    assert t.rate(PRIMAL, 9) == 500.0
-    path.write_text(json.dumps(doc | {"evaluation_in_turn": {"step_s": 0.01, "env_step_s": 4e-5}}))
+    assert t.eval_start_s == 0 and t.rate(PRIMAL, 9) == 500.0
+    in_turn = {"step_s": 0.01, "env_step_s": 4e-5, "start_s": 2.5}
+    path.write_text(json.dumps(doc | {"evaluation_in_turn": in_turn}))
     t = load_throughput(path)
-    assert t.in_turn == pytest.approx((0.01, 25_000))
+    assert t.in_turn == pytest.approx((0.01, 25_000, 2.5))
+    t.eval_start_s = 1.5
     t.save(path, {})
-    assert load_throughput(path).in_turn == pytest.approx((0.01, 25_000))  # kept where the sweep saves it
+    again = load_throughput(path)  # kept where the sweep saves it
+    assert again.in_turn == pytest.approx((0.01, 25_000, 2.5)) and again.eval_start_s == 1.5
 
 
 def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committed_runs(tmp_path):

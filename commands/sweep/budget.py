@@ -9,9 +9,10 @@ process; processes share a GPU (or the cores) by turns, so their times add up:
     start-up + slowest warm-up + Σ_groups work,  work = member-updates / rate(its members) + evaluation
 
 where rate() interpolates the measured member-updates/s between member counts (flat beyond them) and an
-evaluation's time is, at most, the episode limit's steps × ``eval_step_s`` (what a step of the batched
-rollout costs whatever its width: the forward pass's launches, the workers' round trip) plus its episodes'
-environment steps (members × targets × episodes × the episode limit) over ``eval_steps_per_s``. An intermediate
+evaluation's time is its start-up ``eval_start_s`` (its worker processes and environments), plus, at most, the episode
+limit's steps × ``eval_step_s`` (what a step of the batched rollout costs whatever its width: the forward pass's
+launches, the workers' round trip) plus its episodes' environment steps (members × targets × episodes × the episode
+limit) over ``eval_steps_per_s``. An intermediate
 evaluation beside training on a GPU (``--eval-overlap``, the default) counts, of its time (BESIDE_SLOWDOWN × what
 it would take alone, acting and stepping in turn as it runs there), what training waits for it at the next one (the
 part longer than the updates between them) and the updates training loses while it runs beside them
@@ -81,9 +82,10 @@ class Throughput:
     warmups: dict[Setting, float] = field(default_factory=dict)
     eval_steps_per_s: float = EVAL_STEPS_PER_S
     eval_step_s: float = 0.0  # seconds of every step of an evaluation, whatever its width
-    # the same two of an evaluation acting and stepping in turn (as beside training), where measured apart from the
-    # pipelined one (evaluations with worker processes): (step_s, env steps/s); None: those above
-    in_turn: tuple[float, float] | None = None
+    eval_start_s: float = 0.0  # seconds of an evaluation's start-up: its worker processes and environments
+    # the same three of an evaluation acting and stepping in turn (as beside training), where measured apart from the
+    # pipelined one (evaluations with worker processes): (step_s, env steps/s, start_s); None: those above
+    in_turn: tuple[float, float, float] | None = None
 
     def add(self, record: dict) -> None:
         """One measurement: a record of ``dt_primal.training.throughput.time_updates`` with its setting's fields."""
@@ -119,39 +121,47 @@ class Throughput:
     def save(self, path: Path, about: dict) -> None:
         from dt_primal.untrusted import write_file
 
-        evaluation = {"step_s": self.eval_step_s, "env_step_s": 1 / self.eval_steps_per_s}
+        fit = lambda step_s, steps_per_s, start_s: {"step_s": step_s, "env_step_s": 1 / steps_per_s, "start_s": start_s}
+        evaluation = fit(self.eval_step_s, self.eval_steps_per_s, self.eval_start_s)
         doc = {"records": self.records(), "eval_steps_per_s": self.eval_steps_per_s, "evaluation": evaluation, **about}
         if self.in_turn:
-            doc["evaluation_in_turn"] = {"step_s": self.in_turn[0], "env_step_s": 1 / self.in_turn[1]}
+            doc["evaluation_in_turn"] = fit(*self.in_turn)
         write_file(path, json.dumps(doc, indent=1), "The throughput file")
 
 
 def load_throughput(path: Path) -> Throughput:
     """A file of measurements: ``{"records": [...], "eval_steps_per_s": ..., "evaluation": {"step_s": ...,
-    "env_step_s": ...}}`` (this module's, ``bench/ensemble_speed.py --json``'s, with ``bench/eval_overhead.py
-    --json``'s "evaluation", which wins over "eval_steps_per_s", and its "evaluation_in_turn", the same acting and
-    stepping in turn); a UserError naming what is wrong with it."""
+    "env_step_s": ..., "start_s": ...}}`` (this module's, ``bench/ensemble_speed.py --json``'s, with
+    ``bench/eval_overhead.py --json``'s "evaluation", which wins over "eval_steps_per_s", and its
+    "evaluation_in_turn", the same acting and stepping in turn); a UserError naming what is wrong with it."""
     from dt_primal.untrusted import read_json
 
     try:
         doc = read_json(path, "The throughput file", "Measure again (bench/ensemble_speed.py --json).")
         t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", EVAL_STEPS_PER_S)))
         if "evaluation" in doc:
-            t.eval_step_s = float(doc["evaluation"]["step_s"])
-            t.eval_steps_per_s = 1 / float(doc["evaluation"]["env_step_s"])
+            t.eval_step_s, t.eval_steps_per_s, t.eval_start_s = read_fit(doc["evaluation"])
         if "evaluation_in_turn" in doc:
-            t.in_turn = float(doc["evaluation_in_turn"]["step_s"]), 1 / float(doc["evaluation_in_turn"]["env_step_s"])
+            t.in_turn = read_fit(doc["evaluation_in_turn"])
         for r in doc["records"]:
             t.add(r)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as exc:
         raise UserError(f"{path} is not a file of throughput measurements ({type(exc).__name__}: {exc}).") from None
     bad = [r for pts in t.rates.values() for r in pts.values() if not 0 < r < 1e9]
-    fits = [(t.eval_step_s, t.eval_steps_per_s), *([t.in_turn] if t.in_turn else [])]  # (step_s, env steps/s)
-    if bad or not all(0 < r < 1e9 for _, r in fits) or not all(0 <= w < 1e5 for w in t.warmups.values()):
+    fits = [(t.eval_step_s, t.eval_steps_per_s, t.eval_start_s), *([t.in_turn] if t.in_turn else [])]
+    if bad or not all(0 < r < 1e9 for _, r, _ in fits) or not all(0 <= w < 1e5 for w in t.warmups.values()):
         raise UserError(f"{path}: rates and warm-ups must be positive, finite numbers.")
-    if not all(0 <= s < 10 for s, _ in fits):
-        raise UserError(f"{path}: an evaluation's seconds per step must be a number from 0 to 10.")
+    if not all(0 <= s < 10 and 0 <= start < 600 for s, _, start in fits):
+        raise UserError(
+            f"{path}: an evaluation's seconds per step must be a number from 0 to 10, its start-up's from 0 to 600."
+        )
     return t
+
+
+def read_fit(fit: dict) -> tuple[float, float, float]:
+    """``bench/eval_overhead.py --json``'s fit: (seconds per step, env steps/s, start-up seconds: 0 where not
+    timed apart)."""
+    return float(fit["step_s"]), 1 / float(fit["env_step_s"]), float(fit.get("start_s", 0.0))
 
 
 @dataclass
@@ -166,6 +176,7 @@ class Group:
     eval_steps: int  # environment steps of all its evaluations at most
     cfg: object = None  # its first dataset's Config, to measure the setting with
     eval_rounds: int = 0  # steps of the batched rollout of all its evaluations at most (evaluations × limit)
+    evaluations: int = 0  # its evaluations that training waits for (the final one, and those in line)
     wait_s: float = 0.0  # seconds its datasets' builds may still take before it can start
     beside: int = 0  # its intermediate evaluations beside training (on a GPU)
     beside_steps: int = 0  # environment steps of one of them at most (members × targets × episodes × limit)
@@ -185,6 +196,7 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
         g.members * g.steps / tp.rate(tp.find(g.setting), g.members)
         + g.eval_steps / tp.eval_steps_per_s
         + g.eval_rounds * tp.eval_step_s
+        + g.evaluations * tp.eval_start_s
         + g.beside * beside_cost(g, tp)
         for g in groups
     ]
@@ -197,8 +209,8 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
 def beside_cost(g: Group, tp: Throughput) -> float:
     """Seconds one evaluation beside training costs training (acting and stepping in turn): what training waits
     for it at the next evaluation step, and the updates it loses while they run side by side."""
-    step_s, steps_per_s = tp.in_turn or (tp.eval_step_s, tp.eval_steps_per_s)
-    beside = BESIDE_SLOWDOWN * (g.beside_steps / steps_per_s + g.beside_rounds * step_s)
+    step_s, steps_per_s, start_s = tp.in_turn or (tp.eval_step_s, tp.eval_steps_per_s, tp.eval_start_s)
+    beside = BESIDE_SLOWDOWN * (start_s + g.beside_steps / steps_per_s + g.beside_rounds * step_s)
     between = g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members)
     return max(0.0, beside - between) + BESIDE_TRAINING_LOSS * min(beside, between)
 

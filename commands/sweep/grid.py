@@ -198,6 +198,7 @@ def budget_groups(
                 per_episode * episodes,
                 cfg,
                 (during + 1) * limit,
+                during + 1,
                 beside=beside,
                 beside_steps=per_episode * cfg.eval_episodes_during,
                 beside_rounds=limit,
