@@ -15,7 +15,8 @@ committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.thr
 step's modules and torch's version) on the same GPU is used instead of measuring again (a ranking of it on
 another GPU too), and so is what an evaluation costs on that GPU (``bench/eval_overhead.py --json``), which the
 sweep's budget reads: measured once the builds have ended, with ``--profile`` or where no fit with the captured
-acting forward pass is committed. Measuring stops ``--least-training`` seconds before the window's end. Until its own
+acting forward pass that may plan a sweep is committed (``fit_for_budgets``). Measuring stops
+``--least-training`` seconds before the window's end. Until its own
 ``--seconds`` are spent it packs, every 20 s, the records of the finished runs, the measurements, the
 sweep's log and this file's account of every phase (``window.json``) into OUT, the folder that comes
 back. ``wait`` packs the same way until the sweep has ended or the window is over. A failed phase is
@@ -61,6 +62,10 @@ MEDIUM_STEPS = 1_000_000  # the transitions of a medium dataset, the longest of 
 LEAST_TRAINING = 420.0
 SETTLE_S = 90.0  # the longest the sweep's start waits for the builds, so that it plans with the datasets built
 EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
+# the steps of a profile's rollouts (bench/eval_overhead.py --steps): one that does not time its start-up apart
+# spreads it over them; over 100 steps that overstated each step by 29 and 56 % on an H100 (2026-11-27: 1,800 and 600
+# episodes in turn, against 200 steps the same day, results/gpu-h100-walker2d-primal-2026-11-27)
+PROFILE_STEPS = 200
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 # the captured step's, acting's and the evaluations beside training's CUDA tests
 CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py", "tests/test_train.py"]
@@ -220,11 +225,13 @@ def bench_options(options: list[str]) -> list[str]:
     return ["--modes", mode, "--precisions", precision, *(a for a in rest if a != "--compile")]
 
 
-def committed(name: str, engine: dict, any_gpu: bool = False, any_engine: bool = False, **fields) -> Path | None:
+def committed(
+    name: str, engine: dict, any_gpu: bool = False, any_engine: bool = False, keep=lambda doc: True, **fields
+) -> Path | None:
     """The newest ``results/gpu-*/NAME.json`` (by its folder's date, then its own ``measured_at``) measured
     with ``engine`` ({"engine", "gpu"}: the step's hash and this GPU's name), every record of it under that
     hash (under any, with ``any_engine``), on that GPU (on any, with ``any_gpu``), with the top-level
-    ``fields`` given."""
+    ``fields`` given, that ``keep(doc)``."""
     docs = []
     for path in ROOT.glob(f"results/gpu-*/{name}.json"):
         try:
@@ -235,7 +242,7 @@ def committed(name: str, engine: dict, any_gpu: bool = False, any_engine: bool =
         try:
             records = doc["records"]
             gpu = any_gpu or doc["info"]["gpu"] == engine.get("gpu")
-            same = gpu and records and all(doc.get(k) == v for k, v in fields.items())
+            same = gpu and records and all(doc.get(k) == v for k, v in fields.items()) and keep(doc)
             hashed = any_engine or all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records)
             if same and hashed:
                 return path
@@ -345,14 +352,25 @@ def profile_evaluation(w: Window, short: bool = False) -> None:
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 60, w.doc["reserve"])
 
 
-def committed_fit(w: Window, pipelined: bool) -> bool:
-    """Whether what an evaluation costs with the captured acting forward pass (``pipelined``: and its episodes'
-    halves pipelined, as evaluations run with workers) is committed for this GPU (the sweep's budget reads the fit
-    of the product's setting; an eager forward pass overestimates it, and so does acting and stepping in turn)."""
-    path = committed("evaluation", w.doc.get("engine", {}), any_engine=True)
+def fit_for_budgets(doc: dict) -> bool:
+    """Whether an evaluation profile's fit (``bench/eval_overhead.py --json``) may plan a sweep: its rollouts timed
+    their start-up apart, or ran ``PROFILE_STEPS`` steps or more (else they spread it over their steps)."""
+    return all("start_s" in r or r.get("steps", 0) >= PROFILE_STEPS for r in doc["records"])
+
+
+def committed_evaluation(w: Window) -> Path | None:
+    """The newest evaluation profile committed for this GPU (under any engine) that may plan a sweep."""
+    return committed("evaluation", w.doc.get("engine", {}), any_engine=True, keep=fit_for_budgets)
+
+
+def committed_fit(w: Window, complete: bool) -> bool:
+    """Whether what an evaluation costs with the captured acting forward pass is committed for this GPU, as a fit
+    that may plan a sweep (``fit_for_budgets``; an eager forward pass overestimates it); ``complete``: measured
+    with its episodes' halves pipelined and in turn, its start-up timed apart."""
     try:
-        records = json.loads(path.read_text())["records"]
-        return any(r.get("forward") == "captured" and (r.get("pipeline", False) or not pipelined) for r in records)
+        records = json.loads(committed_evaluation(w).read_text())["records"]
+        apart = all("start_s" in r for r in records) and any(r.get("pipeline", False) for r in records)
+        return any(r.get("forward") == "captured" for r in records) and (apart or not complete)
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -365,23 +383,15 @@ def profile_step(w: Window, options: list[str]) -> None:
     w.run("profile", profile, 90, w.doc["reserve"])
 
 
-def evaluation_beside_training(w: Window, options: list[str]) -> None:
-    """``bench/eval_beside.py``: an evaluation of 9 members' 180 episodes of 200 steps alone, and beside their
-    training step with ``options`` replaying, paced and not, into OUT/beside.json (about a minute on an H100)."""
-    beside = [sys.executable, "bench/eval_beside.py", "--device", w.doc["device"], "--members", "9"]
-    w.run("evaluation beside training", [*beside, "--json", str(w.out / "beside.json"), "--", *options], 100)
-
-
 def measure_after_the_sweep(w: Window) -> None:
     """In the seconds a finished sweep leaves of the window (each phase skipped where it would not end MARGIN
-    s before it): the evaluation's profile, short, unless measured or committed with its halves pipelined (the
-    group's own evaluations measure the evaluations beside training, not the pipelined one against the one in
-    turn), an evaluation beside training (OUT/beside.json), one run's updates/s (OUT/one-run.json), then the step's
-    profile unless measured (OUT/profile.json)."""
+    s before it): the evaluation's profile, short, unless measured or committed complete (``committed_fit``; the
+    group's own evaluations measure those beside training and the final one, not the pipelined one against the one
+    in turn nor their start-up), one run's updates/s (OUT/one-run.json), then the step's profile unless measured
+    (OUT/profile.json)."""
     w.doc["reserve"] = 0.0
-    if not (w.out / "evaluation.json").exists() and not committed_fit(w, pipelined=True):
+    if not (w.out / "evaluation.json").exists() and not committed_fit(w, complete=True):
         profile_evaluation(w, short=True)
-    evaluation_beside_training(w, w.doc.get("options", []))
     one = bench(w, "one run", w.doc.get("options", []), [1], 90)
     if one:
         (w.out / "one-run.json").write_text(json.dumps(one, indent=1))
@@ -395,7 +405,7 @@ def add_evaluation(w: Window) -> None:
     committed (under any engine), into the throughput file the sweep's budget reads (without it, the budget's
     default rate: ``commands.sweep.budget``)."""
     path = w.out / "evaluation.json"
-    path = path if path.exists() else committed("evaluation", w.doc.get("engine", {}), any_engine=True)
+    path = path if path.exists() else committed_evaluation(w)
     measured = STATE / "throughput.json"
     try:
         fits = json.loads(path.read_text())
@@ -523,7 +533,7 @@ def start(args) -> None:
     # still being built then waits for them (their build lock), planned to start when the builds may have ended
     settle_builds(builds, max(0.0, SETTLE_S - (time.time() - t0)))
     if args.device.startswith("cuda"):
-        if args.profile or not committed_fit(w, pipelined=False):  # after the builds: the cores are the workers'
+        if args.profile or not committed_fit(w, complete=False):  # after the builds: the cores are the workers'
             profile_evaluation(w)
         add_evaluation(w)
     rcs = [p.poll() for p in builds]

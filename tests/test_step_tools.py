@@ -200,9 +200,13 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(window,
     assert "evaluation" not in json.loads((gpu_window.STATE / "throughput.json").read_text())
     committed = tmp_path / "results" / "gpu-g-2026-11-27"
     committed.mkdir(parents=True)
-    old = {"records": [{"episodes": 60}], "evaluation": {"step_s": 0.003, "env_step_s": 4e-5}, "info": {"gpu": "G"}}
+    old = {"records": [{"episodes": 60, "steps": 200}], "evaluation": {"step_s": 0.003, "env_step_s": 4e-5}}
+    old["info"] = {"gpu": "G"}
     (committed / "evaluation.json").write_text(json.dumps(old))
-    gpu_window.add_evaluation(w)
+    newer = committed.parent / "gpu-g-2026-11-28"  # rollouts of 100 steps, their start-up not timed apart
+    newer.mkdir()
+    (newer / "evaluation.json").write_text(json.dumps(old | {"records": [{"episodes": 60, "steps": 100}]}))
+    gpu_window.add_evaluation(w)  # the newest fit that may plan a sweep
     for folder in (gpu_window.STATE, tmp_path / "out"):
         assert json.loads((folder / "throughput.json").read_text())["evaluation"] == old["evaluation"]
     in_turn = {"evaluation": {"step_s": 0.001}, "evaluation_in_turn": {"step_s": 0.002}}
@@ -215,22 +219,40 @@ def test_the_window_gives_the_sweep_what_an_evaluation_costs_on_this_gpu(window,
     assert "evaluation_in_turn" not in json.loads((gpu_window.STATE / "throughput.json").read_text())
 
 
+def test_the_evaluation_fit_takes_the_start_up_apart_from_the_steps():
+    """bench/eval_overhead.py: a rollout's start-up, timed apart, counts once, not spread over its steps."""
+    from eval_overhead import fit
+
+    rollout = lambda n, steps: dict(episodes=n, steps=steps, total_s=3.0 + steps * (0.01 + n * 2e-5), start_s=3.0)
+    records = [rollout(600, 100), rollout(1800, 100)]
+    assert fit(records) == pytest.approx({"step_s": 0.01, "env_step_s": 2e-5, "start_s": 3.0})
+    spread = fit([{k: v for k, v in r.items() if k != "start_s"} for r in records])
+    assert spread["start_s"] == 0 and spread["step_s"] == pytest.approx(0.04)  # 3 s over 100 steps, in each
+
+
 def test_the_window_measures_the_evaluation_until_one_as_evaluations_run_is_committed(window, tmp_path):
     w = window
     w.doc.update(engine={"engine": "new", "gpu": "G"})
-    fits = lambda: [gpu_window.committed_fit(w, pipelined) for pipelined in (False, True)]
+    fits = lambda: [gpu_window.committed_fit(w, complete) for complete in (False, True)]
     assert fits() == [False, False]  # none committed
     committed = tmp_path / "results" / "gpu-g-2026-11-27"
     committed.mkdir(parents=True)
-    eager = {"records": [{"episodes": 60}], "evaluation": {"step_s": 0.011}, "info": {"gpu": "G"}}  # no "forward"
+    record = {"episodes": 60, "steps": 200}
+    eager = {"records": [record], "evaluation": {"step_s": 0.011}, "info": {"gpu": "G"}}  # no "forward"
     (committed / "evaluation.json").write_text(json.dumps(eager))
     assert fits() == [False, False]
-    captured = eager | {"records": [{"episodes": 60, "forward": "captured"}, {"episodes": 60, "forward": "eager"}]}
+    captured = eager | {"records": [record | {"forward": "captured"}, record | {"forward": "eager"}]}
     (committed / "evaluation.json").write_text(json.dumps(captured))
     assert fits() == [True, False]  # the budget has a fit; the pipelined evaluation is still to be measured
-    pipelined = captured | {"records": [{"episodes": 60, "forward": "captured", "pipeline": True}]}
+    pipelined = captured | {"records": [record | {"forward": "captured", "pipeline": True}]}
     (committed / "evaluation.json").write_text(json.dumps(pipelined))
+    assert fits() == [True, False]  # ... and its start-up timed apart
+    apart = record | {"forward": "captured", "pipeline": True, "steps": 100, "start_s": 2.0}
+    (committed / "evaluation.json").write_text(json.dumps(pipelined | {"records": [apart]}))
     assert fits() == [True, True]
+    short = pipelined | {"records": [record | {"forward": "captured", "pipeline": True, "steps": 100}]}
+    (committed / "evaluation.json").write_text(json.dumps(short))
+    assert fits() == [False, False]  # 100 steps, the start-up spread over them: no fit to plan with
     w.doc["engine"]["gpu"] = "another GPU"
     assert fits() == [False, False]
 
@@ -353,7 +375,7 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     w = window
     w.doc.update(device="cuda", options=["--compile"])
     ran = []
-    monkeypatch.setattr(gpu_window, "committed_fit", lambda w, pipelined: not pipelined)
+    monkeypatch.setattr(gpu_window, "committed_fit", lambda w, complete: not complete)
 
     commands = {}
 
@@ -370,18 +392,17 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     assert profile[profile.index("--steps") + 1] == "100" and {"pipelined", "in-turn"} <= set(profile)
     assert ran == [
         ("evaluation profile", "bench/eval_overhead.py", 0.0),
-        ("evaluation beside training", "bench/eval_beside.py", 0.0),
         ("one run", "bench/ensemble_speed.py", 0.0),
         ("profile", "bench/step_kernels.py", 0.0),
     ]
     assert json.loads((w.out / "one-run.json").read_text())["records"] == [{"members": 1}]
     ran.clear()
     gpu_window.measure_after_the_sweep(w)  # the evaluation and the step measured before in this window: not again
-    assert [name for name, _, _ in ran] == ["evaluation beside training", "one run"]
+    assert [name for name, _, _ in ran] == ["one run"]
     ran.clear()
     (w.out / "evaluation.json").unlink()
-    monkeypatch.setattr(gpu_window, "committed_fit", lambda w, pipelined: True)
-    gpu_window.measure_after_the_sweep(w)  # a committed fit of the pipelined evaluation: not measured again
+    monkeypatch.setattr(gpu_window, "committed_fit", lambda w, complete: True)
+    gpu_window.measure_after_the_sweep(w)  # a complete committed fit: not measured again
     assert "evaluation profile" not in [name for name, _, _ in ran]
 
 
