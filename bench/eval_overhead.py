@@ -205,15 +205,16 @@ def section(doc: dict, quick: bool) -> None:
     rows = []
     for r in doc["records"]:
         per = lambda s, r=r: f"{1e6 * s / (r['episodes'] * r['steps']):.1f}"
-        rest = r["total_s"] - r["forward_s"] - r["stepping_s"] - r.get("start_s", 0.0)
+        stepped = r["total_s"] - r.get("start_s", 0.0)  # the rollout but its start-up
+        rest = stepped - r["forward_s"] - r["stepping_s"]
         capture = f"{r['capture_s']:.2f}" if r.get("forward") == "captured" and "capture_s" in r else "–"
         start = f"{r['start_s']:.2f}" if "start_s" in r else "–"
         rows.append(
             [r["episodes"], r["workers"], r.get("forward", "eager"), "pipelined" if r.get("pipeline") else "in turn"]
-            + [per(r["total_s"] - r.get("start_s", 0.0)), start, per(r["forward_s"]), capture]
+            + [per(stepped), start, per(r["forward_s"]), capture]
             + [per(r["stepping_s"]), per(rest)]
             + [per(r["alone_s"]), per(r["pipes_s"]) if "pipes_s" in r else "–"]
-            + [f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / (r['total_s'] - r.get('start_s', 0.0)):.0%}"]
+            + [f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / stepped:.0%}"]
         )
     header = [
         "episodes",

@@ -48,10 +48,10 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
     assert estimate([], throughput()) == 0
     latency = throughput()
     latency.eval_step_s = 0.01  # and every step of the batched rollout costs 10 ms, whatever its width
-    a.eval_rounds, b.eval_rounds = 300, 100
+    a.limit = b.limit = 100  # a's 3 evaluations and b's 1 of at most 100 rollout steps each
+    a.evaluations, b.evaluations = 3, 1
     assert estimate([a, b], latency) == pytest.approx(estimate([a, b], throughput()) + 4)
     started = dataclasses.replace(latency, eval_start_s=2.0)  # each evaluation training waits for starts in 2 s
-    a.evaluations, b.evaluations = 3, 1
     assert estimate([a, b], started) == pytest.approx(estimate([a, b], latency) + 8)
     before = estimate([a, b], latency)  # a's work: 15 + 6 + 3 s, b's: 6.67 + 2 + 1 s
     a.wait_s = 100.0  # a's dataset is still being built: b has the device meanwhile, then a
@@ -67,7 +67,7 @@ def test_an_evaluation_beside_training_counts_what_training_waits_for_it_and_los
 
     a = Group(["a"], "primal", [0, 1, 2], PRIMAL, steps=1000, eval_steps=6000)
     alone = estimate([a], throughput())
-    a.beside, a.beside_steps, a.beside_rounds, a.beside_every = 9, 3000, 100, 100  # 100 updates: 1.5 s
+    a.beside, a.beside_steps, a.limit, a.beside_every = 9, 3000, 100, 100  # 100 updates: 1.5 s
     slow = throughput()
     slow.eval_step_s = 0.01  # one evaluation alone: 3 s of environment steps + 1 s of rollout steps
     beside = BESIDE_SLOWDOWN * 4

@@ -175,12 +175,11 @@ class Group:
     steps: int
     eval_steps: int  # environment steps of all its evaluations at most
     cfg: object = None  # its first dataset's Config, to measure the setting with
-    eval_rounds: int = 0  # steps of the batched rollout of all its evaluations at most (evaluations × limit)
     evaluations: int = 0  # its evaluations that training waits for (the final one, and those in line)
+    limit: int = 0  # the episode limit: the most steps of an evaluation's batched rollout
     wait_s: float = 0.0  # seconds its datasets' builds may still take before it can start
     beside: int = 0  # its intermediate evaluations beside training (on a GPU)
     beside_steps: int = 0  # environment steps of one of them at most (members × targets × episodes × limit)
-    beside_rounds: int = 0  # steps of its batched rollout at most (the episode limit)
     beside_every: int = 0  # updates between two of them
 
     @property
@@ -195,8 +194,7 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
     work = [
         g.members * g.steps / tp.rate(tp.find(g.setting), g.members)
         + g.eval_steps / tp.eval_steps_per_s
-        + g.eval_rounds * tp.eval_step_s
-        + g.evaluations * tp.eval_start_s
+        + g.evaluations * (g.limit * tp.eval_step_s + tp.eval_start_s)
         + g.beside * beside_cost(g, tp)
         for g in groups
     ]
@@ -210,7 +208,7 @@ def beside_cost(g: Group, tp: Throughput) -> float:
     """Seconds one evaluation beside training costs training (acting and stepping in turn): what training waits
     for it at the next evaluation step, and the updates it loses while they run side by side."""
     step_s, steps_per_s, start_s = tp.in_turn or (tp.eval_step_s, tp.eval_steps_per_s, tp.eval_start_s)
-    beside = BESIDE_SLOWDOWN * (start_s + g.beside_steps / steps_per_s + g.beside_rounds * step_s)
+    beside = BESIDE_SLOWDOWN * (start_s + g.beside_steps / steps_per_s + g.limit * step_s)
     between = g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members)
     return max(0.0, beside - between) + BESIDE_TRAINING_LOSS * min(beside, between)
 

@@ -197,11 +197,10 @@ def budget_groups(
                 cfg.steps,
                 per_episode * episodes,
                 cfg,
-                (during + 1) * limit,
-                during + 1,
+                evaluations=during + 1,
+                limit=limit,
                 beside=beside,
                 beside_steps=per_episode * cfg.eval_episodes_during,
-                beside_rounds=limit,
                 beside_every=cfg.eval_every,
             )
         )
