@@ -2,7 +2,8 @@
 the model's forward pass, the environments' stepping (with the worker processes' pipes) and the rest
 (acting's bookkeeping, the rollout loop, host-device transfers), per environment step, against stepping
 the same environments alone with fixed actions; the start-up (starting the worker processes, making and resetting
-the environments, closing them) is timed apart, once per rollout.
+the environments, closing them) is timed apart, once per rollout, and so are the forward pass's first steps (while the
+context fills, up to its first full one: on CUDA its capture and the kernels' first use) beyond a later step's time.
 
   python bench/eval_overhead.py                              # CPU: 64 and 256 episodes, 1 and 2 workers
   python bench/eval_overhead.py --device cuda --episodes 60 600 1800 --workers 0 --json evaluation.json  # a GPU's
@@ -12,10 +13,10 @@ the environments, closing them) is timed apart, once per rollout.
 (``dt_primal.evaluation.rollout.default_env_workers``). ``--pipeline``: each rollout pipelined (two halves of its
 episodes, one stepping while the other acts, as evaluations with workers run), in turn (as evaluations beside
 training run), or both. ``--json``: the measurements, and the seconds of an evaluation fitted over the episode
-counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes, and ``start_s`` once (the start-up), as
-evaluations run ("evaluation", what
-``python -m commands.sweep --time-budget`` reads in a throughput file) and in turn ("evaluation_in_turn", where
-that differs: what it reads for evaluations beside training).
+counts, per step of its episodes: ``step_s`` + ``env_step_s`` × episodes, and ``start_s`` once (the start-up and the
+forward pass's first steps), as evaluations run ("evaluation", what ``python -m commands.sweep --time-budget`` reads in
+a throughput file: on CUDA with the first ``--forward``) and as evaluations beside training run, acting eagerly and
+stepping in turn ("evaluation_in_turn", where measured apart: what it reads for those).
 
 Hopper-v5 with ``terminate_when_unhealthy=False``: every episode runs ``--steps`` steps, so every step has
 the same width. The model: an untrained Primal.+DT at the paper's size (3 members), acting in fp32 on a CPU,
@@ -62,11 +63,14 @@ def in_rollout(
     task, n: int, workers: int, steps: int, device: str, members: int, capture: bool = True, pipeline: bool = False
 ) -> dict:
     """The rollout of ``n`` episodes (over ``members`` members) split into forward, stepping (sending the actions to
-    the environments and waiting for their step) and the rest; ``capture``: the policy's forward pass replayed as a
-    CUDA graph (on CUDA: ``Policy``'s ``capture``); ``pipeline``: ``rollout``'s."""
+    the environments and waiting for their step) and the rest, with the start-up and the forward pass's first steps'
+    excess (``first_forward``: its calls up to the first with a full context, less as many later calls and the
+    capture) apart; ``capture``: the policy's forward pass replayed as a CUDA graph (on CUDA: ``Policy``'s
+    ``capture``); ``pipeline``: ``rollout``'s."""
     cfg = make_config("paper", model="primal", s=64, max_ep_len=steps)
     model = DecisionTransformer(cfg.model_config(11, 3), members=members).to(device).eval()
-    seconds = {"forward": 0.0, "capture": 0.0, "stepping": 0.0, "start": 0.0}
+    seconds = {"forward": 0.0, "capture": 0.0, "stepping": 0.0, "start": 0.0, "first": 0.0}
+    calls = {"first": 0, "later": 0}
 
     def timed(fn, key: str):
         def run(*args, **kwargs):
@@ -80,8 +84,18 @@ def in_rollout(
         return run
 
     class TimedForward(CapturedForward):  # a pipelined rollout's second half makes its own, of the same type
-        __call__ = timed(CapturedForward.__call__, "forward")
+        full = False  # whether it has made its first call with a full context
         _capture = timed(CapturedForward._capture, "capture")  # inside a forward pass: part of its seconds
+        _forward = timed(CapturedForward.__call__, "forward")
+
+        def __call__(self, states, *rest):
+            before, first = seconds["forward"], not self.full
+            out = self._forward(states, *rest)
+            self.full = self.full or states.shape[2] >= self.context
+            calls["first" if first else "later"] += 1
+            if first:
+                seconds["first"] += seconds["forward"] - before
+            return out
 
     class TimedEpisodes(Episodes):
         send, receive = timed(Episodes.send, "stepping"), timed(Episodes.receive, "stepping")
@@ -97,7 +111,9 @@ def in_rollout(
         total = time.perf_counter() - t0
     finally:
         rollout_module.Episodes = saved
-    return {"total": total, **seconds}
+    later = (seconds["forward"] - seconds["first"]) / max(1, calls["later"])
+    first = max(0.0, seconds.pop("first") - calls["first"] * later - seconds["capture"])
+    return {"total": total, **seconds, "first_forward": first}
 
 
 def product_setting(record: dict, device: str) -> bool:
@@ -114,17 +130,34 @@ CAPTURE_EVERY = 200
 def fit(records: list[dict]) -> dict:
     """An evaluation's seconds per step of its episodes, ``step_s + env_step_s × episodes``: least squares
     over ``records`` (the workers an evaluation starts; their capturing as one per ``CAPTURE_EVERY`` steps);
-    through the origin with one episode count. ``start_s``: the longest of their start-ups (none in records made
-    before it was timed apart, whose per-step seconds hold it)."""
+    through the origin with one episode count. ``start_s``: the longest of their start-ups with their forward
+    pass's first steps' excess, once per evaluation (none in records made before those were timed apart, whose
+    per-step seconds hold them)."""
     x = np.array([r["episodes"] for r in records], float)
-    once = lambda r: r.get("capture_s", 0.0) + r.get("start_s", 0.0)
+    apart = lambda r: r.get("start_s", 0.0) + r.get("first_forward_s", 0.0)
+    once = lambda r: r.get("capture_s", 0.0) + apart(r)
     y = np.array([(r["total_s"] - once(r)) / r["steps"] + r.get("capture_s", 0.0) / CAPTURE_EVERY for r in records])
-    start = {"start_s": max(r.get("start_s", 0.0) for r in records)}
+    start = {"start_s": max(apart(r) for r in records)}
     if len(set(x)) > 1:
         b, a = np.polyfit(x, y, 1)
         if a >= 0 and b > 0:
             return {"step_s": float(a), "env_step_s": float(b)} | start
     return {"step_s": 0.0, "env_step_s": float(x @ y / (x @ x))} | start
+
+
+def fits(records: list[dict], device: str) -> dict:
+    """The fits the sweep's budget reads: "evaluation", of the records that ran as evaluations do (the first
+    record's forward pass, the workers they start, pipelined with several), and "evaluation_in_turn", of those that
+    ran as evaluations beside training do (the workers they start, in turn, the eager forward pass where measured),
+    where it differs."""
+    forward = records[0]["forward"]
+    product = [r for r in records if r["forward"] == forward and product_setting(r, device)]
+    fitted = {"evaluation": fit(product or records) | {"pipelined": any(r["pipeline"] for r in product)}}
+    beside = [r for r in records if r["workers"] == default_env_workers(device, r["episodes"]) and not r["pipeline"]]
+    in_turn = [r for r in beside if r["forward"] == "eager"] or [r for r in beside if r["forward"] == forward]
+    if in_turn and in_turn != (product or records):
+        fitted["evaluation_in_turn"] = fit(in_turn)
+    return fitted
 
 
 def measure(args) -> list[dict]:
@@ -175,21 +208,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
-        args.episodes, args.workers, args.steps = [12], [1], 20
+        args.episodes, args.workers, args.steps = [12], [1], 40
     if args.from_json:
         doc = json.loads(args.from_json.read_text())
     else:
         records = measure(args)
-        first = [r for r in records if r["forward"] == records[0]["forward"]]
-        product = [r for r in first if product_setting(r, args.device)]
-        fitted = fit(product or records) | {"pipelined": any(r["pipeline"] for r in product)}
-        doc = {"records": records, "evaluation": fitted, "device": args.device}
-        in_turn = [
-            r for r in first if r["workers"] == default_env_workers(args.device, r["episodes"]) and not r["pipeline"]
-        ]
-        if any(r["pipeline"] for r in product) and in_turn:
-            doc["evaluation_in_turn"] = fit(in_turn)
-        doc["info"] = common.run_info()
+        doc = {"records": records, **fits(records, args.device), "device": args.device, "info": common.run_info()}
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
     section(doc, args.quick)
@@ -205,13 +229,15 @@ def section(doc: dict, quick: bool) -> None:
     rows = []
     for r in doc["records"]:
         per = lambda s, r=r: f"{1e6 * s / (r['episodes'] * r['steps']):.1f}"
-        stepped = r["total_s"] - r.get("start_s", 0.0)  # the rollout but its start-up
-        rest = stepped - r["forward_s"] - r["stepping_s"]
+        first = r.get("first_forward_s", 0.0)
+        stepped = r["total_s"] - r.get("start_s", 0.0) - first  # the rollout but its start-up and first steps
+        rest = stepped - (r["forward_s"] - first) - r["stepping_s"]
         capture = f"{r['capture_s']:.2f}" if r.get("forward") == "captured" and "capture_s" in r else "–"
         start = f"{r['start_s']:.2f}" if "start_s" in r else "–"
         rows.append(
             [r["episodes"], r["workers"], r.get("forward", "eager"), "pipelined" if r.get("pipeline") else "in turn"]
-            + [per(stepped), start, per(r["forward_s"]), capture]
+            + [per(stepped), start, f"{first:.2f}" if "first_forward_s" in r else "–", per(r["forward_s"] - first)]
+            + [capture]
             + [per(r["stepping_s"]), per(rest)]
             + [per(r["alone_s"]), per(r["pipes_s"]) if "pipes_s" in r else "–"]
             + [f"{r['stepping_s'] / r['alone_s']:.2f}", f"{rest / stepped:.0%}"]
@@ -223,6 +249,7 @@ def section(doc: dict, quick: bool) -> None:
         "acting and stepping",
         "rollout µs per env-step",
         "start-up: s per rollout",
+        "forward's first steps: s per rollout",
         "forward",
         "of it capturing: s per rollout",
         "stepping",
@@ -239,7 +266,9 @@ def section(doc: dict, quick: bool) -> None:
             f"`--device {doc['device']}`, {r0['members']} members of an untrained Primal.+DT at the paper's size, "
             f"Hopper-v5 episodes of {r0['steps']} steps (never terminated early); every time per environment step "
             "(total over episodes × steps) but the start-up's (starting the worker processes, making and resetting the "
-            "environments, closing them: once per rollout, timed apart where a start-up column shows it).",
+            "environments, closing them) and the forward pass's first steps' (its calls while the context fills, up to "
+            "its first full one, less as many later calls and its capture): once per rollout, timed apart where their "
+            "columns show them.",
             "",
             common.md_table(header, rows),
             "",

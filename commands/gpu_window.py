@@ -343,13 +343,14 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
 
 def profile_evaluation(w: Window, short: bool = False) -> None:
     """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of 200 steps, the acting forward pass captured, the
-    episodes' halves pipelined (as evaluations run) and in turn, into OUT/evaluation.json (about 20 s on an H100:
-    stopped after 60 s, when the committed fit serves); ``short``: 600 and 1,800 episodes of 100 steps (what the
-    end of a window may leave room for)."""
+    episodes' halves pipelined (as evaluations run) and in turn, and the same with the eager forward pass (as
+    evaluations beside training act), into OUT/evaluation.json (about 40 s on an H100: stopped after 100 s, when the
+    committed fit serves); ``short``: 600 and 1,800 episodes of 100 steps (what the end of a window may leave room
+    for)."""
     rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
     sizes = ["--episodes", *EVAL_EPISODES[1:], "--steps", "100"] if short else ["--episodes", *EVAL_EPISODES]
-    rollout += [*sizes, "--forward", "captured", "--pipeline", "pipelined", "in-turn"]
-    w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 60, w.doc["reserve"])
+    rollout += [*sizes, "--forward", "captured", "eager", "--pipeline", "pipelined", "in-turn"]
+    w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 100, w.doc["reserve"])
 
 
 def fit_for_budgets(doc: dict) -> bool:
@@ -365,12 +366,14 @@ def committed_evaluation(w: Window) -> Path | None:
 
 def committed_fit(w: Window, complete: bool) -> bool:
     """Whether what an evaluation costs with the captured acting forward pass is committed for this GPU, as a fit
-    that may plan a sweep (``fit_for_budgets``; an eager forward pass overestimates it); ``complete``: measured
-    with its episodes' halves pipelined and in turn, its start-up timed apart."""
+    that may plan a sweep (``fit_for_budgets``); ``complete``: measured with its episodes' halves pipelined and in
+    turn, and with the eager forward pass that evaluations beside training act with, its start-up and its forward
+    pass's first steps timed apart."""
     try:
         records = json.loads(committed_evaluation(w).read_text())["records"]
-        apart = all("start_s" in r for r in records) and any(r.get("pipeline", False) for r in records)
-        return any(r.get("forward") == "captured" for r in records) and (apart or not complete)
+        apart = all("start_s" in r and "first_forward_s" in r for r in records)
+        both = {r.get("forward") for r in records} >= {"captured", "eager"} and any(r.get("pipeline") for r in records)
+        return any(r.get("forward") == "captured" for r in records) and (apart and both or not complete)
     except (AttributeError, OSError, ValueError, KeyError, TypeError):
         return False
 

@@ -228,6 +228,44 @@ def test_the_evaluation_fit_takes_the_start_up_apart_from_the_steps():
     assert fit(records) == pytest.approx({"step_s": 0.01, "env_step_s": 2e-5, "start_s": 3.0})
     spread = fit([{k: v for k, v in r.items() if k != "start_s"} for r in records])
     assert spread["start_s"] == 0 and spread["step_s"] == pytest.approx(0.04)  # 3 s over 100 steps, in each
+    warm = [r | {"total_s": r["total_s"] + 1.5, "first_forward_s": 1.5} for r in records]  # the forward's first steps
+    assert fit(warm) == pytest.approx({"step_s": 0.01, "env_step_s": 2e-5, "start_s": 4.5})
+
+
+def test_evaluations_beside_training_are_fitted_on_the_eager_forward_pass_in_turn():
+    """On CUDA the final evaluation replays its forward pass pipelined, those beside training act eagerly in turn."""
+    from eval_overhead import fits
+
+    workers = max(1, min(os.cpu_count() or 1, 1800 // 8))
+    rollout = lambda n, step_s, forward, pipeline: dict(
+        episodes=n, workers=workers, steps=100, total_s=100 * (step_s + n * 2e-5), forward=forward, pipeline=pipeline
+    )
+    records = [rollout(n, 0.01, "captured", p) for n in (1200, 1800) for p in (True, False)]
+    records += [rollout(n, 0.004, "eager", False) for n in (1200, 1800)]
+    fitted = fits(records, "cuda")
+    assert fitted["evaluation"]["step_s"] == pytest.approx(0.01) and fitted["evaluation"]["pipelined"]
+    assert fitted["evaluation_in_turn"]["step_s"] == pytest.approx(0.004)
+    assert fits(records[:4], "cuda")["evaluation_in_turn"]["step_s"] == pytest.approx(0.01)  # no eager: captured's
+    assert "evaluation_in_turn" not in fits([r | {"pipeline": False} for r in records[4:]], "cpu")
+
+
+def test_the_evaluation_profile_times_the_forward_passs_first_steps_apart(monkeypatch):
+    """What the forward pass's calls cost up to its first with a full context (a capture, kernels' first use),
+    beyond later calls, is its own column, not part of the per-step time."""
+    import eval_overhead
+
+    from envs import TASKS
+
+    def forward(self, states, actions, rtg, timesteps):  # 50 ms at the first call with a full context
+        time.sleep(0.05 if states.shape[2] == self.context and not getattr(self, "slept", False) else 0.001)
+        self.slept = states.shape[2] == self.context
+        return torch.zeros(*states.shape[:2], 1, actions.shape[-1])
+
+    monkeypatch.setattr(eval_overhead.CapturedForward, "__call__", forward)
+    task = eval_overhead.common.task_with(TASKS["hopper"], terminate_when_unhealthy=False, max_episode_steps=40)
+    r = eval_overhead.in_rollout(task, 6, 1, 40, "cpu", 3)
+    assert r["first_forward"] == pytest.approx(0.049, abs=0.01)
+    assert r["forward"] == pytest.approx(0.05 + 39 * 0.001, abs=0.03)
 
 
 def test_the_window_measures_the_evaluation_until_one_as_evaluations_run_is_committed(window, tmp_path):
@@ -249,6 +287,12 @@ def test_the_window_measures_the_evaluation_until_one_as_evaluations_run_is_comm
     assert fits() == [True, False]  # ... and its start-up timed apart
     apart = record | {"forward": "captured", "pipeline": True, "steps": 100, "start_s": 2.0}
     (committed / "evaluation.json").write_text(json.dumps(pipelined | {"records": [apart]}))
+    assert fits() == [True, False]  # ... and the forward pass's first steps, and the eager pass beside training's
+    apart |= {"first_forward_s": 1.0}
+    beside = apart | {"forward": "eager", "pipeline": False}
+    (committed / "evaluation.json").write_text(json.dumps(pipelined | {"records": [apart]}))
+    assert fits() == [True, False]
+    (committed / "evaluation.json").write_text(json.dumps(pipelined | {"records": [apart, beside]}))
     assert fits() == [True, True]
     short = pipelined | {"records": [record | {"forward": "captured", "pipeline": True, "steps": 100}]}
     (committed / "evaluation.json").write_text(json.dumps(short))
@@ -388,8 +432,9 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
 
     monkeypatch.setattr(w, "run", run)
     gpu_window.measure_after_the_sweep(w)
-    profile = commands["evaluation profile"]  # short, what the end of a window leaves room for; both orders
-    assert profile[profile.index("--steps") + 1] == "100" and {"pipelined", "in-turn"} <= set(profile)
+    profile = commands["evaluation profile"]  # short, what the end of a window leaves room for
+    assert profile[profile.index("--steps") + 1] == "100"
+    assert {"pipelined", "in-turn", "captured", "eager"} <= set(profile)  # both orders, both forward passes
     assert ran == [
         ("evaluation profile", "bench/eval_overhead.py", 0.0),
         ("one run", "bench/ensemble_speed.py", 0.0),
