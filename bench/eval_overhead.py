@@ -3,7 +3,7 @@ the model's forward pass, the environments' stepping (with the worker processes'
 (acting's bookkeeping, the rollout loop, host-device transfers), per environment step, against stepping
 the same environments alone with fixed actions; the start-up (starting the worker processes, making and resetting
 the environments, closing them) is timed apart, once per rollout, and so are the forward pass's first steps (while the
-context fills, up to its first full one: on CUDA its capture and the kernels' first use) beyond a later step's time.
+context fills, up to its first full one: on CUDA the kernels' first use) beyond later steps' time and the capture.
 
   python bench/eval_overhead.py                              # CPU: 64 and 256 episodes, 1 and 2 workers
   python bench/eval_overhead.py --device cuda --episodes 60 600 1800 --workers 0 --json evaluation.json  # a GPU's
