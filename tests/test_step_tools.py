@@ -236,9 +236,11 @@ def test_evaluations_beside_training_are_fitted_on_the_eager_forward_pass_in_tur
     """On CUDA the final evaluation replays its forward pass pipelined, those beside training act eagerly in turn."""
     from eval_overhead import fits
 
-    workers = max(1, min(os.cpu_count() or 1, 1800 // 8))
-    rollout = lambda n, step_s, forward, pipeline: dict(
-        episodes=n, workers=workers, steps=100, total_s=100 * (step_s + n * 2e-5), forward=forward, pipeline=pipeline
+    from dt_primal.evaluation.rollout import default_env_workers
+
+    rollout = lambda n, step_s, forward, pipeline: (
+        dict(episodes=n, workers=default_env_workers("cuda", n), steps=100, total_s=100 * (step_s + n * 2e-5))
+        | dict(forward=forward, pipeline=pipeline)
     )
     records = [rollout(n, 0.01, "captured", p) for n in (1200, 1800) for p in (True, False)]
     records += [rollout(n, 0.004, "eager", False) for n in (1200, 1800)]
