@@ -342,14 +342,14 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
 
 
 def profile_evaluation(w: Window, short: bool = False) -> None:
-    """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of 200 steps, the acting forward pass captured, the
-    episodes' halves pipelined (as evaluations run) and in turn, and the same with the eager forward pass (as
-    evaluations beside training act), into OUT/evaluation.json (about 40 s on an H100: stopped after 100 s, when the
-    committed fit serves); ``short``: 600 and 1,800 episodes of 100 steps (what the end of a window may leave room
-    for)."""
+    """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of ``PROFILE_STEPS`` steps, the acting forward pass
+    captured, the episodes' halves pipelined (as evaluations run) and in turn, and the same with the eager forward
+    pass (as evaluations beside training act), into OUT/evaluation.json (about 40 s on an H100: stopped after 100 s,
+    when the committed fit serves); ``short``: 600 and 1,800 episodes of 100 steps (what the end of a window may
+    leave room for)."""
     rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
-    sizes = ["--episodes", *EVAL_EPISODES[1:], "--steps", "100"] if short else ["--episodes", *EVAL_EPISODES]
-    rollout += [*sizes, "--forward", "captured", "eager", "--pipeline", "pipelined", "in-turn"]
+    sizes = [*EVAL_EPISODES[1:], "--steps", "100"] if short else [*EVAL_EPISODES, "--steps", str(PROFILE_STEPS)]
+    rollout += ["--episodes", *sizes, "--forward", "captured", "eager", "--pipeline", "pipelined", "in-turn"]
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 100, w.doc["reserve"])
 
 

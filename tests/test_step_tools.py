@@ -444,6 +444,10 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
         ("profile", "bench/step_kernels.py", 0.0),
     ]
     assert json.loads((w.out / "one-run.json").read_text())["records"] == [{"members": 1}]
+    gpu_window.profile_evaluation(w)  # the whole profile, before a sweep: rollouts as long as a plan needs
+    profile = commands["evaluation profile"]
+    assert profile[profile.index("--steps") + 1] == str(gpu_window.PROFILE_STEPS)
+    assert profile[profile.index("--episodes") + 1 : profile.index("--steps")] == gpu_window.EVAL_EPISODES
     ran.clear()
     gpu_window.measure_after_the_sweep(w)  # the evaluation and the step measured before in this window: not again
     assert [name for name, _, _ in ran] == ["one run"]
