@@ -36,6 +36,16 @@ def main(argv=None) -> None:
         default=None,
         help="where its exports, history and snapshot go (default datasets/policies, committed)",
     )
+    t.add_argument(
+        "--algo", choices=["SAC", "TQC"], default=None, help="default: the task's (SAC; TQC for halfcheetah)"
+    )
+    t.add_argument(
+        "--medium-score",
+        type=float,
+        default=None,
+        help="the normalised score of its first evaluation that makes medium and medium-replay (default 40)",
+    )
+    t.add_argument("--until-medium", action="store_true", help="stop once medium and medium-replay are exported")
     b = sub.add_parser(
         "build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets"
     )
@@ -134,6 +144,9 @@ def main(argv=None) -> None:
             total_steps=args.steps,
             eval_every=args.eval_every,
             seed=args.seed,
+            algo=args.algo,
+            medium_score=args.medium_score,
+            until_medium=args.until_medium,
             **({"policy_dir": args.policy_dir} if args.policy_dir else {}),
         )
 

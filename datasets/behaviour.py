@@ -180,12 +180,13 @@ def keep_if_best(
     return reached
 
 
-def new_progress(task: Task, seed: int) -> dict:
+def new_progress(task: Task, seed: int, algo: str, medium_score: float) -> dict:
     """The learner's history (``learner.json``, committed; read by `python -m datasets stats`)."""
     return {
         "task": task.name,
-        "algo": ALGOS[task.name],
+        "algo": algo,
         "seed": seed,
+        "medium_score": medium_score,
         "evals": [],
         "cpu_seconds": 0.0,
         "medium_step": None,
@@ -197,28 +198,31 @@ def new_progress(task: Task, seed: int) -> dict:
     }
 
 
-def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
+def load_learner(task: Task, work_dir: Path, out: Path, seed: int, algo: str | None, medium_score: float | None):
     """The SB3 learner and its history: from ``work_dir`` (model, optimisers and the full replay
     buffer), else from the snapshot ``learner.zip`` with the replay buffer refilled from the committed
     transitions (``history.npz`` until medium level, then ``medium_replay.npz``) and the history cut
-    back to the snapshot's step, else new."""
+    back to the snapshot's step, else new. A resumed learner keeps its algorithm and medium score
+    unless ``algo`` or ``medium_score`` are given; a new one takes the task's (``ALGOS``, ``MEDIUM_SCORE``)."""
     from sb3_contrib import TQC
     from stable_baselines3 import SAC
 
-    algo = {"SAC": SAC, "TQC": TQC}[ALGOS[task.name]]
     env, progress_path = task.make(), out / "learner.json"
     resuming, committed = (work_dir / "model.zip").exists(), (out / "learner.zip").exists()
     progress = (
         json.loads(progress_path.read_text())
         if (resuming or committed) and progress_path.exists()
-        else new_progress(task, seed)
+        else new_progress(task, seed, algo or ALGOS[task.name], MEDIUM_SCORE)
     )
+    progress["algo"] = algo or progress.get("algo", ALGOS[task.name])
+    progress["medium_score"] = medium_score or progress.get("medium_score", MEDIUM_SCORE)
+    algo_class = {"SAC": SAC, "TQC": TQC}[progress["algo"]]
     if resuming:
-        model = algo.load(work_dir / "model.zip", env=env, device="cpu")
+        model = algo_class.load(work_dir / "model.zip", env=env, device="cpu")
         model.load_replay_buffer(work_dir / "replay.pkl")
         print(f"resumed {task.name} at step {model.num_timesteps}")
     elif committed:
-        model = algo.load(out / "learner.zip", env=env, device="cpu", buffer_size=BUFFER_SIZE)
+        model = algo_class.load(out / "learner.zip", env=env, device="cpu", buffer_size=BUFFER_SIZE)
         transitions = out / ("history.npz" if (out / "history.npz").exists() else "medium_replay.npz")
         n = restore_replay(model.replay_buffer, load_transitions(transitions))
         print(
@@ -230,7 +234,7 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int):
         if not (out / "best.pt").exists():  # not committed: the best export so far is found again
             progress.update(best_step=None, best_score=-float("inf"), best_episodes=0)
     else:
-        model = algo(
+        model = algo_class(
             "MlpPolicy", env, learning_starts=10_000, buffer_size=BUFFER_SIZE, seed=seed, device="cpu", verbose=0
         )
     return model, progress
@@ -250,9 +254,13 @@ def train_behaviour(
     eval_episodes: int = 10,
     seed: int = 0,
     policy_dir: Path = POLICY_DIR,
+    algo: str | None = None,
+    medium_score: float | None = None,
+    until_medium: bool = False,
 ) -> None:
-    """Train (or resume, ``load_learner``) the behaviour learner of ``task``; export medium,
-    medium-replay and the expert of ``EXPERT_VERSION``, until ``total_steps`` or an expert."""
+    """Train (or resume, ``load_learner``) the behaviour learner of ``task`` with ``algo``; export medium
+    (its first evaluation at ``medium_score`` or above) and medium-replay, then (unless ``until_medium``)
+    the expert of ``EXPERT_VERSION``, until ``total_steps`` or an expert."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
@@ -263,7 +271,8 @@ def train_behaviour(
     if expert.exists():
         print(f"{task.name}: {expert.name} exists, the learner is done")
         return
-    model, progress = load_learner(task, work_dir, out, seed)
+    model, progress = load_learner(task, work_dir, out, seed, algo, medium_score)
+    medium_score = progress["medium_score"]
 
     class Checkpoint(BaseCallback):
         t0 = time.process_time()
@@ -291,7 +300,7 @@ def train_behaviour(
                 **actor.export(),
                 "meta": {
                     "task": task.name,
-                    "algo": ALGOS[task.name],
+                    "algo": progress["algo"],
                     "train_seed": seed,
                     "step": step,
                     "learner_cpu_seconds": progress["cpu_seconds"] + time.process_time() - self.t0,
@@ -300,11 +309,12 @@ def train_behaviour(
                 },
             }
             done = False
-            if progress["medium_step"] is None and score >= MEDIUM_SCORE:
+            if progress["medium_step"] is None and score >= medium_score:
                 torch.save(export(), out / "medium.pt")
                 save_transitions(out / "medium_replay.npz", replay_episodes(self.model.replay_buffer))
                 (out / "history.npz").unlink(missing_ok=True)
                 progress["medium_step"] = step
+                done = until_medium
             elif progress["medium_step"] is not None:
                 save_best = lambda: torch.save(export(), out / "best.pt")
                 if keep_if_best(task, actor, step, score, eval_episodes, progress, save_best):
