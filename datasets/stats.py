@@ -21,6 +21,24 @@ from datasets.loaders import load_dataset
 from datasets.suite import LEVELS, SUITE_NAMESPACE, VERSIONS, dataset_dir, is_built, suite_id
 from envs import TASKS, Task
 
+D4RL = json.loads((Path(__file__).parent / "d4rl_v2.json").read_text())  # D4RL v2's statistics, as published
+BEST_PERCENT = 10  # the share of the steps whose best episodes %BC trains on
+
+
+def d4rl_row(dataset_id: str) -> str:
+    """A suite dataset's normalised scores as %BC would see them (std, max, and the mean of the best episodes
+    holding ``BEST_PERCENT`` % of the steps) beside D4RL v2's dataset of the same task and level."""
+    data = load_dataset(dataset_id, build=False)
+    norm, best = (data.task.normalize(d.episode_returns()) for d in (data, data.best_episodes(BEST_PERCENT)))
+    key = "/".join(dataset_id.split("/")[1:]).rsplit("-v", 1)[0]
+    ref = D4RL["datasets"].get(key)
+    theirs = "–" if ref is None else f"{ref['steps']}, {ref['episodes']}, {ref['mean']:.1f} ± {ref['std']:.1f}, "
+    theirs += f"{ref['max']:.1f}" if ref else ""
+    return (
+        f"| {dataset_id} | {len(data.rewards)}, {len(data.lengths)}, {norm.mean():.1f} ± {norm.std():.1f}, "
+        f"{norm.max():.1f} | {best.mean():.1f} ({len(best)} episodes) | {theirs} |"
+    )
+
 
 def dataset_row(dataset_id: str) -> str:
     """A Minari dataset of any task; its normalised scores as a run on it would compute them ("–" without
@@ -139,6 +157,15 @@ def learner_curves(path: Path) -> bool:
 
 
 NOTES = "<!-- notes: written by hand, kept as they are by `python -m datasets stats` -->"
+BESIDE = "## Beside D4RL v2"
+
+
+def section(text: str, heading: str) -> list[str]:
+    """The lines of ``text`` under ``heading`` up to the next heading."""
+    lines = text.splitlines()
+    start = lines.index(heading) + 1 if heading in lines else len(lines)
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("#")), len(lines))
+    return lines[start:end]
 
 
 def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
@@ -152,6 +179,8 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     given = [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]
     # a built suite dataset given again: one row; one not built here: its row as the page had it
     rows = [dataset_row(d) if is_built(d) or d not in kept else kept[d] for d in dict.fromkeys(listed + given)]
+    kept_beside = {line.split(" | ")[0][2:]: line for line in section(old, BESIDE) if line.startswith("| ")}
+    beside = [d4rl_row(d) if is_built(d) else kept_beside[d] for d in listed if is_built(d) or d in kept_beside]
     policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     experts = list(range(EXPERT_VERSION + 1))
     targets = "; ".join(f"expert-v{v} ≥ " + ", ".join(f"{t} {EXPERT_TARGETS[v][t]:g}" for t in TASKS) for v in experts)
@@ -176,6 +205,17 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
             "(1-min load average) |",
             "|---|---|---|---|---|---|---|---|",
             *(rows or ["| (none built yet) | | | | | | | |"]),
+            "",
+            BESIDE,
+            "",
+            f"Normalised scores of the episodes (D4RL's reference returns), and the mean of the best episodes holding "
+            f"{BEST_PERCENT} % of the steps: the data {BEST_PERCENT} %BC trains on (`--top-percent {BEST_PERCENT}`). "
+            f"D4RL v2: {D4RL['about'].split('Source: ')[1]}",
+            "",
+            "| dataset | steps, episodes, normalised mean ± std, max | best 10 % of the steps: normalised mean | "
+            "D4RL v2: steps, episodes, normalised mean ± std, max |",
+            "|---|---|---|---|",
+            *beside,
             "",
             f"## Behaviour policies (measured: {episodes} episodes of the stochastic policy that makes the data)",
             "",
