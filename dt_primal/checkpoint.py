@@ -21,8 +21,9 @@ import torch
 
 from dt_primal.config import ADDED_LATER, ADDED_TO_MODEL, Config
 from dt_primal.errors import UserError
+from dt_primal.model.architecture import ModelConfig
+from dt_primal.model.build import build_model
 from dt_primal.model.members import stack_members
-from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.run_folder import PREVIOUS
 from dt_primal.untrusted import is_count, load_torch
 
@@ -289,12 +290,12 @@ def load_members(paths: list[Path]) -> list[dict]:
     return ckpts
 
 
-def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> DecisionTransformer:
+def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu") -> torch.nn.Module:
     """The checkpoints' models, with their weights, as the members of one model (``dt_primal.model.members``);
     they share the first one's architecture."""
     cfg = ModelConfig.from_record(ckpts[0]["model_config"])
     try:
-        return stack_members(lambda n: DecisionTransformer(cfg, members=n), [c["model"] for c in ckpts], device)
+        return stack_members(lambda n: build_model(cfg, members=n), [c["model"] for c in ckpts], device)
     except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
         raise UserError(
             f"The checkpoint's weights do not fit a '{cfg.model}' model with d_model {cfg.d_model}, "
@@ -303,7 +304,7 @@ def model_from_checkpoints(ckpts: list[dict], device: torch.device | str = "cpu"
         ) from exc
 
 
-def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> DecisionTransformer:
+def model_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> torch.nn.Module:
     """The checkpoint's model (one member), with its weights."""
     return model_from_checkpoints([ckpt], device)
 

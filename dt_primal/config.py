@@ -51,11 +51,13 @@ PAPER_S = {
 DEFAULT_S = 64
 DEFAULT_MAX_EP_LEN = 1000  # timestep embedding rows for a task without an episode limit
 # fields newer than some records (checkpoints, eval.json, throughput files), at the value every record written
-# before them had: the model's MLP activation and timestep table (what it computes, also ModelConfig fields), and
-# the step's compile mode, optimizer and attention kernel and where intermediate evaluations ran (how it runs)
+# before them had: the model's MLP activation and timestep table (what it computes, also ModelConfig fields),
+# the step's compile mode, optimizer and attention kernel and where intermediate evaluations ran (how it runs),
+# and the share of the data trained on
 ADDED_TO_MODEL = {"activation": "gelu", "timestep_init": "gpt2"}
 ADDED_TO_STEP = {"compile_mode": "default", "optimizer": "fused", "attention_kernel": "sdpa", "eval_overlap": False}
-ADDED_LATER = {**ADDED_TO_MODEL, **ADDED_TO_STEP}
+ADDED_TO_DATA = {"top_percent": 100.0}
+ADDED_LATER = {**ADDED_TO_MODEL, **ADDED_TO_STEP, **ADDED_TO_DATA}
 # the ModelConfig fields that are not a Config field as it is
 MODEL_ONLY_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")
 
@@ -66,8 +68,9 @@ class Config:
     dataset: str = "dt-primal/halfcheetah/medium-replay-v0"
     env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, Ant-v5, ...)
     download: bool = False  # let Minari download a hosted dataset that is not present locally
+    top_percent: float = 100.0  # train on the best episodes by return holding this % of the steps (%BC with bc)
     # model (docs/method.md, "The model")
-    model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal
+    model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal | bc: an MLP
     n_layer: int = 3
     d_model: int = 256
     n_head: int = 4
@@ -133,9 +136,10 @@ class Config:
     def from_record(cls, record: object) -> Config:
         """The run config a checkpoint or an exported policy stored: exactly this class's fields (the readers
         take the dict's values), valid; ValueError or UserError when it is not one. The step's fields added later
-        (``ADDED_TO_STEP``) are filled in; the model's only the checkpoint reader fills (every export records them)."""
+        and the data's (``ADDED_TO_STEP``, ``ADDED_TO_DATA``) are filled in; the model's only the checkpoint reader
+        fills (every export records them)."""
         names = {f.name for f in fields(cls)}
-        record = {**ADDED_TO_STEP, **record} if isinstance(record, dict) else record
+        record = {**ADDED_TO_STEP, **ADDED_TO_DATA, **record} if isinstance(record, dict) else record
         if not isinstance(record, dict) or set(record) != names:
             raise ValueError(f"a run config needs exactly the fields {', '.join(sorted(names))}")
         return cls(**record).validate()
@@ -195,6 +199,8 @@ class Config:
                 "need 0 <= --dropout < 1, --eta >= 0, --lr > 0, --weight-decay >= 0, --grad-clip > 0 "
                 "and --reward-scale > 0"
             )
+        if not 0 < self.top_percent <= 100:
+            problems.append(f"--top-percent must be above 0 and at most 100 (got {self.top_percent:g})")
         problems += _value_problems(self)
         if problems:
             raise UserError("Invalid configuration: " + "; ".join(problems) + ". Fix these options and run again.")
@@ -269,9 +275,18 @@ PRESETS = {
     ),
     "dt-paper": dict(model="dt", d_model=128, n_head=1, lr=1e-4),
 }
+# a model's own defaults, under any preset: BC's are the DT paper's code's (its hidden width and learning rate;
+# K, layers, dropout, batch, steps, warm-up and weight decay as the defaults)
+MODEL_DEFAULTS = {"bc": dict(d_model=128, lr=1e-4)}
 
 
 HELP = {
+    "model": "primal (default: Primal.+DT, its last block Causal Primal-Attention), dt (softmax only), primalformer "
+    "(every block primal) or bc (behaviour cloning: the DT paper's MLP from the last K states, which ignores the "
+    "target return; by default d_model 128 and lr 1e-4, as that paper's code)",
+    "top_percent": "train only on the best episodes by return, best first, until they hold this percent of the "
+    "dataset's steps (default 100: all of it; with --model bc, the DT paper's %%BC); states are still normalised "
+    "with the whole dataset's statistics",
     "activation": "the MLP activation of every block: relu (default: both papers' code, d3rlpy) or gelu (GPT-2's; "
     "what checkpoints without this field used)",
     "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
@@ -354,4 +369,5 @@ def overrides(args: argparse.Namespace) -> dict:
 def make_config(preset: str = "paper", **changes) -> Config:
     if preset not in PRESETS:
         raise UserError(f"Unknown preset {preset!r}: choose one of {', '.join(PRESETS)}.")
-    return dataclasses.replace(Config(), **{**PRESETS[preset], **changes}).validate()
+    model = changes.get("model", PRESETS[preset].get("model", Config.model))
+    return dataclasses.replace(Config(), **{**MODEL_DEFAULTS.get(model, {}), **PRESETS[preset], **changes}).validate()

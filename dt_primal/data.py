@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,6 +85,26 @@ class Trajectories:
 
     def episode_returns(self) -> np.ndarray:
         return np.add.reduceat(self.rewards.astype(np.float64), self.starts)
+
+    def best_episodes(self, percent: float) -> Trajectories:
+        """The episodes with the highest returns, best first, while they hold at most ``percent`` % of the steps
+        (the best one always): how the DT paper's code keeps the data of %BC. In their order here."""
+        if percent >= 100:
+            return self
+        budget = max(int(percent / 100 * len(self.rewards)), 1)
+        best_first = np.argsort(-self.episode_returns(), kind="stable")
+        n = max(1, int(np.searchsorted(np.cumsum(self.lengths[best_first]), budget, side="right")))
+        kept = np.zeros(len(self.lengths), bool)
+        kept[best_first[:n]] = True
+        steps = np.repeat(kept, self.lengths)
+        return dataclasses.replace(
+            self,
+            observations=self.observations[steps],
+            actions=self.actions[steps],
+            rewards=self.rewards[steps],
+            lengths=self.lengths[kept],
+            terminals=self.terminals[kept],
+        )
 
     def validate(self) -> Trajectories:
         """Raise a UserError naming what is wrong; otherwise return self."""

@@ -39,13 +39,14 @@ def keep_curve(path: Path, last_step: int) -> None:
 
 
 def _reports_ok(reports: object) -> bool:
-    """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read."""
+    """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read; or one
+    report without a target (of a policy that ignores it, BC)."""
     return (
         isinstance(reports, list)
         and bool(reports)
         and all(
             isinstance(r, dict)
-            and is_number(r.get("target"))
+            and (is_number(r.get("target")) or (r.get("target") is None and len(reports) == 1))
             and is_count(r.get("episodes", 0))
             and (
                 is_number(r.get("normalized_mean"))

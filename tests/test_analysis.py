@@ -128,7 +128,13 @@ def test_a_runs_settings_come_from_its_eval_json_alone(tmp_path):
     (tmp_path / "seed_0").mkdir()
     cfg = make_config("dt-paper", dataset="tiny", seed=0, precision="fp32")  # as a run records it, resolved
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
-    assert run_settings(tmp_path, 0) == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "fp32"}
+    assert run_settings(tmp_path, 0) == {
+        "d_model": 128,
+        "n_head": 1,
+        "lr": 1e-4,
+        "precision": "fp32",
+        "top_percent": 100.0,
+    }
     (tmp_path / "seed_0" / "eval.json").write_text(json.dumps({}))
     assert run_settings(tmp_path, 0) is None
 

@@ -122,7 +122,7 @@ def test_the_compiled_update_trains_as_the_eager_step(data):
     assert outside["aten::randint"] == 2 and sum(outside.values()) <= 4, outside  # the draws, their stack, the seed
 
 
-@pytest.mark.parametrize("model", ["primal", "dt"])
+@pytest.mark.parametrize("model", ["primal", "dt", "bc"])
 def test_each_member_ends_with_the_weights_of_its_seed_trained_alone(data, tmp_path, model):
     cfg = dataclasses.replace(CFG, model=model, dropout=0.0)
     train(dataclasses.replace(cfg, out=str(tmp_path / "ens")), data, seeds=[4, 0, 7])

@@ -53,7 +53,7 @@ def exports(tmp_path_factory):
     return make
 
 
-@pytest.mark.parametrize("model", ["dt", "primal"])
+@pytest.mark.parametrize("model", ["dt", "primal", "bc"])
 def test_the_onnx_policy_acts_as_the_checkpoint_without_torch(exports, model, tmp_path):
     checkpoint, onnx_file = exports(model)
     policy = policy_from_checkpoints([load_checkpoint(checkpoint)])

@@ -27,7 +27,7 @@ def test_evaluate_py_records_each_checkpoint_as_training_records_its_run(run_dir
     assert res.returncode == 0, res.stderr
     evaluated = json.loads((tmp_path / "ev.json").read_text())["checkpoints"][0]
     trained = json.loads((run_dir / "eval.json").read_text())
-    assert set(evaluated) - {"precision"} == set(trained) - {"ensemble", "eval_seconds"}
+    assert set(evaluated) - {"precision"} == set(trained) - {"ensemble", "eval_seconds", "trained_on"}
     assert evaluated["config"] == trained["config"] and evaluated["provenance"].keys() == trained["provenance"].keys()
 
 

@@ -52,6 +52,7 @@ from commands.sweep.tables import write_tables
 from datasets.suite import SUITE_NAMESPACE, buildable, is_built
 from dt_primal.cli import command_parser, split_train_options
 from dt_primal.errors import UserError
+from dt_primal.model.architecture import MODELS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
         help="dataset ids or files; 'table4' stands for the nine datasets of the paper's Table 4 (those this "
         "tree can build: a medium-expert whose expert is not trained yet is left out, named)",
     )
-    p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=["dt", "primal", "primalformer"])
+    p.add_argument("--models", nargs="+", default=["dt", "primal"], choices=MODELS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument(
         "--backend",

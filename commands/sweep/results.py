@@ -8,33 +8,40 @@ from pathlib import Path
 
 import numpy as np
 
-from dt_primal.config import PRESETS
+from dt_primal.config import ADDED_LATER, PRESETS
 from dt_primal.evaluation.reports import mean_std, score
 from dt_primal.records import read_curve, read_record
 from dt_primal.run_folder import CURVE, RECORD, group_dir, run_dir, seed_folder
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
 DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
-LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalFormer"}
+LABELS = {"dt": DT_MATCHED, "primal": "Primal.+DT", "primalformer": "PrimalFormer", "bc": "BC"}
 LABEL_NOTES = {
     DT_MATCHED: "`--model dt` at the same settings as Primal.+DT (the controlled comparison)",
     DT_PAPER: "`--model dt --preset dt-paper`: the original DT paper's d_model 128, 1 head, lr 1e-4, as the "
     "paper's Table 4 compared (docs/method.md, Hyper-parameters)",
 }
 SETTINGS = ("d_model", "n_head", "lr")  # what tells the two DT baselines apart
-RECORDED = SETTINGS + ("precision",)  # what run_settings reports
+RECORDED = SETTINGS + ("precision", "top_percent")  # what run_settings reports
 
 
 def run_settings(group: Path, seed: int) -> dict | None:
     """The ``RECORDED`` settings a finished run trained with, from the config its eval.json records; None
     for a record without them."""
     cfg = read_record(seed_folder(group, seed) / RECORD, reports=False).get("config")
-    return {k: cfg[k] for k in RECORDED} if isinstance(cfg, dict) and all(k in cfg for k in RECORDED) else None
+    if not isinstance(cfg, dict):
+        return None
+    cfg = {**ADDED_LATER, **cfg}
+    return {k: cfg[k] for k in RECORDED} if all(k in cfg for k in RECORDED) else None
 
 
 def label_of(model: str, settings: dict | None, default: str | None) -> str:
     """The row's label: a DT's from the settings it trained with when they are known (the DT paper's
-    d_model, heads and lr, or else the matched baseline), otherwise ``default`` or the model's."""
+    d_model, heads and lr, or else the matched baseline), BC's from the share of the data it trained on ("BC",
+    "10 %BC"), otherwise ``default`` or the model's."""
+    percent = (settings or {}).get("top_percent", 100)
+    if model == "bc" and percent < 100:
+        return f"{percent:g} %BC"
     if model == "dt" and settings is not None:
         paper = all(settings[k] == PRESETS["dt-paper"][k] for k in SETTINGS)
         return DT_PAPER if paper else DT_MATCHED

@@ -12,7 +12,7 @@ import numpy as np
 
 from commands.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
 from dt_primal.evaluation import intervals as iv
-from dt_primal.evaluation.reports import table
+from dt_primal.evaluation.reports import table, target_text
 from dt_primal.untrusted import write_file
 
 
@@ -134,7 +134,7 @@ def gap_table(gaps: list[dict], a: str, b: str) -> str:
             )
         return f"{g['gap']:+.1f} (SE {g['se']:.1f}, {g['z']:+.1f} SE)"
 
-    rows = [[short(g["dataset"]), f"{g['target']:g}", fmt(g.get("last")), fmt(g.get("last3"))] for g in gaps]
+    rows = [[short(g["dataset"]), target_text(g["target"]), fmt(g.get("last")), fmt(g.get("last3"))] for g in gaps]
     head = ["dataset", "target", f"{a} − {b}: last checkpoint", "mean of last 3 evaluations"]
     return table(head, rows) + (
         "\n\nGap: difference of the means over seeds. SE: its standard error from the seed "
@@ -155,10 +155,11 @@ def average_lines(rows: list[dict], labels: list[str], n_t: int) -> list[list]:
     for lab in labels:
         mine = [r for r in rows if r["label"] == lab and r["dataset"] in common and r.get("unit") != "return"]
         if mine:
-            avg = [f"**{np.mean([r['targets'][i]['mean'] for r in mine]):.1f}**" for i in range(n_t)]
+            at = lambda i, mine=mine: [r["targets"][i] for r in mine if i < len(r["targets"])]  # BC: one, no target
+            avg = [f"**{np.mean([t['mean'] for t in at(i)]):.1f}**" if at(i) else "–" for i in range(n_t)]
             avg3 = [
-                f"**{np.mean([r['targets'][i]['last3']['mean'] for r in mine]):.1f}**"
-                if all("last3" in r["targets"][i] for r in mine)
+                f"**{np.mean([t['last3']['mean'] for t in at(i)]):.1f}**"
+                if at(i) and all("last3" in t for t in at(i))
                 else "–"
                 for i in range(n_t)
             ]
@@ -223,6 +224,9 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
     labels = list(dict.fromkeys(r["label"] for r in rows))
     n_t = max(len(r["targets"]) for r in rows)
     which = lambda i: ["high target", "low target"][i] if n_t == 2 else f"target {i + 1}"
+    if all(t["target"] is None for r in rows for t in r["targets"]):
+        which = lambda i: "no target"
+    columns = lambda r: r["targets"] + [None] * (n_t - len(r["targets"]))
     head = (
         ["dataset", "model", "what it is", "seeds", "steps"]
         + [f"{which(i)}: last checkpoint" for i in range(n_t)]
@@ -235,8 +239,8 @@ def write_tables(rows: list[dict], out: Path, name: str = "results") -> str:
             r["label"],
             len(r["finished_seeds"]),
             r["step"],
-            *[f"{cell(t)} ({t['target']:g})" for t in r["targets"]],
-            *[cell(t.get("last3")) for t in r["targets"]],
+            *[f"{cell(t)} ({target_text(t['target'])})" if t else "–" for t in columns(r)],
+            *[cell(t.get("last3")) if t else "–" for t in columns(r)],
         ]
         for r in rows
     ]

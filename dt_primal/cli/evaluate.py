@@ -14,9 +14,10 @@ from dt_primal.errors import UserError, phase
 from dt_primal.evaluation import video
 from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.onnx_policy import onnx_run
-from dt_primal.evaluation.reports import across_text, markdown, run_record, scoring, write_report
+from dt_primal.evaluation.reports import across_text, markdown, run_record, scoring, target_text, write_report
 from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
 from dt_primal.machine import resolve_device
+from dt_primal.model.architecture import conditions_on_return, evaluation_targets
 from dt_primal.precision import acting_precision
 from dt_primal.provenance import provenance
 from envs import Task
@@ -114,11 +115,12 @@ def evaluate_command(argv: list[str]) -> None:
     groups: dict[tuple, list[int]] = {}
     for i, ckpt in enumerate(ckpts):
         cfg = ckpt["config"]
-        targets = tuple(given.get("targets") or cfg["targets"] or tasks[i].targets)
+        targets = tuple(evaluation_targets(cfg["model"], given.get("targets") or cfg["targets"] or tasks[i].targets))
         # checkpoints of one architecture and reward scale run as one ensemble (one batched forward pass for all)
         one = ckpt.get("onnx")  # an exported policy acts alone
         groups.setdefault((targets, tuple(ckpt["model_config"].items()), cfg["reward_scale"], one), []).append(i)
-    print(scoring(task, given.get("targets")))
+    models = [c["config"]["model"] for c in ckpts]
+    print(scoring(task, given.get("targets"), next((m for m in models if conditions_on_return(m)), models[0])))
     made = provenance(device)
     results, precisions, filmed = [None] * len(ckpts), {}, []
     chosen = video.renderer(task) if args.video else None
@@ -128,7 +130,7 @@ def evaluate_command(argv: list[str]) -> None:
         for i, cfg in zip(members, cfgs):
             print(
                 f"{args.checkpoints[i]}: {cfg['model']} on {ckpts[i]['dataset']} (step {ckpts[i]['step']}), "
-                f"{args.episodes} episodes x {len(targets)} targets"
+                f"{args.episodes} episodes x {len(targets)} target{'s' if len(targets) > 1 else ''}"
             )
         policy = policy_of([ckpts[i] for i in members], given.get("precision"), device, precisions)
         precision = policy.precision
@@ -164,4 +166,4 @@ def evaluate_command(argv: list[str]) -> None:
     summary = write_report(results, args.out)
     print(markdown(summary))
     for r in summary["across_checkpoints"]:
-        print(f"target {r['target']:g}: normalised score {across_text(r)}")
+        print(f"target {target_text(r['target'])}: normalised score {across_text(r)}")

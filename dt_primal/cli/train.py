@@ -16,7 +16,7 @@ from dt_primal.cli import command_parser
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.evaluation.reports import across_text, normalized_text, scoring, write_report
+from dt_primal.evaluation.reports import across_text, normalized_text, scoring, target_text, write_report
 from dt_primal.evaluation.video import check_folder
 from dt_primal.run_folder import CHECKPOINT, hold_run_folder, member_folders
 from dt_primal.training.checks import check_run_inputs
@@ -112,7 +112,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
         for spec in specs:
             data = datas[spec] = load_dataset(spec, cfg.env, cfg.download, build=world == 1, ref_scores=cfg.ref_scores)
             if rank == 0:
-                print(scoring(data.task, cfg.targets))
+                print(scoring(data.task, cfg.targets, cfg.model))
             check_run_inputs(
                 data,
                 dataclasses.replace(cfg, dataset=spec),
@@ -131,7 +131,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
         for result in results:
             for r in result["targets"]:
                 print(
-                    f"seed {result['seed']} target {r['target']:g}: return {r['return_mean']:.1f} ± "
+                    f"seed {result['seed']} target {target_text(r['target'])}: return {r['return_mean']:.1f} ± "
                     f"{r['return_std']:.1f}, "
                     f"normalised score {normalized_text(r)} ({r['episodes']} episodes)"
                 )
@@ -140,7 +140,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
                 summary = write_report(results[k * len(seeds) : (k + 1) * len(seeds)], out / "report.json")
                 for r in summary["across_checkpoints"]:
                     print(
-                        f"{'' if len(specs) == 1 else spec + ' '}target {r['target']:g}: normalised score "
+                        f"{'' if len(specs) == 1 else spec + ' '}target {target_text(r['target'])}: normalised score "
                         f"{across_text(r)} across {len(seeds)} seeds"
                     )
                 print(f"report: {out / 'report.md'}")

@@ -10,18 +10,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dt_primal.errors import UserError
+from dt_primal.model.architecture import conditions_on_return
 from dt_primal.untrusted import write_file
 
 if TYPE_CHECKING:  # reports are read and tabled without Gymnasium and MuJoCo
     from envs import Task
 
 
-def report(task: Task, target: float, returns: np.ndarray, lengths: np.ndarray) -> dict:
-    """One target's episodes: mean ± std of return and normalised score (None for a task without
-    reference scores), and the raw values."""
+def report(task: Task, target: float | None, returns: np.ndarray, lengths: np.ndarray) -> dict:
+    """One target's episodes (``target`` None: of a policy that ignores it): mean ± std of return and
+    normalised score (None for a task without reference scores), and the raw values."""
     score = task.normalize(returns)
     return {
-        "target": float(target),
+        "target": None if target is None else float(target),
         "return_mean": float(returns.mean()),
         "return_std": float(returns.std()),
         "normalized_mean": None if score is None else float(score.mean()),
@@ -59,6 +60,11 @@ def mean_std(values) -> dict:
     return {"mean": float(v.mean()), "std": float(v.std()), "seeds": v.tolist()}
 
 
+def target_text(target: float | None) -> str:
+    """A target as reports print it; "none" for a policy that ignores the target return (BC)."""
+    return "none" if target is None else f"{target:g}"
+
+
 def pm(mean: float, std: float) -> str:
     return f"{mean:.1f} ± {std:.1f}"
 
@@ -77,17 +83,23 @@ def _d4rl_tasks() -> dict:
     return TASKS
 
 
-def scoring(task: Task, targets: list[float] | None = None) -> str:
+def scoring(task: Task, targets: list[float] | None = None, model: str = "primal") -> str:
     """What a run conditions on and how it scores, said once at its start: the targets (``targets``,
-    else the task's) and where they come from; the normalised score's reference returns, or why
-    there is no normalised score."""
-    if targets:
+    else the task's) and where they come from, or that the ``model`` ignores them; the normalised score's
+    reference returns, or why there is no normalised score."""
+    if not conditions_on_return(model):
+        origin = None
+    elif targets:
         origin = "--targets"
     elif task.name in _d4rl_tasks():
         origin = f"{task.name}'s defaults"
     else:
         origin = "from the dataset: its best episode return and the middle of its episode returns' range"
-    lines = [f"{task.gym_id}: targets {', '.join(f'{t:g}' for t in targets or task.targets)} ({origin})"]
+    lines = [
+        f"{task.gym_id}: targets {', '.join(f'{t:g}' for t in targets or task.targets)} ({origin})"
+        if origin
+        else f"{task.gym_id}: no target ({model} ignores the target return: one evaluation per seed)"
+    ]
     if task.ref_min is None:
         lines.append(
             f"normalised score: none ({task.gym_id} is not a D4RL task and its dataset's metadata gives no "
@@ -170,7 +182,7 @@ def markdown(summary: dict) -> str:
     rows = [
         [
             res["checkpoint"],
-            f"{r['target']:g}",
+            target_text(r["target"]),
             r["episodes"],
             pm(r["return_mean"], r["return_std"]),
             normalized_text(r),
@@ -181,7 +193,7 @@ def markdown(summary: dict) -> str:
     rows += [
         [
             f"**mean over {r['checkpoints']} checkpoints [95 % interval]**",
-            f"{r['target']:g}",
+            target_text(r["target"]),
             r["episodes"],
             across_text(r, "return"),
             f"**{across_text(r)}**",

@@ -127,7 +127,8 @@ def _episodes(policy, tasks, targets, episodes: int, seeds, workers: int, halves
     episodes per member)."""
     n = episodes * len(targets[0])
     columns = np.array_split(np.arange(n), 2 if halves else 1)
-    per_episode = np.repeat(targets, episodes, axis=1)
+    acting = [[0.0 if t is None else t for t in member] for member in targets]  # None: the policy ignores it
+    per_episode = np.repeat(acting, episodes, axis=1)
     parts = []
     if recorder is not None:
         recorder.start(episodes, targets, seeds)
@@ -157,9 +158,10 @@ def rollout(
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
     seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
     ``task`` and ``targets``: one for all members, or one per member (tasks with the same observation
-    and action sizes, as many targets each). Returns per member one report per target with the keys
-    ``target, return_mean, return_std, normalized_mean, normalized_std, episodes`` (+ raw returns and
-    lengths). ``recorder``: keeps the actions of the episodes it names (``Recorder``). ``pipeline``
+    and action sizes, as many targets each; None: a policy that ignores the target, reported as such).
+    Returns per member one report per target with the keys ``target, return_mean, return_std, normalized_mean,
+    normalized_std, episodes`` (+ raw returns and lengths). ``recorder``: keeps the actions of the episodes it
+    names (``Recorder``). ``pipeline``
     (default: where the environments step in worker processes, ``env_workers`` > 1): the episodes in two halves,
     each with its own ``env_workers`` workers and acting state (``policy.twin()``), so that one half's
     environments step while the other's actions are computed; the same episodes, acted on in forward passes of

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from dt_primal.errors import UserError
+from dt_primal.evaluation.reports import target_text
 from envs import Task, quiet_mujoco_warnings
 
 FPS = 30  # frames per second of simulated time
@@ -152,7 +153,7 @@ def file_name(run: str, episode: dict) -> str:
     """``RUN_target-T_seed-S_return-R[_score-N]``: the run, target, environment seed and what the episode scored."""
     run = re.sub(r"[^A-Za-z0-9_.-]+", "-", run).strip("-") or "run"
     score = "" if episode.get("score") is None else f"_score-{episode['score']:.1f}"
-    return f"{run}_target-{episode['target']:g}_seed-{episode['seed']}_return-{episode['return']:.1f}{score}"
+    return f"{run}_target-{target_text(episode['target'])}_seed-{episode['seed']}_return-{episode['return']:.1f}{score}"
 
 
 def renderer(task: Task) -> str | None:

@@ -6,11 +6,28 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-MODELS = ("dt", "primal", "primalformer")  # dt: softmax only | primal: last block primal | primalformer: all primal
+# dt: softmax only | primal: last block primal | primalformer: all primal | bc: an MLP, behaviour cloning
+MODELS = ("dt", "primal", "primalformer", "bc")
 EMBED_INITS = ("torch", "gpt2")
 TIMESTEP_INITS = ("torch", "gpt2")
 ACTIVATIONS = ("relu", "gelu")
 ATTENTION_KERNELS = ("sdpa", "math")  # how softmax attention runs (not the architecture: same function)
+
+
+def conditions_on_return(model: str) -> bool:
+    """Whether the model named ``model`` acts on a target return (BC ignores it: one evaluation, no target)."""
+    return model != "bc"
+
+
+def evaluation_targets(model: str, targets) -> list[float | None]:
+    """The targets a model named ``model`` is evaluated at: ``targets``, or one evaluation without a target
+    (``[None]``) for a model that ignores it."""
+    return list(targets) if conditions_on_return(model) else [None]
+
+
+def has_ksvd(model: str) -> bool:
+    """Whether the model named ``model`` has primal layers (a KSVD rank ``s`` and loss)."""
+    return model in ("primal", "primalformer")
 
 
 @dataclass(frozen=True)

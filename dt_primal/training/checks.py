@@ -24,6 +24,7 @@ from dt_primal.evaluation.checks import (
     task_limits,
 )
 from dt_primal.machine import check_device
+from dt_primal.model.architecture import evaluation_targets
 from dt_primal.training.memory import check_batch_memory
 from envs import Task
 
@@ -57,8 +58,9 @@ def check_run_inputs(
     check_actions(data, task, rescale=rescale_actions, notes=notes)
     check_episode_lengths(data, cfg, task, notes=notes)
     check_observations(data)
-    targets = list(cfg.targets or task.targets)
-    check_returns(data, targets, cfg.reward_scale, task, notes=notes)
+    targets = evaluation_targets(cfg.model, cfg.targets or task.targets)
+    check_returns(data, [t for t in targets if t is not None], cfg.reward_scale, task, notes=notes)
+    check_top_percent(data, cfg, notes=notes)
     members = len(seeds or [cfg.seed])
     check_batch_memory(cfg, members)
     for episodes, flag in (
@@ -159,6 +161,25 @@ def check_episode_lengths(data: Trajectories, cfg: Config, task: Task, notes: bo
             f"evaluation episodes stop after {cfg.max_ep_len} steps, so returns and scores are those of episodes that "
             f"short and do not compare with published ones."
         )
+
+
+def check_top_percent(data: Trajectories, cfg: Config, notes: bool = True) -> None:
+    """--top-percent P trains on the best episodes holding P % of the steps: refused where none of them is as long
+    as a window (--context), else said."""
+    if cfg.top_percent >= 100:
+        return
+    kept = data.best_episodes(cfg.top_percent)
+    what = (
+        f"--top-percent {cfg.top_percent:g} keeps the best {len(kept.lengths)} of {len(data.lengths)} episodes "
+        f"({len(kept.rewards)} of {len(data.rewards)} steps)"
+    )
+    if kept.lengths.max() < cfg.context:
+        raise UserError(
+            f"{what} of {data.source}, and none of them holds a full context of {cfg.context} steps (the longest "
+            f"has {kept.lengths.max()}). Give a larger --top-percent, or a smaller --context."
+        )
+    if notes:
+        print(what)
 
 
 def check_observations(data: Trajectories) -> None:

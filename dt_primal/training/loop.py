@@ -31,7 +31,7 @@ from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
-from dt_primal.evaluation.reports import headline, run_record
+from dt_primal.evaluation.reports import headline, run_record, target_text
 from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
 from dt_primal.evaluation.video import render, renderer
 from dt_primal.machine import resolve_device
@@ -157,8 +157,9 @@ class TrainingRun:
         )
         self.gens = [torch.Generator(device=device).manual_seed(m.cfg.seed) for m in members]
         self.parts = list({m.index: m for m in members}.values())  # one member of each dataset
+        self.trained_on = [m.data.best_episodes(cfg.top_percent) for m in self.parts]  # all of it, or %BC's part
         sampler = WindowSampler(
-            [m.data for m in self.parts],
+            self.trained_on,
             cfg.context,
             cfg.reward_scale,
             [m.state_mean for m in self.parts],
@@ -269,7 +270,7 @@ class TrainingRun:
 
     def log(self, sums: np.ndarray, seconds: float) -> None:
         """Each member's losses, learning rate, speed and KSVD statistics (its Λ) to TensorBoard."""
-        lam = [b.attn.Lambda.detach() for b in self.model.blocks if hasattr(b.attn, "Lambda")]
+        lam = [b.attn.Lambda.detach() for b in getattr(self.model, "blocks", ()) if hasattr(b.attn, "Lambda")]
         lr, step = float(self.train_step.lr), self.step
         for m, writer in enumerate(self.writers):
             loss_v, action_v, j2_v = sums[m]
@@ -350,7 +351,7 @@ class TrainingRun:
         self.bar.write(
             f"step {step}: "
             + "; ".join(
-                f"{name}: " + ", ".join(f"target {r['target']:g} -> {headline(r)}" for r in reports)
+                f"{name}: " + ", ".join(f"target {target_text(r['target'])} -> {headline(r)}" for r in reports)
                 for name, reports in zip(self.names, per_member)
             )
         )
@@ -419,15 +420,29 @@ class TrainingRun:
                 made,
                 ensemble=self.seeds,
                 eval_seconds=seconds,
+                trained_on=trained_on(m.data, self.trained_on[m.index], self.cfg.top_percent),
             )
             write_record(m.folder / RECORD, result)
             results.append(result)
         return results
 
 
+def trained_on(data: Trajectories, kept: Trajectories, percent: float) -> dict:
+    """What of ``data`` a member trained on (``kept``, its best episodes holding ``percent`` % of the steps),
+    as its record says it."""
+    return {
+        "top_percent": percent,
+        "episodes": len(kept.lengths),
+        "steps": len(kept.rewards),
+        "of_episodes": len(data.lengths),
+        "of_steps": len(data.rewards),
+    }
+
+
 def log_scores(writer: SummaryWriter, reports: list[dict], step: int) -> None:
     """An evaluation's mean return and normalised score per target, as TensorBoard scalars."""
     for r in reports:
+        suffix = "" if r["target"] is None else f"_{r['target']:g}"
         if r["normalized_mean"] is not None:
-            writer.add_scalar(f"eval/normalized_{r['target']:g}", r["normalized_mean"], step)
-        writer.add_scalar(f"eval/return_{r['target']:g}", r["return_mean"], step)
+            writer.add_scalar(f"eval/normalized{suffix}", r["normalized_mean"], step)
+        writer.add_scalar(f"eval/return{suffix}", r["return_mean"], step)

@@ -13,8 +13,9 @@ import torch
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.model.architecture import ModelConfig, evaluation_targets, has_ksvd
+from dt_primal.model.build import build_model
 from dt_primal.model.members import member_state, stack_members
-from dt_primal.model.transformer import DecisionTransformer, ModelConfig
 from dt_primal.run_folder import CHECKPOINT, member_folders
 from dt_primal.training.checks import check_env_matches
 from envs import Task
@@ -34,8 +35,8 @@ class Member:
     state_std: np.ndarray | None = None
 
     @property
-    def targets(self) -> list[float]:
-        return self.cfg.targets or list(self.task.targets)
+    def targets(self) -> list[float | None]:
+        return evaluation_targets(self.cfg.model, self.cfg.targets or self.task.targets)
 
     @property
     def last(self) -> Path:
@@ -47,7 +48,8 @@ def architecture(sizes: tuple[int, int], task: Task, cfg: Config) -> tuple:
     for its ``task``: observation and action ``sizes``, episode length, the KSVD rank (resolved per
     dataset; of no matter without primal layers) and the number of targets. Datasets that agree on
     it train as one ensemble; the tasks themselves may differ (docs/ensembles.md)."""
-    return tuple(sizes), cfg.max_ep_len, None if cfg.model == "dt" else cfg.s, len(cfg.targets or task.targets)
+    targets = evaluation_targets(cfg.model, cfg.targets or task.targets)
+    return tuple(sizes), cfg.max_ep_len, cfg.s if has_ksvd(cfg.model) else None, len(targets)
 
 
 def model_config(m: Member) -> ModelConfig:
@@ -85,11 +87,11 @@ def ensemble_members(cfg: Config, datasets: dict[str, Trajectories], seeds: list
     return members
 
 
-def fresh_model(cfg: ModelConfig, seeds: list[int], device: torch.device | str) -> DecisionTransformer:
+def fresh_model(cfg: ModelConfig, seeds: list[int], device: torch.device | str) -> torch.nn.Module:
     """A model of ``len(seeds)`` members, member m initialised as a run of ``seeds[m]`` alone (a model
     of one member built after seeding Python, NumPy and torch with it). Leaves the process's
     generators seeded by the last seed (dropout draws from them)."""
-    build = lambda n: DecisionTransformer(cfg, members=n)
+    build = lambda n: build_model(cfg, members=n)
     states = []
     for seed in seeds:
         random.seed(seed)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from dt_primal.model.attention import use_attention_kernel
-from dt_primal.model.transformer import DecisionTransformer
+from dt_primal.model.build import build_model
 
 RUN_AHEAD = 2  # training's updates queued on the device while an evaluation runs beside it (None: no limit)
 
@@ -30,9 +30,9 @@ class OverlappedEvaluation:
     and seconds) in a thread; ``collect()`` waits for it and gives ``(step, reports, seconds)`` (None when none
     ran) or raises what it raised."""
 
-    def __init__(self, model: DecisionTransformer, act_with: Callable, device: torch.device, attention_kernel: str):
+    def __init__(self, model: torch.nn.Module, act_with: Callable, device: torch.device, attention_kernel: str):
         with torch.device("meta"):
-            copy = DecisionTransformer(model.config, model.members)
+            copy = build_model(model.config, model.members)
         self.copy = use_attention_kernel(copy.to_empty(device=device).train(False), attention_kernel)
         # eager acting: a CUDA graph captured in this thread would mark the process's default CUDA generator as
         # capturing while training's graph replays (and advances it for dropout), which PyTorch refuses
@@ -43,7 +43,7 @@ class OverlappedEvaluation:
         self.run_ahead, self.queued = RUN_AHEAD, collections.deque()
 
     @torch.no_grad()
-    def start(self, model: DecisionTransformer, step: int, evaluate: Callable) -> None:
+    def start(self, model: torch.nn.Module, step: int, evaluate: Callable) -> None:
         """Evaluate ``model``'s weights as they are after ``step`` updates, in a thread (after ``collect``)."""
         assert self.thread is None, "collect() the last evaluation first"
         torch._foreach_copy_(list(self.copy.state_dict().values()), list(model.state_dict().values()))

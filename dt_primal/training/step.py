@@ -29,7 +29,7 @@ import torch.distributed as dist
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
 from dt_primal.model.attention import use_attention_kernel
-from dt_primal.model.transformer import DecisionTransformer, dt_loss
+from dt_primal.model.build import loss_of
 from dt_primal.precision import autocast, resolve_precision, tf32
 
 WARMUP_CALLS = 3  # eager steps on a side stream before a CUDA graph capture, as torch.cuda.graph needs
@@ -63,7 +63,7 @@ def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> None:
 
 
 class TrainStep:
-    """``step()`` trains every member of ``model`` (a member-batched DecisionTransformer) one update;
+    """``step()`` trains every member of ``model`` (a member-batched model, ``build_model``) one update;
     ``generators[i]`` draws member i's batches from the sampler's dataset ``datasets[i]`` (default: 0 for all).
 
     Under torchrun (``world`` > 1) every process draws the same batches, trains on its share and the
@@ -77,7 +77,7 @@ class TrainStep:
     def __init__(
         self,
         cfg: Config,
-        model: DecisionTransformer,
+        model: torch.nn.Module,
         sampler: WindowSampler,
         generators: list[torch.Generator],
         device: torch.device,
@@ -89,6 +89,7 @@ class TrainStep:
     ):
         self.cfg, self.sampler, self.generators, self.rank, self.world = cfg, sampler, generators, rank, world
         self.model = use_attention_kernel(model.train(), cfg.attention_kernel)
+        self.loss = loss_of(cfg.model)
         self.params = dict(model.named_parameters())
         self.datasets = datasets or [0] * len(generators)
         self.first = sampler.first_steps(self.datasets)  # (M,): where each member's dataset starts in the store
@@ -127,7 +128,7 @@ class TrainStep:
             share = {k: v[:, self.rank * n : (self.rank + 1) * n] for k, v in batch.items()}
             weight = self.world * share["valid"].flatten(1).sum(1) / batch["valid"].flatten(1).sum(1)
             batch = share
-        loss, action, j2 = dt_loss(self.model, batch, self.cfg.eta)
+        loss, action, j2 = self.loss(self.model, batch, self.cfg.eta)
         if self.world > 1:  # the share's action MSE weighted by its part of the batch's valid steps
             loss, action = loss + (weight - 1) * action, weight * action
         return loss.sum(), loss, action, j2
