@@ -156,7 +156,7 @@ def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluati
     # the baseline folder's runs are recognised from the settings their records hold, whatever label they are given
     rows += collect(base, [d], ["dt"], [0, 1, 2], label=DT_MATCHED, name="dt (dt-paper)")
     assert [r["label"] for r in rows] == [DT_MATCHED, "Primal.+DT", DT_PAPER]
-    assert rows[2]["settings"] == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "bf16"}
+    assert rows[2]["settings"] == {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "bf16", "top_percent": 100.0}
     hi = rows[0]["targets"][0]
     assert hi["mean"] == pytest.approx(51) and hi["last3"]["steps"] == [200, 300, 400]
     assert hi["last3"]["seeds"] == pytest.approx([(20 + 30 + 50 + s) / 3 for s in range(3)])

@@ -165,7 +165,7 @@ def _inf_gradient_at(at, clip=step.clip_per_member):
 @pytest.mark.parametrize(
     "target, poison, at, kept",
     [
-        ("dt_primal.training.step.dt_loss", _nan_loss_at, 13, 10),
+        ("dt_primal.model.build.dt_loss", _nan_loss_at, 13, 10),
         ("dt_primal.training.step.clip_per_member", _inf_gradient_at, 10, 5),
     ],
 )
