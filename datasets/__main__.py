@@ -93,7 +93,12 @@ def main(argv=None) -> None:
         help="print and write docs/datasets.md: the built datasets and the behaviour policies",
     )
     s.add_argument("--out", type=Path, default=Path("docs/datasets.md"))
-    s.add_argument("--episodes", type=int, default=100, help="episodes to measure each behaviour policy")
+    s.add_argument(
+        "--episodes",
+        type=int,
+        default=100,
+        help="episodes to measure each behaviour policy (0: keep the measurements the page has)",
+    )
     s.add_argument(
         "--datasets",
         nargs="+",

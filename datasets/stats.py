@@ -4,6 +4,7 @@ printed and written to ``docs/datasets.md``, with the learners' curves beside it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -181,7 +182,12 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     rows = [dataset_row(d) if is_built(d) or d not in kept else kept[d] for d in dict.fromkeys(listed + given)]
     kept_beside = {line.split(" | ")[0][2:]: line for line in section(old, BESIDE) if line.startswith("| ")}
     beside = [d4rl_row(d) if is_built(d) else kept_beside[d] for d in listed if is_built(d) or d in kept_beside]
-    policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
+    heading = next((line for line in old.splitlines() if line.startswith("## Behaviour policies (measured: ")), None)
+    if episodes == 0 and heading:  # the policies' rows as the page has them, measured before
+        episodes = int(re.search(r"(\d+) episodes", heading).group(1))
+        policies = [line for line in section(old, heading) if line.startswith("| ")][1:]
+    else:
+        policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     experts = list(range(EXPERT_VERSION + 1))
     targets = "; ".join(f"expert-v{v} ≥ " + ", ".join(f"{t} {EXPERT_TARGETS[v][t]:g}" for t in TASKS) for v in experts)
     curves = out.with_name(out.stem + "-learners.png")

@@ -482,6 +482,11 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     assert (
         "![learning curves](datasets-learners.png)" in page and (tmp_path / "datasets-learners.png").stat().st_size > 0
     )
+    beside = next(line for line in page.splitlines() if line.startswith("| dt-primal/hopper/random-v0 | 3000, "))
+    best = HOPPER.normalize(data.best_episodes(10).episode_returns())
+    assert f"| {best.mean():.1f} ({len(best)} episodes) |" in beside and beside.endswith("| – |")  # no D4RL figures
+    again = stats.stats(tmp_path / "datasets.md", episodes=0)  # the policies as the page measured them
+    assert row in again.splitlines() and "measured: 2 episodes" in again
 
 
 def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays(tmp_path):
