@@ -12,6 +12,8 @@ first step and never on import: a program that imports dt_primal keeps its proce
 
 - MuJoCo's warning about HalfCheetah's deprecated 'settotalmass', printed for every environment made,
   is dropped (``envs.quiet_mujoco_warnings``).
+- Standard output and error print any text: a character their encoding lacks (an ASCII terminal and
+  "±", a path's undecodable bytes) is written as an escape instead of stopping the command.
 
 TF32 is no process-wide setting here: ``--precision tf32`` enables it around the training step and
 the evaluation's forward passes only (``dt_primal.precision``).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 
 def configure_process(threads: int | None = None, wait_policy: str | None = "PASSIVE") -> None:
@@ -30,6 +33,9 @@ def configure_process(threads: int | None = None, wait_policy: str | None = "PAS
     if wait_policy is not None:
         os.environ.setdefault("OMP_WAIT_POLICY", wait_policy)  # too late for OpenMP once torch is loaded
     _keep_freed_memory()
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a text stream of the interpreter's (not a test's replacement)
+            stream.reconfigure(errors="backslashreplace")
     from envs import quiet_mujoco_warnings  # Gymnasium and MuJoCo, not torch
 
     quiet_mujoco_warnings()

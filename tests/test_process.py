@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SMALL, hopper_file, one_thread_env
+from conftest import ROOT, SMALL, TWO_STEPS, hopper_file, one_thread_env, run
 
 from datasets.loaders import load_dataset
 from dt_primal import checkpoint, precision
@@ -157,3 +157,11 @@ def test_a_run_records_the_resolved_precision(tmp_path, monkeypatch, capsys, sha
         )
         assert f"precision: {used} (auto: " in capsys.readouterr().out
         assert json.loads(report.read_text())["checkpoints"][0]["precision"] == used
+
+
+ASCII = {"PYTHONIOENCODING": "ascii"}  # a terminal without "±"
+
+
+def test_a_terminal_that_cannot_print_plus_minus_gets_an_escape_and_the_run_goes_on(tmp_path):
+    res = run("train.py", "--dataset", hopper_file(tmp_path), *TWO_STEPS, "--out", tmp_path / "run", env=ASCII)
+    assert res.returncode == 0 and "return" in res.stdout and "\\xb1" in res.stdout, res.stderr
