@@ -129,14 +129,13 @@ def hopper_hdf5(path: str | Path, steps: int = 100_000, seed: int = 0) -> Path:
     """A D4RL-style hdf5 file of Hopper-shaped random data (``datasets.synthetic.hopper_episodes``: obs 11,
     act 3, rewards in [0, 4), episodes of 50..1000 steps). Written once; an existing file is reused."""
     from datasets.synthetic import hopper_episodes, write_d4rl
+    from dt_primal.files.writing import write_file
 
     path = Path(path)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write_d4rl(tmp, hopper_episodes(steps, seed))
-    os.replace(tmp, path)
+    write_file(path, lambda f: write_d4rl(f, hopper_episodes(steps, seed)), "The benchmark's dataset")
     return path
 
 

@@ -111,8 +111,8 @@ def forward_clock(model: DecisionTransformer):
 def models_to_run(args) -> list[dict]:
     """(label, model, precision, normalisation, task) for each model size to compare."""
     if args.checkpoint:
-        from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
         from dt_primal.config import Config
+        from dt_primal.files.checkpoint import load_checkpoint, model_from_checkpoint
 
         ckpt = load_checkpoint(args.checkpoint)
         model, cfg = model_from_checkpoint(ckpt, "cpu"), Config(**ckpt["config"])

@@ -8,7 +8,7 @@ onnxruntime (``dt_primal.load_policy("policy.onnx")``), and the exported file's 
 Each setting: both policies act on the same observations, alternately (paired), with a full context of
 K = 20 steps behind them; ``--rounds`` rounds of ``--calls`` calls each, the median of the per-round ms
 per call reported for each, and the median of the per-round ratios. Weights are fresh (speed does not
-depend on training): a checkpoint written by ``dt_primal.checkpoint`` as train.py writes it.
+depend on training): a checkpoint written by ``dt_primal.files.checkpoint`` as train.py writes it.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ import torch
 
 from commands.sweep.plots import save_figure
 from datasets.loaders import load_dataset
-from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
 from dt_primal.cli import command_parser, run_main
 from dt_primal.cli.train import Loader
 from dt_primal.data import WindowSampler
-from dt_primal.untrusted import write_file
+from dt_primal.files.checkpoint import load_checkpoint, model_from_checkpoint
+from dt_primal.files.writing import write_file
 from envs import Task
 
 

@@ -27,8 +27,8 @@ from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interva
 from dt_primal.cli import command_parser, run_main
 from dt_primal.config import ADDED_LATER, Config
 from dt_primal.evaluation.reports import pm, table
-from dt_primal.records import read_record
-from dt_primal.run_folder import DATASET_RECORD, RECORD, run_dir, seed_folder
+from dt_primal.files.records import read_record
+from dt_primal.files.run_folder import DATASET_RECORD, RECORD, run_dir, seed_folder
 from dt_primal.training.resume import recorded_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,6 +27,7 @@ from torch import nn
 
 from datasets.rollout import collect
 from datasets.transitions import load_transitions, save_transitions
+from dt_primal.files.writing import write_file
 from envs import Task
 
 POLICY_DIR = Path(__file__).parent / "policies"
@@ -241,9 +242,8 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int, algo: str | N
 
 
 def _save_atomic(save, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    save(tmp)
-    os.replace(tmp, path)
+    """``save(file)`` (SB3's savers take an open binary file) into ``path``, written beside it and renamed."""
+    write_file(path, save, "The learner's state")
 
 
 def train_behaviour(

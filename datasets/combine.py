@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from dt_primal.errors import UserError
-from dt_primal.untrusted import check_minari_folder
+from dt_primal.files.minari import check_minari_folder
 
 REF_KEYS = ("ref_min_score", "ref_max_score")
 

@@ -29,7 +29,7 @@ class Trajectories:
     source: str = ""
     env_spec: str | None = None  # the environment the source's metadata records (a JSON EnvSpec)
     ref_scores: tuple[float, float] | None = None  # the source's reference returns (Minari's ref_min/max_score)
-    task: Task | None = None  # the evaluation task, set by ``dt_primal.loaders.load_dataset``
+    task: Task | None = None  # the evaluation task, set by ``dt_primal.files.loaders.load_dataset``
 
     @classmethod
     def from_episodes(cls, episodes: list[dict], env: str | None = None, source: str = "", **metadata) -> Trajectories:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -21,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
-from dt_primal.untrusted import ONNX_FORMAT as FORMAT  # what a reader of the file accepts
-from dt_primal.untrusted import check_target, write_file
+from dt_primal.files.checkpoint import model_from_checkpoints, read_checkpoint
+from dt_primal.files.onnx import metadata_props
+from dt_primal.files.writing import check_target, write_file
 
 INPUTS = ("states", "actions", "returns_to_go", "timesteps")
 
@@ -52,7 +51,6 @@ def metadata(ckpt: dict) -> dict[str, str]:
     except Exception:  # the task's environment cannot be made here: the model's own range
         bounds = [[-1.0] * arch["act_dim"], [1.0] * arch["act_dim"]]
     values = {
-        "format": FORMAT,
         "state_mean": np.asarray(ckpt["state_mean"], float).tolist(),
         "state_std": np.asarray(ckpt["state_std"], float).tolist(),
         "reward_scale": run["reward_scale"],
@@ -65,7 +63,7 @@ def metadata(ckpt: dict) -> dict[str, str]:
         "step": ckpt["step"],
         "dataset": ckpt["dataset"],
     }
-    return {k: json.dumps(v) for k, v in values.items()}
+    return metadata_props(values)
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_episodes, write_minari
 
 from dt_primal.errors import UserError
-from dt_primal.loaders import load_minari
+from dt_primal.files.loaders import load_minari
 
 pa = pytest.importorskip("pyarrow")
 

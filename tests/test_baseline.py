@@ -434,8 +434,8 @@ def test_timestep_table_starts_at_n01_as_both_papers_code_and_older_checkpoints_
     """--timestep-init torch (default): nn.Embedding's N(0, 1), as both papers' code; gpt2: N(0, 0.02), as d3rlpy
     and dt-primal before the field. A checkpoint written before it (format 2 without the field) reads, and
     resumes, as gpt2; every other layer starts alike either way."""
-    from dt_primal.checkpoint import load_checkpoint
     from dt_primal.errors import UserError
+    from dt_primal.files.checkpoint import load_checkpoint
     from dt_primal.model.transformer import DecisionTransformer
 
     assert Config().timestep_init == make_config("dt-paper").timestep_init == "torch"
@@ -462,8 +462,8 @@ def test_timestep_table_starts_at_n01_as_both_papers_code_and_older_checkpoints_
 def test_mlp_activation_is_relu_by_default_gelu_on_request_and_old_checkpoints_keep_gelu(tmp_path):
     """Both papers' code build every block's MLP with ReLU; --activation gelu gives GPT-2's. A checkpoint
     written before the field existed was trained with GELU and loads as such."""
-    from dt_primal.checkpoint import load_checkpoint, model_from_checkpoint
     from dt_primal.errors import UserError
+    from dt_primal.files.checkpoint import load_checkpoint, model_from_checkpoint
     from dt_primal.model.transformer import DecisionTransformer
 
     assert Config().activation == "relu" and make_config("dt-paper").activation == "relu"

@@ -23,11 +23,11 @@ from gymnasium.envs.registration import EnvSpec
 
 from commands.sweep.grid import group_dir
 from datasets.loaders import load_dataset
-from dt_primal import checkpoint
 from dt_primal.config import Config, make_config
 from dt_primal.errors import UserError
+from dt_primal.files import checkpoint
+from dt_primal.files.torch_archive import load_torch
 from dt_primal.training.loop import train
-from dt_primal.untrusted import load_torch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
 
@@ -170,7 +170,10 @@ def test_a_damaged_training_state_is_a_message_on_resume(run_dir, tmp_path, chan
     "change, phrase, acting",
     [
         (lambda c: c["model"][next(iter(c["model"]))].fill_(float("nan")), "holds NaN or infinite weights", True),
-        (lambda c: c.update(state_std=torch.zeros(11)), "a spread that is not positive", True),
+        (lambda c: c.update(state_std=torch.zeros(11)), "state_std min 0", True),
+        (lambda c: c.update(state_std=torch.full((11,), 1e-45, dtype=torch.float64)), "state_std min 1.4013e-45", True),
+        (lambda c: c["config"].update(reward_scale=1e-320), "reward_scale 1e-320", True),
+        (lambda c: c["config"].update(reward_scale=-1000.0), "reward_scale -1000.0", True),
         (lambda c: c["task"].update(ref_min=5.0, ref_max=5.0), "cannot normalise a score", False),
         (lambda c: c["config"].pop("targets"), "a run config needs exactly the fields", False),
     ],
@@ -278,6 +281,47 @@ def test_a_checkpoints_environment_id_is_a_registered_mujoco_one(run_dir, tmp_pa
     assert not target.exists()
 
 
+@pytest.mark.parametrize(
+    "view, phrase",
+    [
+        (lambda w: w[:1].expand(2 * 10**7, *w.shape[1:]), "viewed with strides (0, "),  # one row as 2e7 rows
+        (lambda w: w.as_strided((w.shape[0] * 4, w.shape[1]), (1, 1)), "viewed with strides (1, 1)"),  # overlapping
+    ],
+)
+def test_a_tensor_viewed_larger_than_its_storage_is_refused_before_it_is_read(run_dir, tmp_path, view, phrase):
+    import dt_primal
+
+    ckpt = torch.load(run_dir / "last.pt", weights_only=True)
+    ckpt["model"]["embed_timestep.weight"] = view(ckpt["model"]["embed_timestep.weight"])
+    torch.save(ckpt, tmp_path / "last.pt")
+    assert (tmp_path / "last.pt").stat().st_size < 2 * (run_dir / "last.pt").stat().st_size
+    res = run("evaluate.py", str(tmp_path / "last.pt"), "--episodes", "1", "--out", str(tmp_path / "ev.json"))
+    assert_user_error(res, str(tmp_path / "last.pt"), phrase)
+    with pytest.raises(UserError, match=re.escape(phrase)):
+        dt_primal.load_policy(tmp_path / "last.pt")
+
+
+def test_a_view_is_dense_and_inside_its_storage_or_refused():
+    from dt_primal.files.torch_archive import dense_in_storage
+
+    w = torch.randn(4, 3)
+    assert all(dense_in_storage(t) for t in (w, w.t(), w[1:], torch.empty(0, 3), torch.tensor(1.0)))
+    assert not any(dense_in_storage(t) for t in (w[:1].expand(5, 3), w[:, ::2], w.as_strided((4, 3), (1, 1))))
+    beyond = torch.zeros(10)
+    view = beyond[:]
+    beyond.untyped_storage().resize_(8)  # the view now reaches past its storage's end
+    assert not dense_in_storage(view)
+
+
+def test_views_that_share_one_storage_are_refused_beyond_the_files_size(run_dir, tmp_path):
+    ckpt = torch.load(run_dir / "last.pt", weights_only=True)
+    w = ckpt["model"]["embed_timestep.weight"]
+    ckpt["model"].update({f"copy{i}": w[:] for i in range(200)})  # 200 names for one storage
+    torch.save(ckpt, tmp_path / "last.pt")
+    with raises(str(tmp_path / "last.pt"), "views sharing their storage"):
+        checkpoint.read_checkpoint(tmp_path / "last.pt")
+
+
 def test_a_compressed_checkpoint_entry_is_refused_before_it_is_inflated(run_dir, tmp_path):
     with (
         zipfile.ZipFile(run_dir / "last.pt") as src,
@@ -304,6 +348,10 @@ def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, mon
     with raises("No space left on device); the previous one is intact"):
         checkpoint.save_checkpoints([path], [{"step": 2}])
     assert torch.load(path)["step"] == 1 and os.listdir(tmp_path) == ["last.pt"]
+    path.unlink()
+    with raises("No space left on device); no earlier checkpoint was there"):
+        checkpoint.save_checkpoints([path], [{"step": 2}])
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_write_that_fails_inside_the_archive_writer_keeps_the_previous_checkpoint(tmp_path):
@@ -311,7 +359,7 @@ def test_a_write_that_fails_inside_the_archive_writer_keeps_the_previous_checkpo
     script = """
 import resource, signal, sys, torch
 from pathlib import Path
-from dt_primal.checkpoint import save_checkpoints
+from dt_primal.files.checkpoint import save_checkpoints
 from dt_primal.errors import UserError
 path = Path(sys.argv[1])
 save_checkpoints([path], [{"model": {"w": torch.ones(10)}}])

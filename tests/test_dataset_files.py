@@ -30,10 +30,11 @@ from gymnasium.envs.registration import EnvSpec
 
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
-from dt_primal import machine, untrusted
+from dt_primal import machine
 from dt_primal.config import make_config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError
+from dt_primal.files.pickles import load_pickle
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training import checks
 
@@ -111,7 +112,7 @@ def test_an_arrow_dataset_without_pyarrow_says_to_install_it(monkeypatch):
     """Not "check the dataset id": the id is right, a package is missing."""
     from minari.storage.datasets_root_dir import get_dataset_path
 
-    from dt_primal.loaders import load_minari
+    from dt_primal.files.loaders import load_minari
 
     write_minari("tests/arrowish-v0", make_episodes(lengths=(20, 30), seed=1))
     meta_path = get_dataset_path("tests/arrowish-v0") / "data" / "metadata.json"
@@ -415,7 +416,7 @@ def test_a_pickle_declaring_a_huge_array_allocates_nothing(tmp_path):
     state = pickle.dumps(np.zeros(4, np.float32), protocol=2).replace(b"K\x04\x85", b"J\x00\x2d\x31\x01\x85")
     (tmp_path / "short.pkl").write_bytes(state)
     with pytest.raises(UserError, match="declares 20000000 values of float32 but holds 4"):
-        untrusted.load_pickle(tmp_path / "short.pkl")
+        load_pickle(tmp_path / "short.pkl")
 
 
 # --- Minari datasets: their metadata chooses no code ---

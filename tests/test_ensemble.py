@@ -15,12 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
-from dt_primal import checkpoint
 from dt_primal import data as data_module
 from dt_primal.config import Config
 from dt_primal.evaluation.acting import Acting
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import Recorder, rollout
+from dt_primal.files import checkpoint
 from dt_primal.model.members import member_state, stack_members
 from dt_primal.model.transformer import DecisionTransformer, dt_loss
 from dt_primal.training.loop import train

@@ -24,12 +24,12 @@ from conftest import (
 
 from datasets import suite
 from datasets.loaders import load_dataset
-from dt_primal import checkpoint
 from dt_primal.cli import run_main
 from dt_primal.cli.train import train_command
 from dt_primal.config import make_config
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.reports import write_report
+from dt_primal.files import checkpoint
 from dt_primal.model.transformer import dt_loss
 from dt_primal.training import loop as training
 from dt_primal.training import memory, step

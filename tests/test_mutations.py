@@ -254,7 +254,7 @@ def read(kind: str, path: Path, scratch: Path) -> None:
     """Read ``path`` as the commands do."""
     from commands.sweep import records
     from datasets.loaders import load_dataset
-    from dt_primal import checkpoint
+    from dt_primal.files import checkpoint
 
     if kind == "checkpoint":
         ckpt = checkpoint.load_checkpoint(path)

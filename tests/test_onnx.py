@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from conftest import run, tiny_run
 
-from dt_primal.checkpoint import load_checkpoint
 from dt_primal.errors import UserError
 from dt_primal.evaluation.policy import policy_from_checkpoints
 from dt_primal.evaluation.rollout import rollout
+from dt_primal.files.checkpoint import load_checkpoint
 from envs import TASKS
 
 pytest.importorskip("onnxruntime")

@@ -6,9 +6,9 @@ import torch
 from conftest import FORMAT1, needs_cuda, run
 
 from dt_primal import load_policy
-from dt_primal.checkpoint import load_checkpoint
 from dt_primal.evaluation.policy import Policy, policy_from_checkpoints
 from dt_primal.evaluation.rollout import rollout
+from dt_primal.files.checkpoint import load_checkpoint
 from envs import TASKS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses

@@ -9,17 +9,18 @@ import torch
 from conftest import ROOT, SMALL, TWO_STEPS, hopper_file, one_thread_env, run
 
 from datasets.loaders import load_dataset
-from dt_primal import checkpoint, precision
+from dt_primal import precision
 from dt_primal.cli.evaluate import evaluate_command
 from dt_primal.config import Config, make_config
+from dt_primal.files import checkpoint
 from dt_primal.training import loop as training
 
 # imports that change os.environ themselves (gymnasium hides pygame's greeting): made before the snapshot
 THIRD_PARTY = "import gymnasium, h5py, minari, numpy, torch, tqdm"
 LIBRARY = (
-    "dt_primal, dt_primal.cli.console, dt_primal.cli.train, dt_primal.cli.evaluate, dt_primal.loaders, "
+    "dt_primal, dt_primal.cli.console, dt_primal.cli.train, dt_primal.cli.evaluate, dt_primal.files.loaders, "
     "commands.train, commands.sweep.command, commands.spectrum, dt_primal.training.loop, "
-    "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.checkpoint, "
+    "dt_primal.evaluation.rollout, dt_primal.evaluation.checks, dt_primal.training.checks, dt_primal.files.checkpoint, "
     "dt_primal.cli, dt_primal.precision, dt_primal.process, "
     "datasets.loaders, envs"
 )

@@ -14,8 +14,8 @@ from conftest import (
 )
 
 from commands.sweep import records
-from dt_primal import untrusted
 from dt_primal.errors import UserError
+from dt_primal.files.reading import MAX_RECORD
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # in-process runs: one thread, as the subprocesses
 
@@ -58,8 +58,8 @@ def test_a_malformed_record_is_a_message_in_the_aggregation(run_dir, tmp_path):
 def test_a_fifo_a_device_or_a_folder_is_named_and_refused_without_waiting(tmp_path):
     """Every file a user gives is opened without blocking and checked on the open file: a FIFO as a record
     (dataset.json, evals.jsonl, a throughput file) hung, /dev/zero read until memory ran out."""
-    from dt_primal.records import read_curve
-    from dt_primal.untrusted import read_json
+    from dt_primal.files.reading import read_json
+    from dt_primal.files.records import read_curve
 
     fifo = tmp_path / "dataset.json"
     os.mkfifo(fifo)
@@ -82,7 +82,7 @@ def test_a_fifo_a_device_or_a_folder_is_named_and_refused_without_waiting(tmp_pa
 def test_a_records_archive_entry_larger_than_a_record_is_not_read(tmp_path):
     with tarfile.open(tmp_path / "big.tgz", "w:gz") as tar:
         info = tarfile.TarInfo("hopper/dt/seed_0/eval.json")
-        info.size = untrusted.MAX_RECORD + 1
+        info.size = MAX_RECORD + 1
         tar.addfile(info, io.BytesIO(b" " * info.size))
     with pytest.raises(UserError, match="declares 16777217 bytes, where a run record is a few kB"):
         records.from_archive(tmp_path / "big.tgz")
@@ -94,7 +94,7 @@ def test_records_are_bounded_in_total_json_and_never_read_through_a_link(tmp_pat
     with tarfile.open(tmp_path / "bomb.tgz", "w:gz") as tar:
         for i in range(5):
             info = tarfile.TarInfo(f"d/dt/seed_{i}/eval.json")
-            info.size = untrusted.MAX_RECORD
+            info.size = MAX_RECORD
             tar.addfile(info, io.BytesIO(b" " * info.size))
     assert (tmp_path / "bomb.tgz").stat().st_size < 200_000
     with pytest.raises(UserError, match="more than 64 MiB of records"):

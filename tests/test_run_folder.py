@@ -27,8 +27,8 @@ from conftest import (
 
 from datasets.loaders import load_dataset
 from datasets.synthetic import write_d4rl
-from dt_primal import run_folder
 from dt_primal.config import make_config
+from dt_primal.files import run_folder
 from dt_primal.training import loop as training
 from dt_primal.training.resume import record_dataset
 
@@ -88,7 +88,7 @@ def test_a_killed_run_leaves_no_lock_that_blocks(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     code = (
-        "import sys, time; from dt_primal.run_folder import hold_run_folder\n"
+        "import sys, time; from dt_primal.files.run_folder import hold_run_folder\n"
         f"with hold_run_folder({str(out)!r}):\n print('held', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -403,7 +403,7 @@ def test_the_window_builds_only_datasets_with_a_table4_run_left(tmp_path):
     """``LEFT`` lists, in the sweep's priority order, the datasets with a run neither committed nor finished in
     the window's sweep; a dataset all of whose runs are done is not built again."""
     from commands.sweep.grid import TABLE4_BY_GAIN
-    from dt_primal.run_folder import RECORD, run_dir
+    from dt_primal.files.run_folder import RECORD, run_dir
 
     done = "dt-primal/hopper/medium-v0"
     for m in gpu_window.MODELS:

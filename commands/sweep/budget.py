@@ -119,7 +119,7 @@ class Throughput:
         ]
 
     def save(self, path: Path, about: dict) -> None:
-        from dt_primal.untrusted import write_file
+        from dt_primal.files.writing import write_file
 
         fit = lambda step_s, steps_per_s, start_s: {"step_s": step_s, "env_step_s": 1 / steps_per_s, "start_s": start_s}
         evaluation = fit(self.eval_step_s, self.eval_steps_per_s, self.eval_start_s)
@@ -134,7 +134,7 @@ def load_throughput(path: Path) -> Throughput:
     "env_step_s": ..., "start_s": ...}}`` (this module's, ``bench/ensemble_speed.py --json``'s, with
     ``bench/eval_overhead.py --json``'s "evaluation", which wins over "eval_steps_per_s", and its
     "evaluation_in_turn", the same acting and stepping in turn); a UserError naming what is wrong with it."""
-    from dt_primal.untrusted import read_json
+    from dt_primal.files.reading import read_json
 
     try:
         doc = read_json(path, "The throughput file", "Measure again (bench/ensemble_speed.py --json).")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dt_primal.cli.evaluate import evaluate_command
-from dt_primal.run_folder import CHECKPOINT, dataset_slug, seed_folder
+from dt_primal.files.run_folder import CHECKPOINT, dataset_slug, seed_folder
 
 
 def best_and_worst(row: dict) -> list[int]:

@@ -21,8 +21,8 @@ from commands.sweep.budget import Group, Setting
 from datasets.suite import suite_id
 from dt_primal.cli import run_main
 from dt_primal.cli.train import Loader, train_command
+from dt_primal.files.run_folder import CHECKPOINT, RECORD, group_dir, run_dir, try_lock
 from dt_primal.process import configure_process
-from dt_primal.run_folder import CHECKPOINT, RECORD, group_dir, run_dir, try_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 # the nine D4RL datasets of the paper's Table 4, as the offline suite builds them (each level's newest version)

@@ -13,8 +13,8 @@ import numpy as np
 from commands.sweep.results import curve_points
 from commands.sweep.tables import comparable, seed_scores, short
 from dt_primal.evaluation import intervals as iv
-from dt_primal.run_folder import group_dir, seed_folder
-from dt_primal.untrusted import write_file
+from dt_primal.files.run_folder import group_dir, seed_folder
+from dt_primal.files.writing import write_file
 
 
 def save_figure(fig, path: Path, dpi: int) -> None:

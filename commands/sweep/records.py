@@ -24,8 +24,8 @@ from pathlib import Path, PurePosixPath
 
 from dt_primal.cli import command_parser, run_main
 from dt_primal.errors import UserError
-from dt_primal.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
-from dt_primal.untrusted import MAX_RECORD, read_bytes
+from dt_primal.files.reading import MAX_RECORD, read_bytes
+from dt_primal.files.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
 
 MAX_ENTRIES = 100_000
 MAX_TOTAL = 64 * 2**20  # all the records of a sweep: Table 4's 54 runs hold well under 1 MiB

@@ -10,8 +10,8 @@ import numpy as np
 
 from dt_primal.config import ADDED_LATER, PRESETS
 from dt_primal.evaluation.reports import mean_std, score
-from dt_primal.records import read_curve, read_record
-from dt_primal.run_folder import CURVE, RECORD, group_dir, run_dir, seed_folder
+from dt_primal.files.records import read_curve, read_record
+from dt_primal.files.run_folder import CURVE, RECORD, group_dir, run_dir, seed_folder
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
 DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with

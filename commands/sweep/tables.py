@@ -13,7 +13,7 @@ import numpy as np
 from commands.sweep.results import DT_MATCHED, DT_PAPER, LABEL_NOTES, LABELS
 from dt_primal.evaluation import intervals as iv
 from dt_primal.evaluation.reports import table, target_text
-from dt_primal.untrusted import write_file
+from dt_primal.files.writing import write_file
 
 
 def short(dataset: str) -> str:

@@ -18,7 +18,7 @@ def train(loader: Callable[[], Callable] | None = None) -> None:
     configure_process()
     from dt_primal.cli import run_main
     from dt_primal.cli.train import train_command
-    from dt_primal.loaders import load_dataset
+    from dt_primal.files.loaders import load_dataset
 
     run_main(lambda: train_command(sys.argv[1:], loader() if loader else load_dataset))
 

@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import command_parser
 from dt_primal.config import Config, add_config_args, overrides
 from dt_primal.errors import UserError, phase
@@ -16,6 +15,7 @@ from dt_primal.evaluation.checks import check_evaluate_args, check_evaluate_run
 from dt_primal.evaluation.onnx_policy import onnx_run
 from dt_primal.evaluation.reports import across_text, markdown, run_record, scoring, target_text, write_report
 from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
+from dt_primal.files.checkpoint import load_checkpoint
 from dt_primal.machine import resolve_device
 from dt_primal.model.architecture import conditions_on_return, evaluation_targets
 from dt_primal.precision import acting_precision

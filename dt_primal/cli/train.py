@@ -1,6 +1,6 @@
 """The training command as a function, ``train_command(argv, load_dataset)``: what ``train.py``, the
 installed ``dt-primal-train`` (``dt_primal.cli.console``) and a sweep's workers run. The installed command reads
-the standard formats (``dt_primal.loaders``); a checkout passes ``datasets.loaders.load_dataset``, which
+the standard formats (``dt_primal.files.loaders``); a checkout passes ``datasets.loaders.load_dataset``, which
 also builds its offline suite's datasets."""
 
 from __future__ import annotations
@@ -11,21 +11,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from dt_primal.checkpoint import load_checkpoint
 from dt_primal.cli import command_parser
 from dt_primal.config import PRESETS, Config, add_config_args, make_config, overrides
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import across_text, normalized_text, scoring, target_text, write_report
 from dt_primal.evaluation.video import check_folder
-from dt_primal.run_folder import CHECKPOINT, hold_run_folder, member_folders
+from dt_primal.files.checkpoint import load_checkpoint
+from dt_primal.files.run_folder import CHECKPOINT, hold_run_folder, member_folders
 from dt_primal.training.checks import check_run_inputs
 from dt_primal.training.distributed import Interrupted, distributed
 from dt_primal.training.loop import train
 from dt_primal.training.resume import record_dataset
 
 # load_dataset(spec, env, download, *, build, ref_scores) -> Trajectories: where the data comes from
-# (dt_primal.loaders.load_dataset, or a checkout's datasets.loaders.load_dataset; a test may pass another)
+# (dt_primal.files.loaders.load_dataset, or a checkout's datasets.loaders.load_dataset; a test may pass another)
 Loader = Callable[..., Trajectories]
 
 DESCRIPTION = """Train a Decision Transformer (dt), Primal.+DT (primal, default) or PrimalFormer on an offline

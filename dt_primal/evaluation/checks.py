@@ -17,9 +17,9 @@ from dt_primal.config import Config
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import REPORT_TABLE_HEAD
 from dt_primal.evaluation.video import check_folder
+from dt_primal.files.reading import read_json
+from dt_primal.files.run_folder import check_no_links
 from dt_primal.machine import check_device, gib, gpu_index, memory_bytes, on_gpu
-from dt_primal.run_folder import check_no_links
-from dt_primal.untrusted import read_json
 from envs import Task, TaskLimits
 
 # A conditioning return (a target or a return-to-go divided by --reward-scale) goes through a linear

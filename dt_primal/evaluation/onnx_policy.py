@@ -5,7 +5,7 @@ torch. The bookkeeping is ``Acting``'s, as the PyTorch ``Policy``'s; the forward
   policy.reset(target_return=3600.0)
   action = policy.act(obs)                   # then policy.act(obs, reward=reward) each later step
 
-An .onnx file is read as untrusted (``dt_primal.untrusted.check_onnx_policy``): from its bytes, so that
+An .onnx file is read as untrusted (``dt_primal.files.onnx.check_onnx_policy``): from its bytes, so that
 it cannot name other files (external weights are refused), with onnxruntime's standard operators only,
 and its metadata checked against the graph's inputs before anything acts.
 """
@@ -69,7 +69,7 @@ class OnnxPolicy(Acting):
 
 def load_onnx_policy(path: str | os.PathLike) -> OnnxPolicy:
     """The policy of the ONNX export at ``path``, on onnxruntime's CPU."""
-    from dt_primal.untrusted import check_onnx_policy
+    from dt_primal.files.onnx import check_onnx_policy
 
     session, meta = check_onnx_policy(path)
     return OnnxPolicy(session, meta)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dt_primal.checkpoint import model_from_checkpoints, read_checkpoint
 from dt_primal.evaluation.acting import Acting
+from dt_primal.files.checkpoint import model_from_checkpoints, read_checkpoint
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import acting_precision, autocast, tf32
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dt_primal.errors import UserError
+from dt_primal.files.writing import write_file
 from dt_primal.model.architecture import conditions_on_return
-from dt_primal.untrusted import write_file
 
 if TYPE_CHECKING:  # reports are read and tabled without Gymnasium and MuJoCo
     from envs import Task

@@ -1,7 +1,7 @@
 """The run loop, ``train``: the seeds of one model, on one dataset or several, train as one ensemble
 (``step.py``) in a loop of named parts (``TrainingRun``): the set-up, the step, at their periods the logging
 to TensorBoard and the progress bar with its divergence check, the batched evaluation of every
-member at once and atomic checkpoints (``dt_primal.checkpoint``), then the final evaluation.
+member at once and atomic checkpoints (``dt_primal.files.checkpoint``), then the final evaluation.
 SIGINT/SIGTERM stop it after a checkpoint, for an exact ``--resume`` (``resume.py``). Several processes or
 GPUs train data-parallel under ``torchrun`` (``distributed.py``)."""
 
@@ -19,14 +19,6 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dt_primal.checkpoint import (
-    load_members,
-    member_checkpoint,
-    model_from_checkpoints,
-    rng_state,
-    save_checkpoints,
-    set_rng_state,
-)
 from dt_primal.config import Config
 from dt_primal.data import Trajectories, WindowSampler
 from dt_primal.errors import UserError, phase
@@ -34,11 +26,19 @@ from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline, run_record, target_text
 from dt_primal.evaluation.rollout import Recorder, evaluation_seeds, rollout
 from dt_primal.evaluation.video import render, renderer
+from dt_primal.files.checkpoint import (
+    load_members,
+    member_checkpoint,
+    model_from_checkpoints,
+    rng_state,
+    save_checkpoints,
+    set_rng_state,
+)
+from dt_primal.files.records import append_point, keep_curve, read_curve, write_record
+from dt_primal.files.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
 from dt_primal.provenance import provenance
-from dt_primal.records import append_point, keep_curve, read_curve, write_record
-from dt_primal.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
 from dt_primal.training.checks import check_seeds
 from dt_primal.training.distributed import Interrupted, StopSignal, agreed_precision, check_batch_split
 from dt_primal.training.members import ensemble_members, fresh_model, model_config

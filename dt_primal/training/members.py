@@ -13,10 +13,10 @@ import torch
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
+from dt_primal.files.run_folder import CHECKPOINT, member_folders
 from dt_primal.model.architecture import ModelConfig, evaluation_targets, has_ksvd
 from dt_primal.model.build import build_model
 from dt_primal.model.members import member_state, stack_members
-from dt_primal.run_folder import CHECKPOINT, member_folders
 from dt_primal.training.checks import check_env_matches
 from envs import Task
 

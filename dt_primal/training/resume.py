@@ -19,8 +19,9 @@ import numpy as np
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
 from dt_primal.errors import UserError
-from dt_primal.run_folder import CHECKPOINT, DATASET_RECORD, SEED_FOLDERS, RunFolder, cannot_write, seed_of
-from dt_primal.untrusted import read_json, write_file
+from dt_primal.files.reading import read_json
+from dt_primal.files.run_folder import CHECKPOINT, DATASET_RECORD, SEED_FOLDERS, RunFolder, cannot_write, seed_of
+from dt_primal.files.writing import write_file
 
 # what --resume may change; every other option is the run's own (architecture, optimisation, returns)
 CHANGEABLE_ON_RESUME = (

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dt_primal import untrusted
 from dt_primal.errors import UserError
+from dt_primal.files.minari import check_steps_add_up, minari_spaces
+from dt_primal.files.reading import check_fits_memory, is_count, read_bytes, read_json
 
 COLUMNS = ("observations", "actions", "rewards", "terminations", "truncations")
-MAX_FILE = 2**34  # one episode's file: at most 100,000 numbers per step (``untrusted._check_box``)
+MAX_FILE = 2**34  # one episode's file: at most 100,000 numbers per step (``minari._check_box``)
 
 
 class _Table:
@@ -114,7 +115,7 @@ def _episode(path: Path, rows: int, dims: list[int], types: list[np.dtype]):
     checked (``_check_batch``), then decoded."""
     import pyarrow as pa
 
-    data = pa.py_buffer(untrusted.read_bytes(path, "The Arrow episode file", MAX_FILE))
+    data = pa.py_buffer(read_bytes(path, "The Arrow episode file", MAX_FILE))
     if data[:6].to_pybytes() != b"ARROW1":
         raise ValueError("it is not an Arrow IPC file")
     expected = [pa.list_(pa.from_numpy_dtype(t), d) for t, d in zip(types, dims)]
@@ -141,19 +142,19 @@ def _episode(path: Path, rows: int, dims: list[int], types: list[np.dtype]):
 
 def read_episodes(data: Path, meta: dict, where: str) -> list[dict]:
     """The episodes of the Minari dataset folder ``data`` (its ``metadata.json``, ``meta``, checked by
-    ``untrusted.check_minari_metadata``), as ``dict(observations, actions, rewards, terminals)`` arrays, the
+    ``minari.check_minari_metadata``), as ``dict(observations, actions, rewards, terminals)`` arrays, the
     padding row of the last four cut off, as Minari returns them."""
     import pyarrow as pa
 
-    dims, types = untrusted.minari_spaces(meta)
+    dims, types = minari_spaces(meta)
     step = sum(d * t.itemsize for d, t in zip(dims, types)) + 10  # and a reward, two flags
-    untrusted.check_fits_memory((meta["total_steps"] + meta["total_episodes"]) * step, where, "episodes")
+    check_fits_memory((meta["total_steps"] + meta["total_episodes"]) * step, where, "episodes")
     episodes, total = [], 0
     for i in range(meta["total_episodes"]):
         folder = data / str(i)
-        ep_meta = untrusted.read_json(folder / "metadata.json", f"{where}'s episode {i} metadata", "")
+        ep_meta = read_json(folder / "metadata.json", f"{where}'s episode {i} metadata", "")
         steps = ep_meta.get("total_steps") if isinstance(ep_meta, dict) else None
-        if not untrusted.is_count(steps) or steps < 1 or total + steps > meta["total_steps"]:
+        if not is_count(steps) or steps < 1 or total + steps > meta["total_steps"]:
             raise UserError(
                 f"{where}'s episode {i} declares {str(steps)[:40]} steps; the dataset's metadata.json declares "
                 f"{meta['total_steps']} steps in all. The dataset is damaged: download or make it again."
@@ -176,5 +177,5 @@ def read_episodes(data: Path, meta: dict, where: str) -> list[dict]:
                 f"download or make it again."
             ) from None
         episodes.append(dict(observations=obs, actions=actions[:-1], rewards=rewards[:-1], terminals=terms[:-1]))
-    untrusted.check_steps_add_up(total, meta, where)
+    check_steps_add_up(total, meta, where)
     return episodes

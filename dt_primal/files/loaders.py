@@ -6,7 +6,7 @@
 - a decision-transformer pickle (a list of trajectory dicts with ``observations, actions,
   rewards`` and ``terminals`` or ``dones``).
 
-Every file is read as untrusted (``dt_primal.untrusted``). A checkout's offline suite
+Every file is read as untrusted (``dt_primal.files``). A checkout's offline suite
 (``dt-primal/<env>/<level>-v0``, built on first use) is read by ``datasets.loaders``, which builds the
 dataset and then calls ``load_dataset`` here.
 """
@@ -23,9 +23,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from dt_primal import arrow_episodes, minari_hdf5, untrusted
 from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
+from dt_primal.files import minari_arrow, minari_hdf5, pickles
+from dt_primal.files.hdf5 import open_hdf5
+from dt_primal.files.minari import open_minari
+from dt_primal.files.reading import read_json
 from envs import Task, derived_targets, find_task, task_for
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals")
@@ -135,7 +138,7 @@ def _minari_id(path: Path) -> str | None:
     for meta in (path / "data" / "metadata.json", path / "metadata.json", path.parent / "metadata.json"):
         if meta.is_file():
             try:  # Minari's are a few kB: a larger one, or one that is not JSON, is not read
-                dataset_id = untrusted.read_json(meta, "The metadata", "").get("dataset_id")
+                dataset_id = read_json(meta, "The metadata", "").get("dataset_id")
             except (UserError, AttributeError):
                 return None
             # an id as Minari writes them; anything else (shell syntax, escape codes) is never shown or suggested
@@ -197,11 +200,11 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
         if download and dataset_id not in minari.list_local_datasets():
             minari.download_dataset(dataset_id)
         where = f"The Minari dataset {dataset_id}"
-        with untrusted.open_minari(dataset_id) as (meta, hdf5):
+        with open_minari(dataset_id) as (meta, hdf5):
             if hdf5 is not None:
                 episodes = minari_hdf5.read_episodes(hdf5, meta, where)
             else:
-                episodes = arrow_episodes.read_episodes(get_dataset_path(dataset_id) / "data", meta, where)
+                episodes = minari_arrow.read_episodes(get_dataset_path(dataset_id) / "data", meta, where)
     except UserError:
         raise
     except Exception as exc:  # unknown remote id, damaged or truncated files, no network
@@ -235,7 +238,7 @@ def _combine_hint(dataset_id: str) -> str:
 
 def load_d4rl_hdf5(path: Path) -> Trajectories:
     try:
-        with untrusted.open_hdf5(path) as f:
+        with open_hdf5(path) as f:
             missing = [k for k in D4RL_KEYS if k not in f]
             if missing:
                 hint = _minari_hint(path) if any(k.startswith("episode_") for k in f) else ""
@@ -280,7 +283,7 @@ def load_d4rl_hdf5(path: Path) -> Trajectories:
 
 
 def load_pickle(path: Path) -> Trajectories:
-    trajs = untrusted.load_pickle(path)  # plain data only: unpickling nothing else runs no code
+    trajs = pickles.load_pickle(path)  # plain data only: unpickling nothing else runs no code
     if not isinstance(trajs, (list, tuple)) or not all(isinstance(t, dict) for t in trajs):
         hint = (
             " It holds one dict of arrays, as a D4RL file does: write those arrays into an .hdf5 file (keys "

@@ -1,5 +1,5 @@
 """The episodes of a Minari dataset stored in HDF5, read by dt-primal itself from the file that
-``untrusted.open_minari`` opened and checked, and checked against the dataset's metadata.
+``minari.open_minari`` opened and checked, and checked against the dataset's metadata.
 
 Minari writes episode ``i`` as the group ``episode_i`` of ``data/main_data.hdf5``: ``observations`` (one row
 more than its steps), ``actions``, ``rewards``, ``terminations`` and ``truncations`` (one row per step) and
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dt_primal import untrusted
 from dt_primal.errors import UserError
+from dt_primal.files.minari import check_steps_add_up, minari_spaces
 
 NUMERIC = "biuf"  # bool, integers, floats
 
@@ -42,9 +42,9 @@ def _read(f, name: str, rows: int | None, width: int | None, where: str) -> np.n
 
 def read_episodes(f, meta: dict, where: str) -> list[dict]:
     """The episodes of the Minari HDF5 file ``f`` (open and checked; its ``metadata.json``, ``meta``, checked
-    by ``untrusted.check_minari_metadata``), as ``dict(observations, actions, rewards, terminals)`` arrays, as
+    by ``minari.check_minari_metadata``), as ``dict(observations, actions, rewards, terminals)`` arrays, as
     Minari returns them."""
-    (obs_dim, act_dim), _ = untrusted.minari_spaces(meta)
+    (obs_dim, act_dim), _ = minari_spaces(meta)
     episodes, total = [], 0
     for i in range(meta["total_episodes"]):
         group = f"episode_{i}"
@@ -64,5 +64,5 @@ def read_episodes(f, meta: dict, where: str) -> list[dict]:
                 terminals=_read(f, f"{group}/terminations", steps, None, where),
             )
         )
-    untrusted.check_steps_add_up(total, meta, where)
+    check_steps_add_up(total, meta, where)
     return episodes

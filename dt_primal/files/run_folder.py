@@ -29,7 +29,7 @@ from pathlib import Path
 from dt_primal.errors import UserError
 
 # the files of a run's folder: the only place that spells them
-CHECKPOINT = "last.pt"  # the weights and everything to act with them or continue (dt_primal.checkpoint)
+CHECKPOINT = "last.pt"  # the weights and everything to act with them or continue (dt_primal.files.checkpoint)
 PREVIOUS = "prev.pt"  # an ensemble's previous checkpoint, kept while its members' new ones are renamed in
 RECORD = "eval.json"  # the final evaluation, its config and provenance: a finished run has one
 CURVE = "evals.jsonl"  # the evaluations during training, one JSON object per line

@@ -4,7 +4,7 @@ environment, reference scores and targets), the normalisation statistics and, fo
 AdamW moments and random generator states. A member of an ensemble writes the same file as a run of
 that seed alone, so either can evaluate or resume it.
 
-The file holds tensors and plain data only (``torch.save``; read with ``dt_primal.untrusted``, which
+The file holds tensors and plain data only (``torch.save``; read with ``dt_primal.files.torch_archive``, which
 runs no code), and its format version: 2 since 2026-11-25. Format 1 files (no version; NumPy arrays
 and NumPy's generator state as a tuple) are read through the same allow-list and upgraded as they load.
 """
@@ -21,11 +21,13 @@ import torch
 
 from dt_primal.config import ADDED_LATER, ADDED_TO_MODEL, Config
 from dt_primal.errors import UserError
+from dt_primal.files.reading import acts_finite, is_count
+from dt_primal.files.run_folder import PREVIOUS
+from dt_primal.files.torch_archive import load_torch
+from dt_primal.files.writing import write_beside
 from dt_primal.model.architecture import ModelConfig
 from dt_primal.model.build import build_model
 from dt_primal.model.members import stack_members
-from dt_primal.run_folder import PREVIOUS
-from dt_primal.untrusted import is_count, load_torch
 
 FORMAT = 2
 CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
@@ -77,18 +79,15 @@ def member_checkpoint(
 
 
 def _write(path: Path, payload: dict) -> Path:
-    """``payload`` written and flushed to disk at ``path``.tmp; returns that path."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    """``payload`` written beside ``path`` and flushed to disk (``write_beside``); returns where."""
+
+    def save(f) -> None:
         try:
             torch.save(plain({**payload, "format": FORMAT}), f)
-        except (
-            RuntimeError
-        ) as exc:  # the archive writer's failed write (a full disk, a file-size limit): "unexpected pos"
+        except RuntimeError as exc:  # the archive writer's failed write (a full disk, a file-size limit)
             raise OSError(str(exc).splitlines()[0]) from exc
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
+
+    return write_beside(path, save, "The checkpoint")
 
 
 def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
@@ -96,9 +95,10 @@ def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
     nothing: all new files are written first, then each replaces its old one by a rename; with several
     members each old one is kept as ``prev.pt`` until all are renamed (``load_members`` falls back
     to it)."""
-    tmps = []
+    tmps, existed = [], [path.exists() for path in paths]
     try:
-        tmps = [_write(path, payload) for path, payload in zip(paths, payloads)]
+        for path, payload in zip(paths, payloads):
+            tmps.append(_write(path, payload))
         for path in paths if len(paths) > 1 else ():
             if path.exists():
                 os.link(path, path.with_name(PREVIOUS + ".tmp"))
@@ -108,15 +108,14 @@ def save_checkpoints(paths: list[Path], payloads: list[dict]) -> None:
         for path in paths:
             path.with_name(PREVIOUS).unlink(missing_ok=True)
     except OSError as exc:
+        kept = "the previous one is intact" if any(existed) else "no earlier checkpoint was there"
         raise UserError(
-            f"Could not write the checkpoint {paths[0] if len(paths) == 1 else paths} ({exc}); the "
-            f"previous one is intact. Free disk space or fix the folder's permissions, then continue with "
-            f"--resume."
+            f"Could not write the checkpoint {paths[0] if len(paths) == 1 else paths} ({exc}); {kept}. Free disk "
+            f"space or fix the folder's permissions, then continue with --resume."
         ) from exc
     finally:
-        for path in paths:
-            for leftover in (path.with_name(path.name + ".tmp"), path.with_name(PREVIOUS + ".tmp")):
-                leftover.unlink(missing_ok=True)
+        for leftover in tmps + [path.with_name(PREVIOUS + ".tmp") for path in paths]:
+            leftover.unlink(missing_ok=True)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:
@@ -181,11 +180,13 @@ def _check_values(ckpt: dict, path) -> None:
             f"the run diverged or the file is damaged. Use an earlier checkpoint or retrain."
         )
     mean, std = ckpt["state_mean"], ckpt["state_std"]
-    if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+    scale = ckpt["config"].get("reward_scale") if isinstance(ckpt["config"], dict) else None
+    if not acts_finite(mean, std, scale):
         raise UserError(
-            f"{path} holds observation statistics that are not finite or a spread that is not positive "
-            f"(state_std min {np.nanmin(std) if std.size else 0:g}), which would make every action NaN; "
-            f"the file is damaged. Use an earlier copy or retrain."
+            f"{path} holds observation statistics or a reward scale that acting in float32 cannot use (state_std "
+            f"min {np.nanmin(std) if std.size else 0:g}, reward_scale {str(scale)[:40]}: not finite, not positive, "
+            f"or so small that dividing by it overflows), which would make every action NaN; the file is "
+            f"damaged. Use an earlier copy or retrain."
         )
 
 

@@ -1,7 +1,7 @@
 """A run's records, written and read here alone: ``eval.json`` (its final evaluation, with its config and
 provenance: ``evaluation.reports.run_record``) and ``evals.jsonl`` (its learning curve: one JSON object per
 evaluation during training, a step and its reports). Read as files a user may be given: bounded
-(``untrusted.read_json``, ``read_bytes``) and checked for the numbers the tables read."""
+(``reading.read_json``, ``read_bytes``) and checked for the numbers the tables read."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from dt_primal.errors import UserError
-from dt_primal.untrusted import MAX_RECORD, is_count, is_number, read_bytes, read_json, write_file
+from dt_primal.files.reading import MAX_RECORD, is_count, is_number, read_bytes, read_json
+from dt_primal.files.writing import write_file
 
 MAX_LINE = 2**20  # a line of evals.jsonl: one evaluation's reports, a few kB
 UNKEPT = ("returns", "lengths")  # per-episode lists: in eval.json, not in every line of the curve
