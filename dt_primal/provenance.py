@@ -57,7 +57,9 @@ def device_name(device: torch.device | str) -> str:
     return f"{name} ({threads} thread{'s' if threads > 1 else ''})"
 
 
-def provenance(device: torch.device | str) -> dict:
+def provenance(device: torch.device | str, code: str | None = None) -> dict:
+    """How a record is made now, on ``device``; ``code``: the commit read when the work began (``commit()``), for
+    a run whose checkout may move on while it trains (its modules were loaded then)."""
     versions = {"python": platform.python_version(), "cuda": torch.version.cuda}
     for lib in LIBRARIES:
         try:
@@ -65,7 +67,7 @@ def provenance(device: torch.device | str) -> dict:
         except metadata.PackageNotFoundError:
             versions[lib] = None
     return {
-        "commit": commit(),
+        "commit": code or commit(),
         "device": device_name(device),
         "versions": versions,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

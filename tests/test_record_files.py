@@ -11,6 +11,7 @@ import pytest
 from conftest import (
     assert_user_error,
     run,
+    tiny_run,
 )
 
 from commands.sweep import records
@@ -165,3 +166,14 @@ def test_a_sweeps_tables_and_figures_replace_a_link_in_its_folder_never_write_th
     assert victim.read_text() == "keep"
     assert not (tmp_path / "results.csv").is_symlink() and (tmp_path / "results.csv").read_text().startswith("dataset")
     assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_records_the_commit_it_started_from_not_the_one_it_ended_at(tmp_path, monkeypatch):
+    """A run loads its code when it starts; a checkout that moves on while it trains does not change what ran."""
+    from dt_primal import provenance
+    from dt_primal.training import loop
+
+    monkeypatch.setattr(loop, "commit", lambda: "abc1234-dirty")  # read as the run starts
+    monkeypatch.setattr(provenance, "commit", lambda: "def5678")  # the checkout when the run ends
+    run = tiny_run(tmp_path)
+    assert json.loads((run / "eval.json").read_text())["provenance"]["commit"] == "abc1234-dirty"

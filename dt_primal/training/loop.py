@@ -38,7 +38,7 @@ from dt_primal.files.records import append_point, keep_curve, read_curve, write_
 from dt_primal.files.run_folder import CHECKPOINT, CURVE, RECORD, SEED_FOLDERS, member_name
 from dt_primal.machine import resolve_device
 from dt_primal.model.members import all_finite, member_state
-from dt_primal.provenance import provenance
+from dt_primal.provenance import commit, provenance
 from dt_primal.training.checks import check_seeds
 from dt_primal.training.distributed import Interrupted, StopSignal, agreed_precision, check_batch_split
 from dt_primal.training.members import ensemble_members, fresh_model, model_config
@@ -95,6 +95,7 @@ class TrainingRun:
         self.members = ensemble_members(cfg, data if isinstance(data, dict) else {cfg.dataset: data}, seeds)
         self.out, self.cfg = cfg.out, self.members[0].cfg
         self.device = resolve_device(self.cfg.device)
+        self.code = commit()  # the code this run loads, whatever the checkout becomes while it trains
         check_batch_split(self.cfg.batch_size, self.world)
         ckpts = self._checkpoints(resuming([m.last for m in self.members], self.cfg, seeds, resume))
         self.cfg = dataclasses.replace(self.cfg, precision=agreed_precision(self.cfg, self.device, self.rank))
@@ -405,7 +406,7 @@ class TrainingRun:
         per_member, seconds = self.evaluate(self.policy, self.cfg.eval_episodes, recorder)
         if recorder is not None:
             render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video, chosen)
-        results, made = [], provenance(self.device)
+        results, made = [], provenance(self.device, self.code)
         for writer, m, reports in zip(self.writers, self.members, per_member):
             log_scores(writer, reports, self.step)
             writer.close()
