@@ -393,6 +393,7 @@ def yardstick() -> str:
         dt_text, lo_dt, hi_dt = published([*pub["dt"], PAPER[key][1][0]])
         mean = lambda t: None if t is None else t["mean"]
         bc10, dt = score(key, "bc10"), score(key, "dt")
+        bc10_vs, dt_vs = in_range(mean(bc10), lo10, hi10), in_range(mean(dt), lo_dt, hi_dt)
         lines.append(
             [
                 key,
@@ -400,12 +401,12 @@ def yardstick() -> str:
                 bc_text,
                 cell(bc10),
                 bc10_text,
-                in_range(mean(bc10), lo10, hi10),
+                bc10_vs,
                 cell(dt),
                 cell(score(key, "primal")),
                 dt_text,
-                in_range(mean(dt), lo_dt, hi_dt),
-                verdict(in_range(mean(bc10), lo10, hi10), in_range(mean(dt), lo_dt, hi_dt)),
+                dt_vs,
+                verdict(bc10_vs, dt_vs),
             ]
         )
     head = [

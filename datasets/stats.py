@@ -33,8 +33,11 @@ def d4rl_row(dataset_id: str) -> str:
     norm, best = (data.task.normalize(d.episode_returns()) for d in (data, data.best_episodes(BEST_PERCENT)))
     key = "/".join(dataset_id.split("/")[1:]).rsplit("-v", 1)[0]
     ref = D4RL["datasets"].get(key)
-    theirs = "–" if ref is None else f"{ref['steps']}, {ref['episodes']}, {ref['mean']:.1f} ± {ref['std']:.1f}, "
-    theirs += f"{ref['max']:.1f}" if ref else ""
+    theirs = (
+        "–"
+        if ref is None
+        else f"{ref['steps']}, {ref['episodes']}, {ref['mean']:.1f} ± {ref['std']:.1f}, {ref['max']:.1f}"
+    )
     return (
         f"| {dataset_id} | {len(data.rewards)}, {len(data.lengths)}, {norm.mean():.1f} ± {norm.std():.1f}, "
         f"{norm.max():.1f} | {best.mean():.1f} ({len(best)} episodes) | {theirs} |"

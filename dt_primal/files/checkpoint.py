@@ -163,8 +163,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
 
 
 def _check_values(ckpt: dict, path) -> None:
-    """What acting needs of the values: a step count, finite weights, finite statistics with a positive
-    spread (a NaN or a zero there turns every action into NaN)."""
+    """What acting needs of the values: a step count, finite weights, and statistics and a reward scale that stay
+    finite in float32 (``acts_finite``: a NaN or a zero there turns every action into NaN)."""
     step = ckpt["step"]
     if not is_count(step):
         raise UserError(

@@ -77,7 +77,7 @@ def dense_in_storage(t) -> bool:
         if stride != expected:
             return False
         expected *= n
-    end = t.storage_offset() + (t.numel() if t.numel() else 0)
+    end = t.storage_offset() + t.numel()
     return t.storage_offset() >= 0 and end * t.element_size() <= t.untyped_storage().nbytes()
 
 
