@@ -215,8 +215,8 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int, algo: str | N
         if (resuming or committed) and progress_path.exists()
         else new_progress(task, seed, algo or ALGOS[task.name], MEDIUM_SCORE)
     )
-    progress["algo"] = algo or progress.get("algo", ALGOS[task.name])
-    progress["medium_score"] = medium_score or progress.get("medium_score", MEDIUM_SCORE)
+    progress["algo"] = algo if algo is not None else progress.get("algo", ALGOS[task.name])
+    progress["medium_score"] = medium_score if medium_score is not None else progress.get("medium_score", MEDIUM_SCORE)
     algo_class = {"SAC": SAC, "TQC": TQC}[progress["algo"]]
     if resuming:
         model = algo_class.load(work_dir / "model.zip", env=env, device="cpu")
