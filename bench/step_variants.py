@@ -11,7 +11,7 @@ default options in the variant's precision must agree (losses and weight changes
 precision) and stay finite; then **timed**: ``--members`` members, ``--warmup`` untimed updates (capture,
 compilation), ``--updates`` timed ones (``dt_primal.training.throughput.time_updates``, Primal.+DT at the
 paper's size). The table, fastest first, is printed last; ``--json`` writes it with the engine's hash for
-``python -m commands.gpu_window``, which trains with the fastest variant that passed (``fastest``).
+``python -m tools.gpu_window``, which trains with the fastest variant that passed (``fastest``).
 """
 
 from __future__ import annotations

@@ -68,12 +68,13 @@ def test_the_wheel_installs_the_library_and_its_commands_and_never_a_top_level_d
     assert res.returncode == 0 and res.stdout.startswith("usage: dt-primal-export"), res.stderr
 
 
-LAYERS = {"envs": 0, "dt_primal": 1, "datasets": 2, "commands": 3, "train": 3, "evaluate": 3}
+# the product's layers, then the benchmarks that measure it and the maintainers' tooling that runs them
+LAYERS = {"envs": 0, "dt_primal": 1, "datasets": 2, "commands": 3, "train": 3, "evaluate": 3, "bench": 4, "tools": 5}
 
 
 def test_imports_run_one_way():
-    """envs <- dt_primal <- datasets <- the commands: no module imports one of a layer above its own, not even
-    inside a function."""
+    """envs <- dt_primal <- datasets <- the commands <- bench <- tools: no module imports one of a layer above its
+    own, not even inside a function (nothing of the product imports the benchmarks or the GPU window's tooling)."""
     upward = []
     for path in sorted(ROOT.glob("*.py")) + sorted(p for top in LAYERS for p in (ROOT / top).rglob("*.py")):
         own = LAYERS[path.relative_to(ROOT).parts[0].removesuffix(".py")]

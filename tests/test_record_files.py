@@ -137,7 +137,7 @@ def test_a_gpu_windows_throughput_file_is_checked_before_the_window_starts(tmp_p
         path = Path(content)
     else:
         path.write_text(content)
-    res = run("-m", "commands.gpu_window", "start", "--out", tmp_path / "out", "--throughput", path, timeout=60)
+    res = run("-m", "tools.gpu_window", "start", "--out", tmp_path / "out", "--throughput", path, timeout=60)
     assert res.returncode == 2 and "--throughput" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 

@@ -1,35 +1,12 @@
-"""Table 4 on a GPU machine held for a short time (about 15 minutes, docs/gpu.md): two commands.
-
-  python -m commands.gpu_window start --out OUT --window 850   # at once when the machine is up
-  python -m commands.gpu_window wait --out OUT                  # the next command, at once
-
-``start`` installs the wheels of ``.whl/`` (the packages such a machine lacks), builds the datasets the first
-groups need side by side in the background (each rollout on all cores), checks what imports, ranks the step's variants
-(``bench/step_variants.py``: compiling, the AdamW and attention kernels, the compile mode, the precision)
-and measures the fastest that passed at 3, 6 and 9 members (the DT model's own step at 3 and 9), then
-starts detached, once the builds have ended (at most ``SETTLE_S`` after they started), the sweep of Table 4 with
-that variant's options and a time budget that ends with the
-window (``--window`` seconds from now, less a margin to pack), the paper's largest claimed gains first,
-and the CUDA tests beside the sweep's first seconds. A ranking or a throughput
-committed under ``results/gpu-*/`` for the same engine (``dt_primal.training.throughput.engine_hash``: the
-step's modules and torch's version) on the same GPU is used instead of measuring again (a ranking of it on
-another GPU too), and so is what an evaluation costs on that GPU (``bench/eval_overhead.py --json``), which the
-sweep's budget reads: measured once the builds have ended, with ``--profile`` or where no fit with the captured
-acting forward pass that may plan a sweep is committed (``fit_for_budgets``). Measuring stops
-``--least-training`` seconds before the window's end. Until its own
-``--seconds`` are spent it packs, every 20 s, the records of the finished runs, the measurements, the
-sweep's log and this file's account of every phase (``window.json``) into OUT, the folder that comes
-back. ``wait`` packs the same way until the sweep has ended or the window is over. A failed phase is
-written down and the next one goes on with what passed. Only the standard library runs in this process:
-every phase is a child process, with a time limit.
-
-Back on the CPU machine: ``python -m commands.sweep.records OUT/records.tgz results/table4``, then
-``python -m commands.tables``.
+"""The phases of a GPU window (README.md): the datasets built in the background, the imports checked, the
+step's variants ranked and measured (or the committed measurements read, ``measurements.py``), the budgeted sweep
+of Table 4 started detached with the CUDA tests beside it, and the records, logs and measurements packed into OUT
+every ``PACK_EVERY`` seconds. Each phase is a child process with a time limit; a failed phase is written down in
+``window.json`` and the next one goes on with what passed. Only the standard library runs in this process.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -41,7 +18,18 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from .measurements import (
+    BUILD_S,
+    BUILD_STEPS,
+    PROFILE_STEPS,
+    ROOT,
+    SETTLE_S,
+    committed,
+    committed_evaluation,
+    committed_fit,
+    given_options,
+)
+
 STATE = Path("runs/gpu-window")  # this machine's side, under ROOT: the measurements, logs, the window's end
 SWEEP = Path("runs/table4")  # the sweep (relative: the records name no machine path)
 RECORDED, MODELS, SEEDS = Path("results/table4"), ["dt", "primal"], [0, 1, 2]  # the runs of Table 4, committed
@@ -51,21 +39,8 @@ from commands.sweep.grid import TABLE4_BY_GAIN, all_finished
 left = [d for d in TABLE4_BY_GAIN if not all_finished(d, {MODELS}, {SEEDS}, Path('{SWEEP}'), Path('{RECORDED}'))]
 print(' '.join(left))
 """
-MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
-# the first datasets' builds on a 16-core GPU machine, each rollout in 2 processes: five in 112 s on an H200
-# (2026-11-26), in about 165 s on an H100 beside the step's compilations (2026-11-27: a medium dataset, a million
-# steps, in 145 and 159 s); since a rollout runs on all cores, the most they may take (not measured on a GPU machine)
-BUILD_S = 170.0
-MEDIUM_STEPS = 1_000_000  # the transitions of a medium dataset, the longest of those builds
-# the window's seconds no measurement may take: the smallest group (3 members of DT, final evaluation included)
-# was estimated at 6.2 min on an H100 (results/gpu-h100-2026-11-27), and 355 s left after measuring trained nothing
-LEAST_TRAINING = 420.0
-SETTLE_S = 90.0  # the longest the sweep's start waits for the builds, so that it plans with the datasets built
 EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and final evaluations, a 9-member one's final
-# the steps of a profile's rollouts (bench/eval_overhead.py --steps): one that does not time its start-up apart
-# spreads it over them; over 100 steps that overstated each step by 29 and 56 % on an H100 (2026-11-27: 1,800 and 600
-# episodes in turn, against 200 steps the same day, results/gpu-h100-walker2d-primal-2026-11-27)
-PROFILE_STEPS = 200
+MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 # the captured step's, acting's and the evaluations beside training's CUDA tests
 CUDA_TESTS = ["tests/test_ensemble.py", "tests/test_policy.py", "tests/test_train.py"]
@@ -225,39 +200,6 @@ def bench_options(options: list[str]) -> list[str]:
     return ["--modes", mode, "--precisions", precision, *(a for a in rest if a != "--compile")]
 
 
-def committed(
-    name: str, engine: dict, any_gpu: bool = False, any_engine: bool = False, keep=lambda doc: True, **fields
-) -> Path | None:
-    """The newest ``results/gpu-*/NAME.json`` (by its folder's date, then its own ``measured_at``) measured
-    with ``engine`` ({"engine", "gpu"}: the step's hash and this GPU's name), every record of it under that
-    hash (under any, with ``any_engine``), on that GPU (on any, with ``any_gpu``), with the top-level
-    ``fields`` given, that ``keep(doc)``."""
-    docs = []
-    for path in ROOT.glob(f"results/gpu-*/{name}.json"):
-        try:
-            docs.append((path, json.loads(path.read_text())))
-        except (OSError, ValueError):
-            continue
-    for path, doc in sorted(docs, key=lambda pd: (pd[0].parent.name[-10:], measured_at(pd[1])), reverse=True):
-        try:
-            records = doc["records"]
-            gpu = any_gpu or doc["info"]["gpu"] == engine.get("gpu")
-            same = gpu and records and all(doc.get(k) == v for k, v in fields.items()) and keep(doc)
-            hashed = any_engine or all(r.get("engine", doc.get("engine")) == engine.get("engine") for r in records)
-            if same and hashed:
-                return path
-        except (KeyError, TypeError, AttributeError):
-            continue
-    return None
-
-
-def measured_at(doc) -> str:
-    """When a bench's ``--json`` was written ("YYYY-MM-DD HH:MM UTC"), "" where it does not say."""
-    info = doc.get("info") if isinstance(doc, dict) else None
-    date = info.get("date") if isinstance(info, dict) else None
-    return date if isinstance(date, str) else ""
-
-
 def rank_variants(w: Window, args) -> list[str]:
     """The train.py options of the fastest variant of the step that passed its check: from a committed
     ranking of this engine on this GPU, else the options of a committed throughput of it there, else the
@@ -287,31 +229,6 @@ def rank_variants(w: Window, args) -> list[str]:
         return ["--compile"]
     w.doc["variant"] = best["variant"]
     return list(best["options"])
-
-
-CHECK_MEASUREMENTS = """import sys
-from commands.sweep.budget import load_throughput
-from dt_primal.cli import run_main
-run_main(lambda: load_throughput(sys.argv[1]))"""
-
-
-def read_measurements(path: Path) -> dict:
-    """``--throughput``: checked by the sweep's own reader (``commands.sweep.budget.load_throughput``: a regular
-    file of at most 16 MiB, JSON, with valid records) in a child process, as this one imports no dt_primal; its
-    message and exit 2 when it is not such a file."""
-    check = subprocess.run([sys.executable, "-c", CHECK_MEASUREMENTS, str(path)], cwd=ROOT, capture_output=True)
-    if check.returncode:
-        print(f"--throughput: {check.stderr.decode(errors='replace').strip()[-800:]}", file=sys.stderr)
-        sys.exit(2)
-    return json.loads(path.read_bytes())
-
-
-def given_options(doc: dict) -> list[str]:
-    """The train.py options a ``--throughput`` file (``read_measurements``) was measured with: as a window wrote
-    them, else (an older file) --compile where it has compiled measurements."""
-    if isinstance(doc.get("options"), list) and all(isinstance(o, str) for o in doc["options"]):
-        return doc["options"]
-    return ["--compile"] if any("compiled" in str(r.get("mode")) for r in doc["records"]) else []
 
 
 def measure(w: Window, args, options: list[str]) -> list[str]:
@@ -353,31 +270,6 @@ def profile_evaluation(w: Window, short: bool = False) -> None:
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 100, w.doc["reserve"])
 
 
-def fit_for_budgets(doc: dict) -> bool:
-    """Whether an evaluation profile's fit (``bench/eval_overhead.py --json``) may plan a sweep: its rollouts timed
-    their start-up apart, or ran ``PROFILE_STEPS`` steps or more (else they spread it over their steps)."""
-    return all("start_s" in r or r.get("steps", 0) >= PROFILE_STEPS for r in doc["records"])
-
-
-def committed_evaluation(w: Window) -> Path | None:
-    """The newest evaluation profile committed for this GPU (under any engine) that may plan a sweep."""
-    return committed("evaluation", w.doc.get("engine", {}), any_engine=True, keep=fit_for_budgets)
-
-
-def committed_fit(w: Window, complete: bool) -> bool:
-    """Whether what an evaluation costs with the captured acting forward pass is committed for this GPU, as a fit
-    that may plan a sweep (``fit_for_budgets``); ``complete``: measured with its episodes' halves pipelined and in
-    turn, and with the eager forward pass that evaluations beside training act with, its start-up and its forward
-    pass's first steps timed apart."""
-    try:
-        records = json.loads(committed_evaluation(w).read_text())["records"]
-        apart = all("start_s" in r and "first_forward_s" in r for r in records)
-        both = {r.get("forward") for r in records} >= {"captured", "eager"} and any(r.get("pipeline") for r in records)
-        return any(r.get("forward") == "captured" for r in records) and (apart and both or not complete)
-    except (AttributeError, OSError, ValueError, KeyError, TypeError):
-        return False
-
-
 def profile_step(w: Window, options: list[str]) -> None:
     """``bench/step_kernels.py``: where 9 members' update with ``options`` spends its device time, kernel by kernel
     and phase by phase, into OUT/profile.json (about 26 s on an H100)."""
@@ -393,7 +285,7 @@ def measure_after_the_sweep(w: Window) -> None:
     in turn nor their start-up), one run's updates/s (OUT/one-run.json), then the step's profile unless measured
     (OUT/profile.json)."""
     w.doc["reserve"] = 0.0
-    if not (w.out / "evaluation.json").exists() and not committed_fit(w, complete=True):
+    if not (w.out / "evaluation.json").exists() and not committed_fit(w.doc.get("engine", {}), complete=True):
         profile_evaluation(w, short=True)
     one = bench(w, "one run", w.doc.get("options", []), [1], 90)
     if one:
@@ -408,7 +300,7 @@ def add_evaluation(w: Window) -> None:
     committed (under any engine), into the throughput file the sweep's budget reads (without it, the budget's
     default rate: ``commands.sweep.budget``)."""
     path = w.out / "evaluation.json"
-    path = path if path.exists() else committed_evaluation(w)
+    path = path if path.exists() else committed_evaluation(w.doc.get("engine", {}))
     measured = STATE / "throughput.json"
     try:
         fits = json.loads(path.read_text())
@@ -536,12 +428,13 @@ def start(args) -> None:
     # still being built then waits for them (their build lock), planned to start when the builds may have ended
     settle_builds(builds, max(0.0, SETTLE_S - (time.time() - t0)))
     if args.device.startswith("cuda"):
-        if args.profile or not committed_fit(w, complete=False):  # after the builds: the cores are the workers'
+        # after the builds: the cores are the workers'
+        if args.profile or not committed_fit(w.doc.get("engine", {}), complete=False):
             profile_evaluation(w)
         add_evaluation(w)
     rcs = [p.poll() for p in builds]
     failed, still = [rc for rc in rcs if rc not in (0, None)], rcs.count(None)
-    build_s = BUILD_S * (args.build_steps or MEDIUM_STEPS) / MEDIUM_STEPS  # a rehearsal's small datasets: less
+    build_s = BUILD_S * (args.build_steps or BUILD_STEPS) / BUILD_STEPS  # a rehearsal's small datasets: less
     left = max(0.0, build_s - (time.time() - t0)) if still else 0.0
     status = f"failed (exit statuses {failed})" if failed else f"{still} still building" if still else "built"
     w.phase("datasets", t0, status)
@@ -561,68 +454,3 @@ def wait(args) -> None:
     w.phase("waited for the sweep", t0, "sweep ended" if ended else "window over")
     if ended and w.doc.get("device", "").startswith("cuda"):
         measure_after_the_sweep(w)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(  # as dt_primal.cli.command_parser's: this process imports no dt_primal
-        prog="python -m commands.gpu_window",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    p.add_argument("what", choices=["start", "wait"])
-    p.add_argument("--out", type=Path, required=True, help="the folder that comes back (8 files at most)")
-    p.add_argument(
-        "--window",
-        type=float,
-        default=850,
-        help="start: seconds from now until the machine goes (docs/gpu.md: the machine's start-up before it, less)",
-    )
-    p.add_argument("--seconds", type=float, default=560, help="start: seconds this command may take")
-    p.add_argument("--device", default="cuda")
-    p.add_argument(
-        "--build", type=int, default=3, help="start: datasets built, from the first in priority order, task by task"
-    )
-    p.add_argument("--build-steps", type=int, default=None, help="start: transitions per dataset (a rehearsal's)")
-    p.add_argument(
-        "--compile-limit", type=float, default=150, help="start: seconds for the compiled measurement (then captured)"
-    )
-    p.add_argument(
-        "--throughput",
-        type=Path,
-        default=None,
-        help="start: measurements made before on this kind of GPU (a window's throughput.json) instead of measuring",
-    )
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="start: also profile 9 members with the chosen options (bench/step_kernels.py: every kernel above 1 %% "
-        "with its phase, under a minute) and the evaluation (bench/eval_overhead.py: forward, stepping, the rest)",
-    )
-    p.add_argument(
-        "--variants-limit",
-        type=float,
-        default=200,
-        help="start: seconds for ranking the step's variants (bench/step_variants.py; if it fails: --compile)",
-    )
-    p.add_argument(
-        "--least-training",
-        type=float,
-        default=LEAST_TRAINING,
-        help="start: seconds of the window kept for training: a measurement phase that would eat into them is cut",
-    )
-    argv = sys.argv[1:] if argv is None else argv
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args = p.parse_args(argv[:cut])
-    if not (MARGIN + 30 <= args.window < 86_400 and 0 < args.seconds <= args.window):
-        p.error(f"need {MARGIN + 30:.0f} <= --window < 86400 and 0 < --seconds <= --window (seconds)")
-    args.out = args.out.resolve()
-    args.throughput = args.throughput and args.throughput.resolve()
-    args.measured = args.throughput and read_measurements(args.throughput)  # before the window's time is spent
-    args.sweep_args = argv[cut + 1 :]  # after --: train.py options for every run
-    args.out.mkdir(parents=True, exist_ok=True)
-    (start if args.what == "start" else wait)(args)
-
-
-if __name__ == "__main__":
-    main()
