@@ -1,8 +1,8 @@
 """Time and peak memory of forward + backward through ONE transformer block (dt_primal.model.transformer.Block)
 as the sequence grows: softmax attention (SDPA) against Causal Primal-Attention.
 
-  python bench/attention_scaling.py   # 60 .. 12000 tokens; writes docs/benchmarks.md, docs/attention_scaling.png
-  python bench/attention_scaling.py --quick    # smoke check, < 1 min
+  python -m bench.attention_scaling   # 60 .. 12000 tokens; writes docs/benchmarks.md, docs/attention_scaling.png
+  python -m bench.attention_scaling --quick    # smoke check, < 1 min
 
 Three blocks, each as the training loop runs it (train mode, a padding mask of all-real tokens,
 as DecisionTransformer always passes one):
@@ -23,7 +23,8 @@ import resource
 import subprocess
 import sys
 
-import common  # first: sets OMP_WAIT_POLICY before torch loads
+import bench.common as common  # first: sets OMP_WAIT_POLICY before torch loads
+
 import torch
 
 from dt_primal.cli import command_parser

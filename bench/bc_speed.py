@@ -2,9 +2,9 @@
 ``--model bc`` at its defaults (d_model 128, 3 layers, K = 20, batch 64, fp32), for ensembles of 1, 9 (a
 task's three datasets x three seeds) and 18 members, with each thread count given.
 
-  python bench/bc_speed.py                       # 1, 9 and 18 members; 1 and 2 threads
-  python bench/bc_speed.py --quick               # smoke check, seconds
-  ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python bench/bc_speed.py   # as a CPU without bf16 units
+  python -m bench.bc_speed                       # 1, 9 and 18 members; 1 and 2 threads
+  python -m bench.bc_speed --quick               # smoke check, seconds
+  ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python -m bench.bc_speed   # as a CPU without bf16 units
 
 Hopper-shaped data (``common.hopper_hdf5``: obs 11, act 3); HalfCheetah's and Walker2d's obs 17 make the
 first layer 1.5 times as wide.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 
-import common  # sets OMP_WAIT_POLICY before torch loads
+import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
+
 import torch
 
 from datasets.loaders import load_dataset

@@ -1,7 +1,7 @@
 """Building a suite dataset on all cores: a rollout's envs split over worker processes (``datasets.suite.rollouts``).
 
-  python bench/build_speed.py            # Hopper medium, 200k steps: processes 1 and every core; shards 1 to 16
-  python bench/build_speed.py --quick    # smoke check, < 1 min
+  python -m bench.build_speed            # Hopper medium, 200k steps: processes 1 and every core; shards 1 to 16
+  python -m bench.build_speed --quick    # smoke check, < 1 min
 
 Two measurements. The rollout as a build runs it (``rollouts(..., processes=P)``, its worker pool included)
 for each ``--processes``, with a digest of its episodes: the same for every P. And one worker's share alone:
@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import time
 
-import common  # sets OMP_WAIT_POLICY before torch loads
+import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
+
 import numpy as np
 
 from datasets import suite

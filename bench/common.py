@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from dt_primal.evaluation.reports import table as md_table  # noqa: E402,F401 (the library's Markdown tables)
 from dt_primal.process import configure_process  # noqa: E402
@@ -88,7 +87,10 @@ def add_json_options(p, what: str = "the measurements") -> None:
 
 
 def command_line() -> str:
-    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    """This benchmark's command as typed in the checkout: ``python -m bench.NAME`` and its arguments."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    run = ["-m", spec.name] if spec else [os.path.relpath(sys.argv[0], ROOT)]
+    return "python " + " ".join(shlex.quote(a) for a in run + sys.argv[1:])
 
 
 # ------------------------------------------------------------------------------ timing

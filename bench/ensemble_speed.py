@@ -4,11 +4,11 @@ eagerly, compiled (``--compile``) or captured as a CUDA graph, at the Primal.+DT
 the DT paper's size, in fp32 / tf32 / bf16. The members are one tensor dimension of the model
 (``dt_primal.model.members``).
 
-  python bench/ensemble_speed.py                          # CPU: 1 and 3 members, eager, fp32 and bf16
-  python bench/ensemble_speed.py --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
+  python -m bench.ensemble_speed                          # CPU: 1 and 3 members, eager, fp32 and bf16
+  python -m bench.ensemble_speed --device cuda --members 1 3 9 18 --modes eager captured compiled+captured \\
       --precisions fp32 tf32 bf16 --sizes spec dt         # the whole GPU grid
-  python bench/ensemble_speed.py --count-ops --members 1 4 --sizes spec --precisions fp32   # operations per update
-  python bench/ensemble_speed.py --quick                  # smoke check, < 1 min
+  python -m bench.ensemble_speed --count-ops --members 1 4 --sizes spec --precisions fp32   # operations per update
+  python -m bench.ensemble_speed --quick                  # smoke check, < 1 min
 
 One update = every member draws its batch of 64 windows (K 20) and takes one AdamW step. Each
 setting: ``--warmup`` untimed updates (they include the capture or the compilation), then
@@ -23,7 +23,8 @@ import contextlib
 import json
 from pathlib import Path
 
-import common
+import bench.common as common
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -323,7 +324,7 @@ def ops_section(args, data) -> None:
             f"and a "
             "CUDA graph of the step replays them all; `--compile` fuses the gather's, forward's and backward's into "
             "fewer kernels, and `--optimizer compiled` the clipping's and AdamW's (what still runs outside compiled "
-            "regions: `python bench/step_kernels.py`).",
+            "regions: `python -m bench.step_kernels`).",
             "",
             common.md_table(["size", "precision", "members", "operations per update", "most frequent"], rows),
         ]

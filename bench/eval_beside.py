@@ -3,8 +3,8 @@ and beside the training step of the same members replaying, with training held t
 on the device (``OverlappedEvaluation.pace``) and without that limit; and training's updates/s meanwhile
 against its updates/s alone.
 
-  python bench/eval_beside.py --device cuda --json beside.json    # 9 members, 180 episodes of 200 steps
-  python bench/eval_beside.py --quick                              # smoke check on a CPU, < 1 min
+  python -m bench.eval_beside --device cuda --json beside.json    # 9 members, 180 episodes of 200 steps
+  python -m bench.eval_beside --quick                              # smoke check on a CPU, < 1 min
 
 The pieces are the product's: ``TrainStep`` (``fresh_step``; captured, paper size, bf16 on CUDA; options after
 ``--`` as train.py's, e.g. ``-- --compile --attention-kernel math``), ``OverlappedEvaluation`` and ``rollout``
@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import time
 
-import common  # sets OMP_WAIT_POLICY before torch loads
-import torch
-from step_variants import add_setting_options, variant_config
+import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
 
+import torch
+
+from bench.step_variants import add_setting_options, variant_config
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser, split_train_options
 from dt_primal.evaluation.policy import Policy

@@ -5,9 +5,9 @@ the same environments alone with fixed actions; the start-up (starting the worke
 the environments, closing them) is timed apart, once per rollout, and so are the forward pass's first steps (while the
 context fills, up to its first full one: on CUDA the kernels' first use) beyond later steps' time and the capture.
 
-  python bench/eval_overhead.py                              # CPU: 64 and 256 episodes, 1 and 2 workers
-  python bench/eval_overhead.py --device cuda --episodes 60 600 1800 --workers 0 --json evaluation.json  # a GPU's
-  python bench/eval_overhead.py --quick                      # smoke check, < 1 min
+  python -m bench.eval_overhead                              # CPU: 64 and 256 episodes, 1 and 2 workers
+  python -m bench.eval_overhead --device cuda --episodes 60 600 1800 --workers 0 --json evaluation.json  # a GPU's
+  python -m bench.eval_overhead --quick                      # smoke check, < 1 min
 
 ``--workers 0``: as many worker processes as an evaluation of that many episodes starts
 (``dt_primal.evaluation.rollout.default_env_workers``). ``--pipeline``: each rollout pipelined (two halves of its
@@ -30,7 +30,8 @@ import itertools
 import json
 import time
 
-import common  # sets OMP_WAIT_POLICY before torch loads
+import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
+
 import numpy as np
 import torch
 

@@ -2,9 +2,9 @@
 every episode at once in one vector env, one forward pass per step for all live episodes) against
 the classic one-episode-at-a-time Decision Transformer loop of the same model.
 
-  python bench/eval_speed.py                          # untrained models, full-length episodes
-  python bench/eval_speed.py --checkpoint runs/x/last.pt
-  python bench/eval_speed.py --quick                  # smoke check, < 1 min
+  python -m bench.eval_speed                          # untrained models, full-length episodes
+  python -m bench.eval_speed --checkpoint runs/x/last.pt
+  python -m bench.eval_speed --quick                  # smoke check, < 1 min
 
 Episode length. An untrained (or briefly trained) DT falls within a few dozen steps in Hopper, so
 its episodes say nothing about a 1000-step evaluation. By default the environment is Hopper-v5
@@ -24,7 +24,8 @@ import argparse
 import os
 import time
 
-import common  # sets OMP_WAIT_POLICY before torch loads
+import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
+
 import numpy as np
 import torch
 

@@ -2,8 +2,8 @@
 PyTorch policy of a checkpoint (``dt_primal.load_policy("last.pt")``, fp32) against its ONNX export on
 onnxruntime (``dt_primal.load_policy("policy.onnx")``), and the exported file's size.
 
-  python bench/onnx_policy.py                   # the paper's model size (Primal.+DT and DT), fresh weights
-  python bench/onnx_policy.py --quick           # smoke check, < 1 min
+  python -m bench.onnx_policy                   # the paper's model size (Primal.+DT and DT), fresh weights
+  python -m bench.onnx_policy --quick           # smoke check, < 1 min
 
 Each setting: both policies act on the same observations, alternately (paired), with a full context of
 K = 20 steps behind them; ``--rounds`` rounds of ``--calls`` calls each, the median of the per-round ms
@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+import bench.common as common
+
 import numpy as np
 
 from dt_primal import load_policy

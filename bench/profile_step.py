@@ -1,7 +1,7 @@
 """Where one training step goes at the Primal.+DT paper's size on this CPU, and what changes its speed.
 
-  python bench/profile_step.py            # profile + variants, writes the "Profile" section
-  python bench/profile_step.py --quick    # smoke check, < 1 min
+  python -m bench.profile_step            # profile + variants, writes the "Profile" section
+  python -m bench.profile_step --quick    # smoke check, < 1 min
 
 1. torch.profiler over a few steps of the library's training step (dt_primal.training.throughput.fresh_step,
    Primal.+DT, d_model 256, 4 heads, 3 layers, K 20, batch 64), in fp32 and in bf16 autocast: time
@@ -22,7 +22,8 @@ import os
 import subprocess
 import sys
 
-import common
+import bench.common as common
+
 import torch
 
 from datasets.loaders import load_dataset

@@ -2,9 +2,9 @@
 the phase of the step that launched it, the device time per phase, the operators that run outside
 the compiled regions, and the update's FLOPs against the device's peak.
 
-  python bench/step_kernels.py --device cuda --members 9 -- --compile --optimizer compiled   # on a GPU, < 1 min
-  python bench/step_kernels.py --members 2 -- --compile --optimizer compiled  # on a CPU: operators, not kernels
-  python bench/step_kernels.py --quick                                         # smoke check, < 1 min
+  python -m bench.step_kernels --device cuda --members 9 -- --compile --optimizer compiled   # on a GPU, < 1 min
+  python -m bench.step_kernels --members 2 -- --compile --optimizer compiled  # on a CPU: operators, not kernels
+  python -m bench.step_kernels --quick                                         # smoke check, < 1 min
 
 The library's training step (``dt_primal.training.throughput.fresh_step``, Primal.+DT at the paper's size,
 bf16 on CUDA, fp32 on a CPU; options after ``--`` are train.py's) runs ``--warmup`` updates, then
@@ -23,12 +23,13 @@ import collections
 import dataclasses
 import json
 
-import common
+import bench.common as common
+
 import torch
-from step_variants import add_setting_options, variant_config
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.step_variants import add_setting_options, variant_config
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser, split_train_options
 from dt_primal.config import Config

@@ -1,7 +1,7 @@
 """The training step's options that only a GPU can rank, checked and timed in one command.
 
-  python bench/step_variants.py --device cuda --json OUT/variants.json   # on a GPU: about 3 minutes
-  python bench/step_variants.py --quick                                 # smoke check on a CPU, < 2 min
+  python -m bench.step_variants --device cuda --json OUT/variants.json   # on a GPU: about 3 minutes
+  python -m bench.step_variants --quick                                 # smoke check on a CPU, < 2 min
 
 Each variant is a set of train.py options (compiling, the AdamW kernel, the attention kernel, the compile mode,
 the precision; docs/configuration.md). Each runs in a process of its own, all at once (the compilations
@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+import bench.common as common
+
 import torch
 
 from datasets.loaders import load_dataset

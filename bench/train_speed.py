@@ -1,9 +1,9 @@
 """Training throughput (updates/s) of dt-primal against the peer implementations (experiments/peers.py:
 Hugging Face transformers' DecisionTransformerModel and d3rlpy's DecisionTransformer).
 
-  python bench/train_speed.py                 # both papers' sizes, fp32 and bf16, with peers if installed
-  python bench/train_speed.py --no-peers
-  python bench/train_speed.py --quick         # smoke check, < 1 min
+  python -m bench.train_speed                 # both papers' sizes, fp32 and bf16, with peers if installed
+  python -m bench.train_speed --no-peers
+  python -m bench.train_speed --quick         # smoke check, < 1 min
 
 One update = sample a batch of 64 windows of K = 20 steps + one optimisation step. For dt-primal it
 is the library's training step (dt_primal.training.throughput.fresh_step: the TrainStep train.py runs):
@@ -27,7 +27,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import common
+import bench.common as common
 
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser

@@ -2,9 +2,9 @@
 episodes) at the paper's settings on one Hopper dataset, measured on a short run and extrapolated to
 the paper's 100 000 steps.
 
-  python bench/whole_run.py                 # 300 training steps + full final evaluation, extrapolated
-  python bench/whole_run.py --steps 1000 --device cuda
-  python bench/whole_run.py --quick         # smoke check, < 1 min
+  python -m bench.whole_run                 # 300 training steps + full final evaluation, extrapolated
+  python -m bench.whole_run --steps 1000 --device cuda
+  python -m bench.whole_run --quick         # smoke check, < 1 min
 
 Measured: one `python train.py` subprocess (Primal.+DT, the paper's defaults, --device cpu or cuda) on a
 D4RL-style hdf5 of Hopper-shaped random data, with no intermediate evaluation; its wall time, its
@@ -26,7 +26,8 @@ import shutil
 import sys
 import time
 
-import common
+import bench.common as common
+
 import numpy as np
 import torch
 

@@ -297,7 +297,7 @@ HELP = {
     "compile_mode": "with --compile: default, or max-autotune (the compiler times its kernels' configurations; "
     "longer compiling)",
     "optimizer": "AdamW as fused (default: PyTorch's fused kernel) or compiled (the clipping, AdamW and the loss "
-    "sums as one compiled function); the same update. python bench/step_variants.py ranks these on a GPU",
+    "sums as one compiled function); the same update. python -m bench.step_variants ranks these on a GPU",
     "eval_overlap": "intermediate evaluations beside training (default on): a copy of the step's weights evaluated "
     "in a thread while training goes on; the same scores as in line, on CUDA to rounding (--no-eval-overlap)",
     "attention_kernel": "softmax attention through sdpa (default: PyTorch's fused kernels) or math (written out, "

@@ -5,12 +5,11 @@ members; the CUDA code path (the captured step)."""
 import copy
 import dataclasses
 import json
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, SMALL, TINY, hopper_file, make_episodes, needs_cuda, run
+from conftest import SMALL, TINY, hopper_file, make_episodes, needs_cuda, run
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from datasets.loaders import load_dataset
@@ -113,8 +112,7 @@ def test_the_compiled_update_trains_as_the_eager_step(data):
         for k in ("exp_avg", "exp_avg_sq"):
             assert_same(a[k], b[k], atol=1e-6)
     torch.testing.assert_close(eager.sums, compiled.sums, rtol=1e-5, atol=1e-6)
-    sys.path.insert(0, str(ROOT / "bench"))
-    from step_kernels import outside_compiled  # what bench/step_kernels.py reports
+    from bench.step_kernels import outside_compiled  # what bench/step_kernels.py reports
 
     with torch.profiler.profile() as prof:
         compiled()
@@ -324,8 +322,7 @@ def test_operations_per_update_do_not_grow_with_the_members(data):
     single member (a member's own batch draw aside), where a loop over members ran 4x as many."""
     import collections
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from ensemble_speed import OpCounter  # what bench/ensemble_speed.py --count-ops counts
+    from bench.ensemble_speed import OpCounter  # what bench/ensemble_speed.py --count-ops counts
 
     def ops(members: int) -> collections.Counter:
         torch.manual_seed(0)

@@ -315,7 +315,7 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     commands = {}
 
     def run(name, cmd, limit, reserve=0.0):  # as a GPU would answer
-        ran.append((name, cmd[1], reserve))
+        ran.append((name, cmd[2], reserve))
         commands[name] = cmd
         if "--json" in cmd:
             Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"records": [{"members": 1}]}))
@@ -327,9 +327,9 @@ def test_the_seconds_a_finished_sweep_leaves_measure_the_evaluation_one_run_and_
     assert profile[profile.index("--steps") + 1] == "100"
     assert {"pipelined", "in-turn", "captured", "eager"} <= set(profile)  # both orders, both forward passes
     assert ran == [
-        ("evaluation profile", "bench/eval_overhead.py", 0.0),
-        ("one run", "bench/ensemble_speed.py", 0.0),
-        ("profile", "bench/step_kernels.py", 0.0),
+        ("evaluation profile", "bench.eval_overhead", 0.0),
+        ("one run", "bench.ensemble_speed", 0.0),
+        ("profile", "bench.step_kernels", 0.0),
     ]
     assert json.loads((w.out / "one-run.json").read_text())["records"] == [{"members": 1}]
     gpu_window.profile_evaluation(w)  # the whole profile, before a sweep: rollouts as long as a plan needs

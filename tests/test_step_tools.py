@@ -3,22 +3,18 @@ fail, the profile names every kernel above 1 % with its phase and counts what ru
 an evaluation's start-up and its forward pass's first steps are timed apart from its steps."""
 
 import dataclasses
-import sys
 import types
 
 import pytest
 import torch
-from conftest import ROOT, SMALL, hopper_file
+from conftest import SMALL, hopper_file
 
+from bench import step_kernels, step_variants
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
 from dt_primal.model import attention
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import engine_hash
-
-sys.path.insert(0, str(ROOT / "bench"))
-import step_kernels  # noqa: E402
-import step_variants  # noqa: E402
 
 TINY_CONFIG = Config(**SMALL, steps=12, checkpoint_every=1000)
 
@@ -67,7 +63,7 @@ def test_no_variant_is_fastest_when_none_passed():
 
 def test_the_evaluation_fit_takes_the_start_up_apart_from_the_steps():
     """bench/eval_overhead.py: a rollout's start-up, timed apart, counts once, not spread over its steps."""
-    from eval_overhead import fit
+    from bench.eval_overhead import fit
 
     rollout = lambda n, steps: dict(episodes=n, steps=steps, total_s=3.0 + steps * (0.01 + n * 2e-5), start_s=3.0)
     records = [rollout(600, 100), rollout(1800, 100)]
@@ -80,8 +76,7 @@ def test_the_evaluation_fit_takes_the_start_up_apart_from_the_steps():
 
 def test_evaluations_beside_training_are_fitted_on_the_eager_forward_pass_in_turn():
     """On CUDA the final evaluation replays its forward pass pipelined, those beside training act eagerly in turn."""
-    from eval_overhead import fits
-
+    from bench.eval_overhead import fits
     from dt_primal.evaluation.rollout import default_env_workers
 
     rollout = lambda n, step_s, forward, pipeline: (
@@ -101,8 +96,7 @@ def test_evaluations_beside_training_are_fitted_on_the_eager_forward_pass_in_tur
 def test_the_evaluation_profile_times_the_forward_passs_first_steps_apart(monkeypatch):
     """What the forward pass's calls cost up to its first with a full context (a capture, kernels' first use),
     beyond later calls, is its own column, not part of the per-step time."""
-    import eval_overhead
-
+    from bench import eval_overhead
     from envs import TASKS
 
     clock = [0.0]  # the benchmark's clock, which only the forward pass advances: no wall time is asserted

@@ -179,10 +179,10 @@ def settle_builds(builds: list[subprocess.Popen], limit: float) -> None:
 
 
 def bench(w: Window, name: str, options: list[str], members: list[int], limit: float, *more: str) -> dict | None:
-    """``bench/ensemble_speed.py`` at the paper's size with train.py's ``options`` (bf16 unless they name a
+    """``bench.ensemble_speed`` at the paper's size with train.py's ``options`` (bf16 unless they name a
     precision); its records, or None."""
     out = STATE / f"{name.replace(' ', '-')}.json"
-    cmd = [sys.executable, "bench/ensemble_speed.py", "--device", w.doc["device"], *bench_options(options)]
+    cmd = [sys.executable, "-m", "bench.ensemble_speed", "--device", w.doc["device"], *bench_options(options)]
     cmd += ["--members", *map(str, members), "--json", str(out), "--updates", "50", *more]
     if not w.run(name, cmd, limit, w.doc["reserve"]) or not out.exists():
         return None
@@ -190,7 +190,7 @@ def bench(w: Window, name: str, options: list[str], members: list[int], limit: f
 
 
 def bench_options(options: list[str]) -> list[str]:
-    """``bench/ensemble_speed.py``'s options for train.py's ``options`` (a variant of ``bench/step_variants.py``)."""
+    """``bench.ensemble_speed``'s options for train.py's ``options`` (a variant of ``bench.step_variants``)."""
     rest, precision = list(options), "bf16"
     if "--precision" in rest:
         i = rest.index("--precision")
@@ -204,7 +204,7 @@ def rank_variants(w: Window, args) -> list[str]:
     """The train.py options of the fastest variant of the step that passed its check: from a committed
     ranking of this engine on this GPU, else the options of a committed throughput of it there, else the
     same on another GPU (ranking takes minutes: a window spent on measuring trains nothing), else ranked
-    now (``bench/step_variants.py``); else --compile."""
+    now (``bench.step_variants``); else --compile."""
     engine, path = w.doc.get("engine", {}), None
     for any_gpu in (False, True):
         path = committed("variants", engine, any_gpu=any_gpu)
@@ -216,7 +216,7 @@ def rank_variants(w: Window, args) -> list[str]:
             break
     if path is None:
         path = STATE / "variants.json"
-        cmd = [sys.executable, "bench/step_variants.py", "--device", w.doc["device"], "--json", str(path)]
+        cmd = [sys.executable, "-m", "bench.step_variants", "--device", w.doc["device"], "--json", str(path)]
         ready = args.variants_limit - 60  # the variants compile at once, then each is timed for a second or two
         w.run("variants", cmd + ["--limit", f"{ready:.0f}"], args.variants_limit, w.doc["reserve"])
     else:
@@ -259,21 +259,21 @@ def measure(w: Window, args, options: list[str]) -> list[str]:
 
 
 def profile_evaluation(w: Window, short: bool = False) -> None:
-    """``bench/eval_overhead.py``: 60, 600 and 1,800 episodes of ``PROFILE_STEPS`` steps, the acting forward pass
+    """``bench.eval_overhead``: 60, 600 and 1,800 episodes of ``PROFILE_STEPS`` steps, the acting forward pass
     captured, the episodes' halves pipelined (as evaluations run) and in turn, and the same with the eager forward
     pass (as evaluations beside training act), into OUT/evaluation.json (about 40 s on an H100: stopped after 100 s,
     when the committed fit serves); ``short``: 600 and 1,800 episodes of 100 steps (what the end of a window may
     leave room for)."""
-    rollout = [sys.executable, "bench/eval_overhead.py", "--device", w.doc["device"], "--workers", "0"]
+    rollout = [sys.executable, "-m", "bench.eval_overhead", "--device", w.doc["device"], "--workers", "0"]
     sizes = [*EVAL_EPISODES[1:], "--steps", "100"] if short else [*EVAL_EPISODES, "--steps", str(PROFILE_STEPS)]
     rollout += ["--episodes", *sizes, "--forward", "captured", "eager", "--pipeline", "pipelined", "in-turn"]
     w.run("evaluation profile", [*rollout, "--json", str(w.out / "evaluation.json")], 100, w.doc["reserve"])
 
 
 def profile_step(w: Window, options: list[str]) -> None:
-    """``bench/step_kernels.py``: where 9 members' update with ``options`` spends its device time, kernel by kernel
+    """``bench.step_kernels``: where 9 members' update with ``options`` spends its device time, kernel by kernel
     and phase by phase, into OUT/profile.json (about 26 s on an H100)."""
-    profile = [sys.executable, "bench/step_kernels.py", "--device", w.doc["device"], "--members", "9"]
+    profile = [sys.executable, "-m", "bench.step_kernels", "--device", w.doc["device"], "--members", "9"]
     profile += ["--warmup", "3", "--updates", "3", "--json", str(w.out / "profile.json"), "--", *options]
     w.run("profile", profile, 90, w.doc["reserve"])
 
