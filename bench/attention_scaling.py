@@ -131,6 +131,19 @@ def crossover(by: dict, lengths: list[int], other: str, key: str) -> int | None:
     return None
 
 
+def slopes(results: list[dict], kinds: list[str], fit_from: int) -> list[list[str]]:
+    """Per block: the log-log slopes of time, CPU time and memory against length, from ``fit_from`` tokens on."""
+    fits = []
+    for kind in kinds:
+        big = [r for r in results if r["kind"] == kind and r["length"] >= fit_from]
+        if len(big) >= 2:
+            L = [r["length"] for r in big]
+            measures = ("seconds", "cpu_seconds", "peak_bytes")
+            fitted = [f"{common.loglog_slope(L, [r[k] for r in big]):.2f}" for k in measures]
+            fits.append([LABELS[kind], *fitted, f"{L[0]}–{L[-1]}"])
+    return fits
+
+
 def report(results: list[dict], args, skipped: list[str]) -> str:
     by = {(r["kind"], r["length"]): r for r in results}
     lengths = sorted({r["length"] for r in results})
@@ -175,19 +188,7 @@ def report(results: list[dict], args, skipped: list[str]) -> str:
         common.md_table(["tokens"] + [LABELS[k] for k in kinds] + [f"{k} / primal" for k in others], m_rows),
         "",
     ]
-    fits = []
-    for kind in kinds:
-        big = [r for r in results if r["kind"] == kind and r["length"] >= args.fit_from]
-        if len(big) >= 2:
-            L = [r["length"] for r in big]
-            fits.append(
-                [LABELS[kind]]
-                + [
-                    f"{common.loglog_slope(L, [r[k] for r in big]):.2f}"
-                    for k in ("seconds", "cpu_seconds", "peak_bytes")
-                ]
-                + [f"{L[0]}–{L[-1]}"]
-            )
+    fits = slopes(results, kinds, args.fit_from)
     lines += [
         f"Log-log slopes fitted on lengths ≥ {args.fit_from} (1 = linear, 2 = quadratic; at shorter lengths "
         f"fixed per-call costs flatten the curves):",
@@ -256,10 +257,10 @@ def main() -> None:
                     f"{attention_matrix_bytes(L, args.batch, args.heads) / 2**30:.1f} GiB; raise --max-attention-gib)"
                 )
                 continue
-            cmd = [sys.executable, __file__, "--point", kind, str(L)] + [
+            cmd = [sys.executable, "-m", __spec__.name, "--point", kind, str(L)] + [
                 f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("batch", "d-model", "heads", "s", "budget")
             ]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=common.ROOT)
             if out.returncode != 0:
                 skipped.append(f"{LABELS[kind]} at {L} tokens (failed: {out.stderr.strip().splitlines()[-1:]})")
                 continue

@@ -166,7 +166,7 @@ def measure(args, data) -> list[dict]:
     return records
 
 
-def main() -> None:
+def parse_args():
     p = command_parser(__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, nargs="+", default=[1, 3])
@@ -179,12 +179,7 @@ def main() -> None:
         "compiled+captured (--compile)",
     )
     p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "bf16"])
-    for name in (
-        "model",
-        "optimizer",
-        "attention_kernel",
-        "compile_mode",
-    ):  # train.py's options: the model, how it runs
+    for name in ("model", "optimizer", "attention_kernel", "compile_mode"):  # train.py's: the model, how it runs
         p.add_argument("--" + name.replace("_", "-"), choices=CHOICES[name], default=None, help="as train.py's")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["spec"])
     p.add_argument("--updates", type=int, default=10, help="timed updates per setting")
@@ -213,27 +208,25 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.members, args.sizes, args.updates, args.warmup, args.precisions = [1, 2], ["dt"], 2, 1, ["fp32"]
-    data = (
-        None
-        if args.from_json
-        else load_dataset(str(common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")), env="hopper")
-    )
-    if args.count_ops:
-        return ops_section(args, data)
-    if args.from_json:
-        docs = [json.loads(path.read_text()) for path in args.from_json]
-        records, info = [r for doc in docs for r in doc["records"]], docs[0]["info"]
-    else:
-        records, info = measure(args, data), common.run_info()
-        if args.json:
-            args.json.write_text(json.dumps({"records": records, "info": info}, indent=1, default=str))
-    section = (
-        common.device_key("ensemble_speed", args.device)
-        + common.gpu_suffix(info)
-        + ("" if args.sizes == ["spec"] else "_" + "_".join(args.sizes))
-    )
-    if not args.quick and not args.from_json:
-        common.save_results(section, {"records": records, "args": vars(args)})
+    return args
+
+
+COLUMNS = [
+    "model",
+    "size",
+    "precision",
+    "mode",
+    "members",
+    "ms per update (wall)",
+    "CPU ms per update",
+    "updates/s",
+    "member-updates/s",
+    "warm-up s",
+]
+
+
+def throughput_body(args, records: list[dict]) -> str:
+    """The section's text: one row per measured setting, and how members scale against one."""
     rows = [
         [
             MODELS[r.get("model", "primal")],
@@ -252,46 +245,40 @@ def main() -> None:
     single = {key(r): r["ms_per_update"] for r in records if r["members"] == 1}
     notes = [
         f"{MODELS[r.get('model', 'primal')]}, {SIZES[r['size']][0]}, {r['precision']}, {r['mode']}: "
-        f"{r['members']} members take "
-        f"{r['ms_per_update'] / single[key(r)]:.2f}× the time of one per update, i.e. "
+        f"{r['members']} members take {r['ms_per_update'] / single[key(r)]:.2f}× the time of one per update, i.e. "
         f"{r['members'] * single[key(r)] / r['ms_per_update']:.2f}× its member-updates/s"
         for r in records
         if r["members"] > 1 and key(r) in single
     ]
-    body = "\n".join(
-        [
-            f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, "
-            "3 layers, K 20, batch 64 per member, s 64 (Primal.+DT's KSVD block): the command's timed updates "
-            "after its untimed ones (capture and compilation happen there: see the warm-up column). The members are "
-            "one tensor dimension of the model (docs/ensembles.md).",
-            "",
-            common.md_table(
-                [
-                    "model",
-                    "size",
-                    "precision",
-                    "mode",
-                    "members",
-                    "ms per update (wall)",
-                    "CPU ms per update",
-                    "updates/s",
-                    "member-updates/s",
-                    "warm-up s",
-                ],
-                rows,
-            ),
-            "",
-            *[f"- {n}" for n in notes],
-        ]
+    intro = (
+        f"The library's training step (`dt_primal.training.step.TrainStep`) on `--device {args.device}`, "
+        "3 layers, K 20, batch 64 per member, s 64 (Primal.+DT's KSVD block): the command's timed updates "
+        "after its untimed ones (capture and compilation happen there: see the warm-up column). The members are "
+        "one tensor dimension of the model (docs/ensembles.md)."
     )
-    common.write_section(
-        section,
-        f"Ensembles: training throughput ({info.get('gpu') or args.device}, "
-        f"{', '.join(SIZES[s][0] for s in args.sizes)})",
-        body,
-        args.quick,
-        info,
-    )
+    return "\n".join([intro, "", common.md_table(COLUMNS, rows), "", *[f"- {n}" for n in notes]])
+
+
+def main() -> None:
+    args = parse_args()
+    hopper = None if args.from_json else common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")
+    data = hopper and load_dataset(str(hopper), env="hopper")
+    if args.count_ops:
+        return ops_section(args, data)
+    if args.from_json:
+        docs = [json.loads(path.read_text()) for path in args.from_json]
+        records, info = [r for doc in docs for r in doc["records"]], docs[0]["info"]
+    else:
+        records, info = measure(args, data), common.run_info()
+        if args.json:
+            args.json.write_text(json.dumps({"records": records, "info": info}, indent=1, default=str))
+    sizes = "" if args.sizes == ["spec"] else "_" + "_".join(args.sizes)
+    section = common.device_key("ensemble_speed", args.device) + common.gpu_suffix(info) + sizes
+    if not args.quick and not args.from_json:
+        common.save_results(section, {"records": records, "args": vars(args)})
+    title = f"Ensembles: training throughput ({info.get('gpu') or args.device}, "
+    title += f"{', '.join(SIZES[s][0] for s in args.sizes)})"
+    common.write_section(section, title, throughput_body(args, records), args.quick, info)
 
 
 def ops_section(args, data) -> None:

@@ -153,6 +153,46 @@ def models_to_run(args) -> list[dict]:
     return runs
 
 
+def time_model(run: dict, task, args) -> tuple[list, Policy, object, float]:
+    """One model's batched rollout (median of ``--repeats``, with its forward passes' share) and its sequential
+    loop with the full forward and with the newest-step one: its table row, its policy, task and batched seconds."""
+    cfg, model = run["cfg"], run["model"]
+    common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
+    warm_up(model, args.episodes, cfg.context, run["precision"])
+    batched, batched_cpu, forward_share = [], [], []
+    policy = Policy(model, *common_args, run["precision"])
+    for _ in range(args.repeats):
+        forward_s, hooks = forward_clock(model)
+        t0, c0 = time.perf_counter(), time.process_time()
+        reports = rollout(policy, task, [args.target], args.episodes)[0]
+        batched.append(time.perf_counter() - t0)
+        batched_cpu.append(time.process_time() - c0)
+        forward_share.append(forward_s[0] / batched[-1])
+        for h in hooks:
+            h.remove()
+    lengths = reports[0]["lengths"]
+    steps = int(sum(lengths))
+    b_s, b_cpu = float(np.median(batched)), float(np.median(batched_cpu))
+    row = [run["label"], run["precision"], f"{args.episodes} × {np.mean(lengths):.0f}"]
+    row += [f"{b_s:.0f} s (CPU {b_cpu:.0f} s): {steps / b_s:,.0f} steps/s; forward passes "]
+    row[-1] += f"{np.median(forward_share):.0%} of it"
+    for last_only in (False, True):  # the peers' full forward, then the library's newest-step-only forward
+        seq, seq_cpu = [], []
+        for _ in range(args.seq_repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            seq_steps, _ = sequential_rollout(
+                model, task, args.target, args.seq_episodes, *common_args, run["precision"], last_only
+            )
+            seq.append((time.perf_counter() - t0) / seq_steps)
+            seq_cpu.append((time.process_time() - c0) / seq_steps)
+        s_step, s_cpu = float(np.median(seq)), float(np.median(seq_cpu))
+        row += [
+            f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * steps:.0f} s",
+            f"**{s_step * steps / b_s:.1f}×** ({s_cpu * steps / b_cpu:.1f}×)",
+        ]
+    return row, policy, task, b_s
+
+
 def main() -> None:
     p = command_parser(__doc__)
     p.add_argument("--checkpoint", help="a dt-primal DIR/last.pt to evaluate instead of untrained models")
@@ -176,55 +216,17 @@ def main() -> None:
     if args.quick:
         args.episodes, args.seq_episodes, args.max_steps, args.seq_repeats = 10, 2, 50, 1
     full_length = args.full_length or not args.checkpoint
-    rows, async_runs = [], []
+    rows, timed = [], []
     for run in models_to_run(args):
         kwargs = {"max_episode_steps": args.max_steps} | ({"terminate_when_unhealthy": False} if full_length else {})
-        task = common.task_with(run["base"], **kwargs)
-        cfg, model = run["cfg"], run["model"]
-        common_args = (run["mean"], run["std"], cfg.reward_scale, cfg.context)
-        warm_up(model, args.episodes, cfg.context, run["precision"])
-        batched, batched_cpu, forward_share = [], [], []
-        policy = Policy(model, *common_args, run["precision"])
-        for _ in range(args.repeats):
-            forward_s, hooks = forward_clock(model)
-            t0, c0 = time.perf_counter(), time.process_time()
-            reports = rollout(policy, task, [args.target], args.episodes)[0]
-            batched.append(time.perf_counter() - t0)
-            batched_cpu.append(time.process_time() - c0)
-            forward_share.append(forward_s[0] / batched[-1])
-            for h in hooks:
-                h.remove()
-        lengths = reports[0]["lengths"]
-        batched_steps = int(sum(lengths))
-        b_s, b_cpu = float(np.median(batched)), float(np.median(batched_cpu))
-        row = [
-            run["label"],
-            run["precision"],
-            f"{args.episodes} × {np.mean(lengths):.0f}",
-            f"{b_s:.0f} s (CPU {b_cpu:.0f} s): {batched_steps / b_s:,.0f} steps/s; forward passes "
-            f"{np.median(forward_share):.0%} of it",
-        ]
-        for last_only in (False, True):  # the peers' full forward, then the library's newest-step-only forward
-            seq, seq_cpu = [], []
-            for _ in range(args.seq_repeats):
-                t0, c0 = time.perf_counter(), time.process_time()
-                seq_steps, _ = sequential_rollout(
-                    model, task, args.target, args.seq_episodes, *common_args, run["precision"], last_only
-                )
-                seq.append((time.perf_counter() - t0) / seq_steps)
-                seq_cpu.append((time.process_time() - c0) / seq_steps)
-            s_step, s_cpu = float(np.median(seq)), float(np.median(seq_cpu))
-            row += [
-                f"{1 / s_step:,.0f} steps/s (CPU {s_cpu * 1e3:.1f} ms/step) → {s_step * batched_steps:.0f} s",
-                f"**{s_step * batched_steps / b_s:.1f}×** ({s_cpu * batched_steps / b_cpu:.1f}×)",
-            ]
+        row, policy, task, b_s = time_model(run, common.task_with(run["base"], **kwargs), args)
         rows.append(row)
-        async_runs.append((policy, task, b_s))
+        timed.append((policy, task, b_s))
         print(" | ".join(str(c) for c in rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
     # The batched run with the environments in one worker process per core (`evaluate.py --env-workers N`), after
     # every other timing: its worker processes keep the load raised for a while after they exit.
     workers = os.cpu_count() or 1
-    for row, (policy, task, b_s) in zip(rows, async_runs):
+    for row, (policy, task, b_s) in zip(rows, timed):
         t0 = time.perf_counter()
         rollout(policy, task, [args.target], args.episodes, env_workers=workers)
         a_s = time.perf_counter() - t0

@@ -153,7 +153,7 @@ def run_variant(name: str, warmup: int, steps: int) -> dict:
     }
 
 
-def main() -> None:
+def parse_args():
     p = command_parser(__doc__)
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (median)")
     p.add_argument("--profile-steps", type=int, default=5)
@@ -162,138 +162,121 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant (compile: at least 10)")
     p.add_argument("--variant", help=argparse.SUPPRESS)  # worker mode
     args = p.parse_args()
-    if args.variant:
-        print(
-            json.dumps(
-                run_variant(
-                    args.variant, max(10, args.warmup) if args.variant == "compile" else args.warmup, args.steps
-                )
-            )
-        )
-        return
     if args.quick:
         args.steps, args.warmup, args.profile_steps, args.variants = 2, 1, 1, ["baseline", "omp-default"]
-    profiles = []
+    return args
+
+
+def profiles(steps: int) -> list[str]:
+    """The profiler's tables in fp32 and in bf16 autocast, as Markdown lines."""
+    lines = []
     for precision in ("fp32", "bf16"):
-        phase_table, op_table, summary = profile(args.profile_steps, precision)
-        profiles += [
-            f"**{precision}**" + (" (autocast)" if precision == "bf16" else ""),
-            "",
-            phase_table,
-            "",
-            op_table,
-            "",
-            summary,
-            "",
-        ]
+        phase_table, op_table, summary = profile(steps, precision)
+        title = f"**{precision}**" + (" (autocast)" if precision == "bf16" else "")
+        lines += [title, "", phase_table, "", op_table, "", summary, ""]
         print(phase_table, "\n\n", op_table, flush=True)
-    rows = []
-    for name in args.variants:
-        env_changes, _, _, description = VARIANTS[name]
-        env = dict(os.environ)
-        for k, v in env_changes.items():
-            env.pop(k, None) if v is None else env.__setitem__(k, v)
-        out = subprocess.run(
-            [sys.executable, __file__, "--variant", name, "--steps", str(args.steps), "--warmup", str(args.warmup)],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if out.returncode != 0:
-            rows.append(
-                [name, description, "failed: " + (out.stderr.strip().splitlines() or [""])[-1][:120], "", "", ""]
-            )
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append(
-            [
-                name,
-                description,
-                f"{r['seconds'] * 1e3:.0f}",
-                f"{r['cpu_seconds'] * 1e3:.0f}",
-                f"{1 / r['seconds']:.2f}",
-                f"{r['warmup_seconds']:.1f}",
-                f"{common.load_avg():.1f}",
-            ]
-        )
-        print(" | ".join(rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
+    return lines
+
+
+def time_variant(name: str, args) -> list[str]:
+    """One variant timed in a fresh process with its environment: its table row."""
+    env_changes, _, _, description = VARIANTS[name]
+    env = dict(os.environ)
+    for k, v in env_changes.items():
+        env.pop(k, None) if v is None else env.__setitem__(k, v)
+    cmd = [sys.executable, "-m", __spec__.name, "--variant", name, "--steps", str(args.steps)]
+    out = subprocess.run(cmd + ["--warmup", str(args.warmup)], capture_output=True, text=True, env=env, cwd=common.ROOT)
+    if out.returncode != 0:
+        return [name, description, "failed: " + (out.stderr.strip().splitlines() or [""])[-1][:120], "", "", ""]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    load = f"{common.load_avg():.1f}"
+    return [
+        name,
+        description,
+        f"{r['seconds'] * 1e3:.0f}",
+        f"{r['cpu_seconds'] * 1e3:.0f}",
+        f"{1 / r['seconds']:.2f}",
+        f"{r['warmup_seconds']:.1f}",
+        load,
+    ]
+
+
+def with_speedups(rows: list[list[str]]) -> bool:
+    """Each timed row gets its speed against the baseline's (CPU, wall); whether there was a baseline."""
     base = next((r for r in rows if r[0] == "baseline" and r[3].isdigit()), None)
-    if base:
-        for r in rows:
-            r.append(
-                f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else ""
-            )
+    for r in rows if base else []:
+        r.append(f"{float(base[3]) / float(r[3]):.2f}× ({float(base[2]) / float(r[2]):.2f}×)" if r[3].isdigit() else "")
+    return base is not None
+
+
+def floor_rows(rows: list[list[str]]) -> list[list[str]]:
+    """Per precision: the step's matrix products alone at this CPU's GEMM rate, against the timed step."""
     floors = []
     for precision, variant in (("fp32", "baseline"), ("bf16", "bf16")):
         gflop, rate = matmul_floor(precision)
         floor_ms = gflop / rate * 1e3
         step_ms = next((float(r[2]) for r in rows if r[0] == variant and r[2].isdigit()), None)
-        floors.append(
-            [
-                precision,
-                f"{gflop:.1f}",
-                f"{rate:.0f}",
-                f"{floor_ms:.0f}",
-                f"{step_ms:.0f}" if step_ms else "not timed",
-                f"{100 * floor_ms / step_ms:.0f}%" if step_ms else "",
-            ]
-        )
-    body = "\n".join(
+        timed = [f"{step_ms:.0f}", f"{100 * floor_ms / step_ms:.0f}%"] if step_ms else ["not timed", ""]
+        floors.append([precision, f"{gflop:.1f}", f"{rate:.0f}", f"{floor_ms:.0f}", *timed])
+    return floors
+
+
+VARIANT_COLUMNS = ["variant", "what", "ms per step (wall)", "CPU ms per step", "updates/s (wall)", "warm-up s"]
+FLOOR_COLUMNS = [
+    "precision",
+    "matrix products, GFLOP per step",
+    "GEMM rate, GFLOP/s",
+    "floor: the products alone, ms",
+    "step, ms (variant median, wall)",
+    "floor ÷ step",
+]
+
+
+def report(args, profiled: list[str], rows: list[list[str]], base: bool) -> str:
+    columns = VARIANT_COLUMNS + ["load avg after"] + (["speed vs baseline: CPU (wall)"] if base else [])
+    return "\n".join(
         [
-            f"Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
+            "Primal.+DT at the paper's size (d_model 256, 4 heads, 3 layers, K 20, batch 64, s 64), the library's "
             "training step (`dt_primal.training.step.TrainStep`, what `train.py` runs, through "
-            f"`dt_primal.training.throughput.fresh_step`), on "
-            f"{len(load_data().rewards):,} steps of Hopper-shaped random data. Profile: `torch.profiler` (CPU) over "
-            f"{args.profile_steps} steps after 3 warm-up steps, in fp32 and in bf16 autocast; the profiler's own "
-            f"overhead "
-            f"inflates the numbers a little.",
+            f"`dt_primal.training.throughput.fresh_step`), on {len(load_data().rewards):,} steps of Hopper-shaped "
+            f"random data. Profile: `torch.profiler` (CPU) over {args.profile_steps} steps after 3 warm-up steps, "
+            "in fp32 and in bf16 autocast; the profiler's own overhead inflates the numbers a little.",
             "",
-            *profiles,
+            *profiled,
             f"Variants, each in a fresh process: median of {args.steps} steps after {args.warmup} untimed steps "
-            f"(compile: "
-            f"{max(10, args.warmup)}; their total time, in the warm-up column, includes compilation).",
+            f"(compile: {max(10, args.warmup)}; their total time, in the warm-up column, includes compilation).",
             "",
-            common.md_table(
-                [
-                    "variant",
-                    "what",
-                    "ms per step (wall)",
-                    "CPU ms per step",
-                    "updates/s (wall)",
-                    "warm-up s",
-                    "load avg after",
-                ]
-                + (["speed vs baseline: CPU (wall)"] if base else []),
-                rows,
-            ),
+            common.md_table(columns, rows),
             "",
             "On a machine shared with other jobs the wall time mostly measures how much of the 2 cores this process "
-            "got; "
-            "CPU time per step (all threads) measures the work and is the fairer comparison between variants (with "
-            "both "
-            "cores free, the 2-thread wall time would approach CPU / 2).",
+            "got; CPU time per step (all threads) measures the work and is the fairer comparison between variants "
+            "(with both cores free, the 2-thread wall time would approach CPU / 2).",
             "",
             "What bounds the step: its matrix products alone, run at the rate this CPU's GEMM reaches on one of the "
             "step's largest products (3840×256 @ 256×1024, the MLP's first layer), would take the floor below; many "
             "of the step's products are smaller or thinner and run slower than that. The rest of the step is "
-            "element-wise kernels, copies, dropout masks and "
-            "the optimizer (the operator tables above). The peers run at least the same products, plus the last "
-            "block at the return and action tokens.",
+            "element-wise kernels, copies, dropout masks and the optimizer (the operator tables above). The peers "
+            "run at least the same products, plus the last block at the return and action tokens.",
             "",
-            common.md_table(
-                [
-                    "precision",
-                    "matrix products, GFLOP per step",
-                    "GEMM rate, GFLOP/s",
-                    "floor: the products alone, ms",
-                    "step, ms (variant median, wall)",
-                    "floor ÷ step",
-                ],
-                floors,
-            ),
+            common.md_table(FLOOR_COLUMNS, floor_rows(rows)),
         ]
     )
-    common.write_section("profile", "Profile: one training step at the Primal.+DT paper's size", body, args.quick)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.variant:  # a worker: one variant, timed
+        warmup = max(10, args.warmup) if args.variant == "compile" else args.warmup
+        print(json.dumps(run_variant(args.variant, warmup, args.steps)))
+        return
+    profiled = profiles(args.profile_steps)
+    rows = []
+    for name in args.variants:
+        rows.append(time_variant(name, args))
+        print(" | ".join(rows[-1]), f"(load {common.load_avg():.2f})", flush=True)
+    base = with_speedups(rows)
+    title = "Profile: one training step at the Primal.+DT paper's size"
+    common.write_section("profile", title, report(args, profiled, rows, base), args.quick)
 
 
 if __name__ == "__main__":

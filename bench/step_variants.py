@@ -124,10 +124,24 @@ def rank(args) -> list[dict]:
     folder = Path(tempfile.mkdtemp(prefix="step-variants-"))
     workers = {}
     for i, name in enumerate(args.variants):
-        cmd = [sys.executable, __file__, "--variant", name, "--device", args.device, "--members", str(args.members)]
+        cmd = [
+            sys.executable,
+            "-m",
+            __spec__.name,
+            "--variant",
+            name,
+            "--device",
+            args.device,
+            "--members",
+            str(args.members),
+        ]
         cmd += ["--warmup", str(args.warmup), "--updates", str(args.updates), "--go", str(folder / f"{i}.go")]
         log = open(folder / f"{i}.log", "w+")
-        workers[name] = (subprocess.Popen(cmd + (["--quick"] if args.quick else []), stdout=log, stderr=log), log, i)
+        workers[name] = (
+            subprocess.Popen(cmd + (["--quick"] if args.quick else []), stdout=log, stderr=log, cwd=common.ROOT),
+            log,
+            i,
+        )
     deadline = time.time() + args.limit
     records = []
     for name, (proc, log, i) in workers.items():

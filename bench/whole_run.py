@@ -66,7 +66,7 @@ def eval_seconds_per_step(episodes: int, probe: int, context: int, precision: st
     return float(np.median(full))
 
 
-def main() -> None:
+def parse_args():
     p = command_parser(__doc__)
     p.add_argument("--steps", type=int, default=300, help="training steps of the measured run")
     p.add_argument("--total-steps", type=int, default=100_000, help="the run to extrapolate to (the paper's)")
@@ -78,93 +78,80 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.steps, args.eval_episodes, args.probe_steps = 6, 5, 3
+    return args
+
+
+def measured_run(args) -> dict:
+    """``train.py`` for ``args.steps`` steps with the full final evaluation: its command, wall and CPU seconds,
+    training rate, final evaluation's seconds and episode lengths, and the start-up (the rest of the wall time)."""
     hdf5 = common.hopper_hdf5(common.SCRATCH / "hopper-random-100k.hdf5")
     out = WORK / ("quick" if args.quick else f"steps{args.steps}")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "train.py",
-        "--dataset",
-        str(hdf5),
-        "--model",
-        "primal",
-        "--out",
-        str(out),
-        *common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device),
-    ]
-    wall, child_cpu = common.run_timed(cmd)
+    cmd = [sys.executable, "train.py", "--dataset", str(hdf5), "--model", "primal", "--out", str(out)]
+    cmd += common.short_run_args(args.steps, args.eval_episodes, args.precision, args.device)
+    wall, cpu = common.run_timed(cmd)
     result = json.loads((out / "eval.json").read_text())
-    eval_s = result["eval_seconds"]
-    lengths = [n for r in result["targets"] for n in r["lengths"]]
     rate = common.training_rate(out)
-    train_s = args.steps / rate
-    startup_s = wall - train_s - eval_s  # imports, dataset, env check, model, checkpoint, TensorBoard
+    m = dict(cmd=cmd, hdf5=hdf5, wall=wall, cpu=cpu, eval_s=result["eval_seconds"], rate=rate)
+    m |= dict(lengths=[n for r in result["targets"] for n in r["lengths"]], train_s=args.steps / rate)
+    m["startup_s"] = wall - m["train_s"] - m["eval_s"]  # imports, dataset, env check, model, checkpoint, TensorBoard
     print(
-        f"measured: {wall:.1f} s wall = ~{startup_s:.1f} s startup + {train_s:.1f} s training ({rate:.2f} steps/s) "
-        f"+ {eval_s:.1f} s final evaluation (episodes of {np.mean(lengths):.0f} steps on average)",
+        f"measured: {wall:.1f} s wall = ~{m['startup_s']:.1f} s startup + {m['train_s']:.1f} s training "
+        f"({rate:.2f} steps/s) + {m['eval_s']:.1f} s final evaluation (episodes of {np.mean(m['lengths']):.0f} "
+        "steps on average)",
         flush=True,
     )
+    return m
 
+
+def duration(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def extrapolated(args, m: dict) -> tuple[list[list[str]], float, float]:
+    """The table's rows, and the whole run's seconds with full-length evaluations and with evaluations as short
+    as the measured run's."""
     cfg = make_config("paper").resolved(TASKS["hopper"])
-    per_step_final = eval_seconds_per_step(
-        2 * args.eval_episodes, args.probe_steps, cfg.context, args.precision, args.device
-    )
-    per_step_mid = eval_seconds_per_step(
-        2 * cfg.eval_episodes_during, args.probe_steps, cfg.context, args.precision, args.device
-    )
-    T = cfg.max_ep_len
-    final_full, mid_full = per_step_final * T, per_step_mid * T
-    n_mid = (args.total_steps - 1) // cfg.eval_every
-    total_train = args.total_steps / rate
-    total_short = startup_s + total_train + eval_s * (1 + n_mid * cfg.eval_episodes_during / args.eval_episodes)
-    total_full = startup_s + total_train + n_mid * mid_full + final_full
-    h = lambda s: f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+    probe = lambda episodes: eval_seconds_per_step(episodes, args.probe_steps, cfg.context, args.precision, args.device)
+    per_step_final, per_step_mid = probe(2 * args.eval_episodes), probe(2 * cfg.eval_episodes_during)
+    T, n_mid = cfg.max_ep_len, (args.total_steps - 1) // cfg.eval_every
+    final_full, mid_full, total_train = per_step_final * T, per_step_mid * T, args.total_steps / m["rate"]
+    short = m["eval_s"] * (1 + n_mid * cfg.eval_episodes_during / args.eval_episodes)
+    startup, lengths, rate = m["startup_s"], m["lengths"], f"{m['rate']:.2f}"
     rows = [
-        [
-            "startup (imports, dataset, env check, model, TensorBoard, checkpoint)",
-            f"{startup_s:.1f} s",
-            "measured (rest of the wall time)",
-            f"{startup_s:.0f} s",
-        ],
-        [
-            f"training, {args.total_steps:,} steps",
-            f"{args.steps} steps in {train_s:.1f} s: **{rate:.2f} steps/s**",
-            f"× {args.total_steps / args.steps:.0f}",
-            f"**{h(total_train)}**",
-        ],
-        [
-            f"final evaluation, 2 × {args.eval_episodes} episodes as this policy plays them",
-            f"{eval_s:.1f} s (mean episode {np.mean(lengths):.0f} steps, longest {max(lengths)})",
-            "measured",
-            h(eval_s),
-        ],
-        [
-            f"final evaluation, 2 × {args.eval_episodes} full-length episodes",
-            f"{per_step_final:.2f} s per step with {2 * args.eval_episodes} live episodes",
-            f"× {T} steps",
-            f"**{h(final_full)}**",
-        ],
-        [
-            f"{n_mid} intermediate evaluations, 2 × {cfg.eval_episodes_during} full-length episodes",
-            f"{per_step_mid:.3f} s per step with {2 * cfg.eval_episodes_during} live episodes",
-            f"× {T} steps × {n_mid}",
-            h(n_mid * mid_full),
-        ],
+        ["startup (imports, dataset, env check, model, TensorBoard, checkpoint)", f"{startup:.1f} s"]
+        + ["measured (rest of the wall time)", f"{startup:.0f} s"],
+        [f"training, {args.total_steps:,} steps", f"{args.steps} steps in {m['train_s']:.1f} s: **{rate} steps/s**"]
+        + [f"× {args.total_steps / args.steps:.0f}", f"**{duration(total_train)}**"],
+        [f"final evaluation, 2 × {args.eval_episodes} episodes as this policy plays them"]
+        + [f"{m['eval_s']:.1f} s (mean episode {np.mean(lengths):.0f} steps, longest {max(lengths)})", "measured"]
+        + [duration(m["eval_s"])],
+        [f"final evaluation, 2 × {args.eval_episodes} full-length episodes"]
+        + [f"{per_step_final:.2f} s per step with {2 * args.eval_episodes} live episodes", f"× {T} steps"]
+        + [f"**{duration(final_full)}**"],
+        [f"{n_mid} intermediate evaluations, 2 × {cfg.eval_episodes_during} full-length episodes"]
+        + [f"{per_step_mid:.3f} s per step with {2 * cfg.eval_episodes_during} live episodes"]
+        + [f"× {T} steps × {n_mid}", duration(n_mid * mid_full)],
     ]
+    return rows, startup + total_train + n_mid * mid_full + final_full, startup + total_train + short
+
+
+def main() -> None:
+    args = parse_args()
+    m = measured_run(args)
+    rows, total_full, total_short = extrapolated(args, m)
+    T = make_config("paper").resolved(TASKS["hopper"]).max_ep_len
     body = "\n".join(
         [
-            f"`python train.py` (Primal.+DT, the paper's settings: d_model 256, 4 heads, 3 layers, K 20, batch 64, "
-            f"{args.precision}, "
-            f"--device {args.device}) on {hdf5.name} (Hopper-shaped random data, D4RL hdf5), measured for "
-            f"{args.steps} steps with "
-            f"no intermediate evaluation and the full final evaluation, then extrapolated to {args.total_steps:,} "
-            f"steps. "
-            f"Measured wall time of that command: **{wall:.0f} s** ({child_cpu:.0f} CPU-seconds, all threads; on a "
-            f"machine shared with other jobs the wall time depends on how much of its cores this run got). "
-            f"Exact command:",
+            "`python train.py` (Primal.+DT, the paper's settings: d_model 256, 4 heads, 3 layers, K 20, batch 64, "
+            f"{args.precision}, --device {args.device}) on {m['hdf5'].name} (Hopper-shaped random data, D4RL hdf5), "
+            f"measured for {args.steps} steps with no intermediate evaluation and the full final evaluation, then "
+            f"extrapolated to {args.total_steps:,} steps. Measured wall time of that command: **{m['wall']:.0f} s** "
+            f"({m['cpu']:.0f} CPU-seconds, all threads; on a machine shared with other jobs the wall time depends "
+            "on how much of its cores this run got). Exact command:",
             "",
             "```",
-            common.shown(cmd),
+            common.shown(m["cmd"]),
             "```",
             "",
             "A policy trained on random data falls within a few dozen steps, so its evaluation is short; a good Hopper "
@@ -175,11 +162,10 @@ def main() -> None:
             "",
             common.md_table(["part", "measured", "extrapolation", f"{args.total_steps:,}-step run"], rows),
             "",
-            f"**Whole {args.total_steps:,}-step run, extrapolated: {h(total_full)} with full-length evaluation "
-            f"episodes** "
-            f"({h(total_short)} if every evaluation were as short as this random-data policy's). For comparison, "
-            f"the published DT implementations take about 40 minutes per 100k-step run on a GPU (d3rlpy-benchmarks' "
-            f"DT logs, CORL).",
+            f"**Whole {args.total_steps:,}-step run, extrapolated: {duration(total_full)} with full-length "
+            f"evaluation episodes** ({duration(total_short)} if every evaluation were as short as this random-data "
+            "policy's). For comparison, the published DT implementations take about 40 minutes per 100k-step run "
+            "on a GPU (d3rlpy-benchmarks' DT logs, CORL).",
         ]
     )
     common.write_section("whole_run", "Whole run: training + final evaluation", body, args.quick)

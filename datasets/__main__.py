@@ -16,9 +16,8 @@ from dt_primal.errors import UserError
 from envs import TASKS
 
 
-def main(argv=None) -> None:
-    p = command_parser(__doc__, prog="python -m datasets")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def add_train_policy(sub) -> None:
+    """``train-policy``: a task's behaviour learner."""
     t = sub.add_parser("train-policy", allow_abbrev=False, help="train (or resume) the behaviour learner of one task")
     t.add_argument("--env", choices=list(TASKS), required=True)
     t.add_argument("--steps", type=int, default=3_000_000, help="learner steps in all (it stops earlier at its expert)")
@@ -46,6 +45,10 @@ def main(argv=None) -> None:
         help="the normalised score of its first evaluation that makes medium and medium-replay (default 40)",
     )
     t.add_argument("--until-medium", action="store_true", help="stop once medium and medium-replay are exported")
+
+
+def add_build(sub) -> None:
+    """``build``: suite datasets as Minari datasets."""
     b = sub.add_parser(
         "build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets"
     )
@@ -87,6 +90,10 @@ def main(argv=None) -> None:
         help="build only the datasets not built yet, where otherwise a built one is replaced (a run that needs "
         "one meanwhile waits for its build)",
     )
+
+
+def add_stats(sub) -> None:
+    """``stats``: the built datasets and the behaviour policies, beside D4RL's."""
     s = sub.add_parser(
         "stats",
         allow_abbrev=False,
@@ -106,6 +113,10 @@ def main(argv=None) -> None:
         help="also these Minari datasets in $MINARI_DATASETS_PATH, of any task (normalised: – where the task "
         "has no reference scores)",
     )
+
+
+def add_combine(sub) -> None:
+    """``combine``: one Minari dataset from the episodes of several."""
     c = sub.add_parser(
         "combine",
         allow_abbrev=False,
@@ -116,22 +127,32 @@ def main(argv=None) -> None:
         "parts", nargs="+", help="local Minari dataset ids, in order (mujoco/hopper/medium-v0 mujoco/hopper/expert-v0)"
     )
     c.add_argument("--into", required=True, help="the new dataset's id (mujoco/hopper/medium-expert-v0)")
+
+
+def build(args) -> None:
+    """``build``: the datasets asked for, one after the other or ``--jobs`` at once."""
+    levels = LEVELS if "all" in args.level else args.level
+    ids = [
+        suite_id(env, level, args.version) for env in (TASKS if args.env == "all" else [args.env]) for level in levels
+    ]
+    ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
+    if args.processes is not None and args.processes < 1:
+        raise UserError(f"--processes must be at least 1 (got {args.processes}).")
+    if args.jobs > 1:
+        build_at_once(ids, args.jobs, args.steps, args.seed, args.missing, args.processes)
+    else:
+        for dataset_id in ids:
+            build_id(dataset_id, args.steps, args.seed, args.missing, args.processes)
+
+
+def main(argv=None) -> None:
+    p = command_parser(__doc__, prog="python -m datasets")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for add in (add_train_policy, add_build, add_stats, add_combine):
+        add(sub)
     args = p.parse_args(argv)
     if args.cmd == "build":
-        levels = LEVELS if "all" in args.level else args.level
-        ids = [
-            suite_id(env, level, args.version)
-            for env in (TASKS if args.env == "all" else [args.env])
-            for level in levels
-        ]
-        ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
-        if args.processes is not None and args.processes < 1:
-            raise UserError(f"--processes must be at least 1 (got {args.processes}).")
-        if args.jobs > 1:
-            build_at_once(ids, args.jobs, args.steps, args.seed, args.missing, args.processes)
-        else:
-            for dataset_id in ids:
-                build_id(dataset_id, args.steps, args.seed, args.missing, args.processes)
+        build(args)
     elif args.cmd == "combine":
         from datasets.combine import combine
 

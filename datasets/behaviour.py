@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -246,6 +247,63 @@ def _save_atomic(save, path: Path) -> None:
     write_file(path, save, "The learner's state")
 
 
+class Learner:
+    """One task's learner between its evaluations: what it exports when (medium and medium-replay at its first
+    evaluation at ``progress["medium_score"]`` or above, then the expert), and the state a resume needs."""
+
+    def __init__(self, task: Task, work_dir: Path, out: Path, progress: dict, seed: int, eval_episodes: int):
+        self.task, self.work_dir, self.out, self.progress = task, work_dir, out, progress
+        self.seed, self.eval_episodes = seed, eval_episodes
+        self.expert = out / expert_file(EXPERT_VERSION)
+
+    def evaluate(self, model, step: int, cpu_seconds: Callable[[], float], until_medium: bool) -> bool:
+        """The learner's policy at ``step``: evaluated, recorded and exported where due (with the learner's CPU
+        seconds then); whether to stop."""
+        actor = GaussianActor.from_sb3(model)
+        returns = evaluate_actor(actor, self.task, self.eval_episodes, seed=10_000 + step)
+        score = float(self.task.normalize(returns.mean()))
+        mean, std = float(returns.mean()), float(returns.std())
+        self.progress["evals"].append({"step": step, "return_mean": mean, "return_std": std, "normalized": score})
+        print(f"{self.task.name} step {step}: return {mean:.0f} ± {std:.0f}, normalised {score:.1f}", flush=True)
+        meta = {"task": self.task.name, "algo": self.progress["algo"], "train_seed": self.seed, "step": step}
+        meta |= {"eval_return_mean": mean, "eval_normalized": score}
+        export = lambda: {**actor.export(), "meta": meta | {"learner_cpu_seconds": cpu_seconds()}}
+        progress = self.progress
+        if progress["medium_step"] is None and score >= progress["medium_score"]:
+            torch.save(export(), self.out / "medium.pt")
+            save_transitions(self.out / "medium_replay.npz", replay_episodes(model.replay_buffer))
+            (self.out / "history.npz").unlink(missing_ok=True)
+            progress["medium_step"] = step
+            return until_medium
+        if progress["medium_step"] is None:
+            return False
+        save_best = lambda: torch.save(export(), self.out / "best.pt")
+        if not keep_if_best(self.task, actor, step, score, self.eval_episodes, progress, save_best):
+            return False
+        torch.save(export(), self.expert)
+        progress["experts"][str(EXPERT_VERSION)] = {"step": step, "measured": progress["measured"][str(step)]}
+        return True
+
+    def save_state(self, model) -> None:
+        """Everything a resume needs: in ``work_dir``, and the snapshot a fresh clone continues from."""
+        _save_atomic(model.save, self.work_dir / "model.zip")
+        _save_atomic(model.save_replay_buffer, self.work_dir / "replay.pkl")
+        _save_atomic(model.save, self.out / "learner.zip")
+        if self.progress["medium_step"] is None:  # until medium level a fresh clone also needs every transition
+            history = lambda p: save_transitions(p, replay_episodes(model.replay_buffer))
+            _save_atomic(history, self.out / "history.npz")
+        (self.out / "learner.json").write_text(json.dumps(self.progress, indent=1))
+
+    def expert_below_target(self) -> None:
+        """A learner that ended below its target: its best export is the expert."""
+        if (self.out / "best.pt").exists() and not self.expert.exists():
+            shutil.copyfile(self.out / "best.pt", self.expert)
+            best = self.progress["best_step"]
+            measured = self.progress["measured"].get(str(best))
+            self.progress["experts"][str(EXPERT_VERSION)] = {"step": best, "below_target": True, "measured": measured}
+            (self.out / "learner.json").write_text(json.dumps(self.progress, indent=1))
+
+
 def train_behaviour(
     task: Task,
     work_dir: Path,
@@ -267,86 +325,25 @@ def train_behaviour(
     work_dir, out = Path(work_dir), Path(policy_dir) / task.name
     work_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    expert = out / expert_file(EXPERT_VERSION)
-    if expert.exists():
-        print(f"{task.name}: {expert.name} exists, the learner is done")
+    if (out / expert_file(EXPERT_VERSION)).exists():
+        print(f"{task.name}: {expert_file(EXPERT_VERSION)} exists, the learner is done")
         return
     model, progress = load_learner(task, work_dir, out, seed, algo, medium_score)
-    medium_score = progress["medium_score"]
+    learner = Learner(task, work_dir, out, progress, seed, eval_episodes)
 
     class Checkpoint(BaseCallback):
         t0 = time.process_time()
 
         def _on_step(self) -> bool:
-            step = self.num_timesteps
-            if step % eval_every:
+            if self.num_timesteps % eval_every:
                 return True
-            actor = GaussianActor.from_sb3(self.model)
-            returns = evaluate_actor(actor, task, eval_episodes, seed=10_000 + step)
-            score = float(task.normalize(returns.mean()))
-            progress["evals"].append(
-                {
-                    "step": step,
-                    "return_mean": float(returns.mean()),
-                    "return_std": float(returns.std()),
-                    "normalized": score,
-                }
-            )
-            print(
-                f"{task.name} step {step}: return {returns.mean():.0f} ± {returns.std():.0f}, normalised {score:.1f}",
-                flush=True,
-            )
-            export = lambda: {
-                **actor.export(),
-                "meta": {
-                    "task": task.name,
-                    "algo": progress["algo"],
-                    "train_seed": seed,
-                    "step": step,
-                    "learner_cpu_seconds": progress["cpu_seconds"] + time.process_time() - self.t0,
-                    "eval_return_mean": float(returns.mean()),
-                    "eval_normalized": score,
-                },
-            }
-            done = False
-            if progress["medium_step"] is None and score >= medium_score:
-                torch.save(export(), out / "medium.pt")
-                save_transitions(out / "medium_replay.npz", replay_episodes(self.model.replay_buffer))
-                (out / "history.npz").unlink(missing_ok=True)
-                progress["medium_step"] = step
-                done = until_medium
-            elif progress["medium_step"] is not None:
-                save_best = lambda: torch.save(export(), out / "best.pt")
-                if keep_if_best(task, actor, step, score, eval_episodes, progress, save_best):
-                    torch.save(export(), expert)
-                    progress["experts"][str(EXPERT_VERSION)] = {
-                        "step": step,
-                        "measured": progress["measured"][str(step)],
-                    }
-                    done = True
+            cpu = lambda: progress["cpu_seconds"] + time.process_time() - self.t0
+            done = learner.evaluate(self.model, self.num_timesteps, cpu, until_medium)
             now = time.process_time()
             progress["cpu_seconds"] += now - self.t0
             self.t0 = now
-            self.save_state(progress["medium_step"] is None)
+            learner.save_state(self.model)
             return not done
 
-        def save_state(self, before_medium: bool) -> None:
-            """Everything a resume needs: in ``work_dir``, and the snapshot a fresh clone continues from."""
-            _save_atomic(self.model.save, work_dir / "model.zip")
-            _save_atomic(self.model.save_replay_buffer, work_dir / "replay.pkl")
-            _save_atomic(self.model.save, out / "learner.zip")
-            if before_medium:  # until medium level a fresh clone also needs every transition
-                _save_atomic(
-                    lambda p: save_transitions(p, replay_episodes(self.model.replay_buffer)), out / "history.npz"
-                )
-            (out / "learner.json").write_text(json.dumps(progress, indent=1))
-
     model.learn(max(total_steps - model.num_timesteps, 0), callback=Checkpoint(), reset_num_timesteps=False)
-    if (out / "best.pt").exists() and not expert.exists():  # finished below target: the best export is the expert
-        shutil.copyfile(out / "best.pt", expert)
-        progress["experts"][str(EXPERT_VERSION)] = {
-            "step": progress["best_step"],
-            "below_target": True,
-            "measured": progress["measured"].get(str(progress["best_step"])),
-        }
-        (out / "learner.json").write_text(json.dumps(progress, indent=1))
+    learner.expert_below_target()

@@ -94,6 +94,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cpus-per-task", type=float, default=1, help="ray: CPUs per group, also its training threads")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"))
+    add_budget_options(p)
+    add_report_options(p)
+    return p
+
+
+def add_budget_options(p) -> None:
+    """What is trained of the grid: runs committed before, and a time budget with what it plans with."""
     p.add_argument(
         "--recorded",
         type=Path,
@@ -130,6 +137,10 @@ def parser() -> argparse.ArgumentParser:
         help="--building: how long those builds may still take; a group that needs one is planned to start "
         "after it (the budget still stops the sweep at its end)",
     )
+
+
+def add_report_options(p) -> None:
+    """The tables, plots and videos made from the finished runs."""
     p.add_argument("--aggregate-only", action="store_true", help="only rebuild the tables and plots")
     p.add_argument(
         "--baseline",
@@ -145,7 +156,6 @@ def parser() -> argparse.ArgumentParser:
         help="also film each dataset and model's best and worst seed, one episode per target, side by side, into "
         'REPORT/videos (evaluate.py --video; needs pip install "dt-primal[video]")',
     )
-    return p
 
 
 def budgeted_groups(priority: list[str], args, extra: list[str], budget_s: float) -> list[tuple[list[str], str]]:
