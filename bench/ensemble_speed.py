@@ -19,7 +19,6 @@ random data (100k steps), as the other training benchmarks.
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 from pathlib import Path
 
@@ -28,11 +27,10 @@ import bench.common as common
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import dt_primal.model.attention
-import dt_primal.model.dropout
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser
 from dt_primal.config import CHOICES, make_config
+from dt_primal.model.dropout import torch_masks
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import fresh_step, time_updates
 
@@ -90,22 +88,10 @@ def library_step(
     return fresh_step(cfg, data, range(members), device, capture=capture)
 
 
-@contextlib.contextmanager
-def torch_dropout(on: bool):
-    """PyTorch's dropout masks instead of the CPU's cheap ones while ``on``: as on a GPU."""
-    seam = dt_primal.model.dropout.cheap_masks
-    if on:
-        dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
-    try:
-        yield
-    finally:
-        dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = seam
-
-
 def count_ops(data, size: str, members: int, precision: str, device: str) -> dict:
     """ATen operations (views aside) in one eager update, the second: what a CUDA graph of the step replays."""
     step = library_step(data, size, members, precision, device, capture=False)
-    with torch_dropout(True):
+    with torch_masks():  # PyTorch's dropout masks, as on a GPU
         step()
         with OpCounter() as counter:
             step()

@@ -26,6 +26,7 @@ forward and stepping.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -35,11 +36,10 @@ import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
 import numpy as np
 import torch
 
-import dt_primal.evaluation.rollout as rollout_module
 from dt_primal.cli import command_parser
 from dt_primal.config import make_config
-from dt_primal.evaluation.policy import CapturedForward, Policy
-from dt_primal.evaluation.rollout import default_env_workers
+from dt_primal.evaluation.policy import Policy
+from dt_primal.evaluation.rollout import default_env_workers, rollout
 from dt_primal.model.transformer import DecisionTransformer
 from envs import TASKS, Episodes
 
@@ -67,51 +67,32 @@ def in_rollout(
     the environments and waiting for their step) and the rest, with the start-up and the forward pass's first steps'
     excess (``first_forward``: its calls up to the first with a full context, less as many later calls and the
     capture) apart; ``capture``: the policy's forward pass replayed as a CUDA graph (on CUDA: ``Policy``'s
-    ``capture``); ``pipeline``: ``rollout``'s."""
+    ``capture``); ``pipeline``: ``rollout``'s. Timed through the rollout's and the policy's ``phase`` hooks."""
     cfg = make_config("paper", model="primal", s=64, max_ep_len=steps)
     model = DecisionTransformer(cfg.model_config(11, 3), members=members).to(device).eval()
     seconds = {"forward": 0.0, "capture": 0.0, "stepping": 0.0, "start": 0.0, "first": 0.0}
     calls = {"first": 0, "later": 0}
+    halves = 2 if pipeline and n // members > 1 else 1  # as rollout splits its episodes
+    filling = cfg.context * halves  # each half's forward pass fills its context in its first K calls
 
-    def timed(fn, key: str):
-        def run(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if key in ("forward", "capture") and device.startswith("cuda"):
-                torch.cuda.synchronize()
-            seconds[key] += time.perf_counter() - t0
-            return out
-
-        return run
-
-    class TimedForward(CapturedForward):  # a pipelined rollout's second half makes its own, of the same type
-        full = False  # whether it has made its first call with a full context
-        _capture = timed(CapturedForward._capture, "capture")  # inside a forward pass: part of its seconds
-        _forward = timed(CapturedForward.__call__, "forward")
-
-        def __call__(self, states, *rest):
-            before, first = seconds["forward"], not self.full
-            out = self._forward(states, *rest)
-            self.full = self.full or states.shape[2] >= self.context
+    @contextlib.contextmanager
+    def phase(name: str):
+        t0 = time.perf_counter()
+        yield
+        if name in ("forward", "capture") and device.startswith("cuda"):
+            torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+        seconds[name] += took
+        if name == "forward":
+            first = calls["first"] + calls["later"] < filling
             calls["first" if first else "later"] += 1
-            if first:
-                seconds["first"] += seconds["forward"] - before
-            return out
-
-    class TimedEpisodes(Episodes):
-        send, receive = timed(Episodes.send, "stepping"), timed(Episodes.receive, "stepping")
-        __init__, reset, close = (timed(f, "start") for f in (Episodes.__init__, Episodes.reset, Episodes.close))
+            seconds["first"] += took if first else 0.0
 
     precision = "bf16" if device.startswith("cuda") else "fp32"
-    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context, precision, capture)
-    policy.forward = TimedForward(model, cfg.context, policy.forward.on)
-    saved, rollout_module.Episodes = rollout_module.Episodes, TimedEpisodes
-    try:
-        t0 = time.perf_counter()
-        rollout_module.rollout(policy, task, [3600.0], n // members, env_workers=workers, pipeline=pipeline)
-        total = time.perf_counter() - t0
-    finally:
-        rollout_module.Episodes = saved
+    policy = Policy(model, np.zeros(11), np.ones(11), 1000.0, cfg.context, precision, capture, phase=phase)
+    t0 = time.perf_counter()
+    rollout(policy, task, [3600.0], n // members, env_workers=workers, pipeline=pipeline, phase=phase)
+    total = time.perf_counter() - t0
     later = (seconds["forward"] - seconds["first"]) / max(1, calls["later"])
     first = max(0.0, seconds.pop("first") - calls["first"] * later - seconds["capture"])
     return {"total": total, **seconds, "first_forward": first}

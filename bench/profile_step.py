@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ import torch
 from datasets.loaders import load_dataset
 from dt_primal.cli import command_parser
 from dt_primal.config import make_config
+from dt_primal.model.dropout import torch_masks
 from dt_primal.training.throughput import fresh_step
 
 # name: (environment changes, fresh_step options, config changes, description)
@@ -137,16 +139,14 @@ def matmul_floor(precision: str) -> tuple[float, float]:
 def run_variant(name: str, warmup: int, steps: int) -> dict:
     _, options, changes, _ = VARIANTS[name]
     options = dict(options)
-    if options.pop("torch_dropout", False):  # close the seam: dropout as on a GPU
-        import dt_primal.model.attention
-        import dt_primal.model.dropout
-
-        dt_primal.model.dropout.cheap_masks = dt_primal.model.attention.cheap_masks = lambda x: False
-    step = fresh_step(spec_config(**changes), load_data(), [0], **options)
-    first = common.seconds(step, warmup)
+    masks = torch_masks() if options.pop("torch_dropout", False) else contextlib.nullcontext()
+    with masks:  # dropout as on a GPU where the variant asks
+        step = fresh_step(spec_config(**changes), load_data(), [0], **options)
+        first = common.seconds(step, warmup)
+        timed = common.timed(step, steps, warmup=0)
     return {
         "variant": name,
-        **common.timed(step, steps, warmup=0),
+        **timed,
         "warmup_seconds": first,
         "threads": torch.get_num_threads(),
         "omp": os.environ.get("OMP_WAIT_POLICY", "unset"),

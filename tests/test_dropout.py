@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from dt_primal.model.attention import SoftmaxAttention
-from dt_primal.model.dropout import Dropout, drop, keep_mask
+from dt_primal.model.dropout import Dropout, cheap_masks, drop, keep_mask, torch_masks
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
@@ -61,3 +61,16 @@ def test_written_out_training_attention_averages_to_the_sdpa_output():
         b = attn(x_changed_padding, valid)[0]
     torch.testing.assert_close(draws.mean(0), expected, atol=0.02, rtol=0)
     torch.testing.assert_close(a[0, 1, 2:], b[0, 1, 2:])
+
+
+def test_inside_torch_masks_a_cpu_draws_pytorchs_own_dropout_masks():
+    """The benchmarks' seam: PyTorch's masks on a CPU inside ``torch_masks``, the cheap ones again after it."""
+    x = torch.ones(64, 64)
+    torch.manual_seed(0)
+    theirs = torch.nn.functional.dropout(x, 0.1, True)
+    with torch_masks():
+        torch.manual_seed(0)
+        inside, chosen = drop(x, 0.1), cheap_masks(x)
+    torch.manual_seed(0)
+    assert not chosen and torch.equal(inside, theirs)
+    assert cheap_masks(x) and not torch.equal(drop(x, 0.1), theirs)

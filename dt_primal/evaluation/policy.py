@@ -79,12 +79,13 @@ class CapturedForward:
     replay is checked against the eager pass: if it differs, or the capture fails, this acts eagerly from
     then on, with a warning. ``capture`` False: always the eager pass (a CPU's). ``graph_of``: ``cuda_graph``, or
     a stand-in with its signature. The caller's autocast must not cache casts (``dt_primal.precision.autocast``):
-    the graph would outlive the cache."""
+    the graph would outlive the cache. ``phase(name)``, a context manager as the training step's, brackets each
+    pass ("forward") and each capture within it ("capture") for profiling."""
 
     ATOL = 3e-2  # actions in [-1, 1]; bf16 passes of different widths differ by about 1e-2
 
-    def __init__(self, model, context: int, capture: bool = True, graph_of=cuda_graph):
-        self.model, self.context, self.graph_of = model, context, graph_of
+    def __init__(self, model, context: int, capture: bool = True, graph_of=cuda_graph, phase=contextlib.nullcontext):
+        self.model, self.context, self.graph_of, self.phase = model, context, graph_of, phase
         self.on, self.width, self.checked = capture, 0, False
         self.inputs, self.replay, self.output = [], None, None  # a bucket's input buffers, its graph, its output
 
@@ -93,6 +94,10 @@ class CapturedForward:
 
     def __call__(self, states, actions, rtg, timesteps) -> torch.Tensor:
         """The newest step's actions (M, width, 1, act_dim) for inputs (M, width, K, ...)."""
+        with self.phase("forward"):
+            return self._act(states, actions, rtg, timesteps)
+
+    def _act(self, states, actions, rtg, timesteps) -> torch.Tensor:
         inputs, width = (states, actions, rtg, timesteps), states.shape[1]
         if not self.on or states.shape[2] < self.context or self.model.training:
             return self.eager(*inputs)
@@ -114,7 +119,8 @@ class CapturedForward:
         self.replay = self.output = None  # the last bucket's graph and memory go first
         try:
             self.inputs = [x.new_zeros((x.shape[0], width, *x.shape[2:])) for x in inputs]
-            self.replay, self.output = self.graph_of(lambda: self.eager(*self.inputs))
+            with self.phase("capture"):
+                self.replay, self.output = self.graph_of(lambda: self.eager(*self.inputs))
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
             self._give_up(f"capturing it failed ({type(exc).__name__}: {str(exc)[:200]})")
             return False
@@ -137,7 +143,8 @@ class Policy(Acting):
     ``state_mean``/``state_std``: (obs_dim,) or one row per member. ``model``: a ``DecisionTransformer``
     or anything with its ``members``, ``config.act_dim``, ``device`` (else its parameters'), ``training``,
     ``train(mode)``, ``max_ep_len`` and its call on (members, N, K, ...) inputs with ``last_only``.
-    ``capture``: on CUDA, replay the forward pass as a CUDA graph (``CapturedForward``)."""
+    ``capture``: on CUDA, replay the forward pass as a CUDA graph (``CapturedForward``). ``phase``: the forward
+    pass's profiling hook (``CapturedForward``)."""
 
     def __init__(
         self,
@@ -148,12 +155,13 @@ class Policy(Acting):
         context: int,
         precision: str = "fp32",
         capture: bool = True,
+        phase=contextlib.nullcontext,
     ):
         self.model, self.precision = model, precision
         self.device = getattr(model, "device", None) or next(model.parameters()).device
         self.config = model.config  # the members' ModelConfig
         self.arrays = TorchArrays(self.device)
-        self.forward = CapturedForward(model, context, capture and self.device.type == "cuda")
+        self.forward = CapturedForward(model, context, capture and self.device.type == "cuda", phase=phase)
         super().__init__(model.members, self.config.act_dim, state_mean, state_std, reward_scale, context)
 
     @property
@@ -174,7 +182,8 @@ class Policy(Acting):
     def twin(self) -> Policy:
         """``Acting.twin``, with a forward pass of its own (its CUDA graphs are captured at its widths)."""
         twin = super().twin()
-        twin.forward = type(self.forward)(self.model, self.context, self.forward.on, self.forward.graph_of)
+        forward = self.forward
+        twin.forward = type(forward)(self.model, self.context, forward.on, forward.graph_of, forward.phase)
         return twin
 
     @torch.no_grad()

@@ -67,11 +67,12 @@ class _Part:
     each): their environments, an acting state for them (``policy``) and what they have earned. ``act`` sends
     their next step to the environments, ``receive`` takes it back."""
 
-    def __init__(self, policy, tasks: list[Task], columns: np.ndarray, targets: np.ndarray, seeds, workers: int):
+    def __init__(self, policy, tasks: list[Task], columns: np.ndarray, targets: np.ndarray, seeds, workers, phase):
         M, n = len(tasks), len(columns)
-        self.policy, self.columns, self.shape = policy, columns, (M, n)
-        self.env = Episodes([t for t in tasks for _ in columns], M * n, workers)
-        self.obs = self.env.reset([s + int(c) for s in seeds for c in columns])
+        self.policy, self.columns, self.shape, self.phase = policy, columns, (M, n), phase
+        with phase("start"):
+            self.env = Episodes([t for t in tasks for _ in columns], M * n, workers)
+            self.obs = self.env.reset([s + int(c) for s in seeds for c in columns])
         policy.reset(targets[:, columns])
         self.rewards, self.returns = np.zeros((M, n)), np.zeros((M, n))
         self.lengths, self.alive = np.zeros((M, n), dtype=np.int64), np.ones((M, n), dtype=bool)
@@ -81,13 +82,15 @@ class _Part:
         """This step's actions (M, n, act_dim) for the live episodes, sent to their environments."""
         M, n = self.shape
         actions = self.policy.act(self.obs.reshape(M, n, -1), self.rewards, live=self.alive).reshape(M, n, -1)
-        self.env.send(actions.reshape(M * n, -1), self.alive.reshape(-1))
+        with self.phase("stepping"):
+            self.env.send(actions.reshape(M * n, -1), self.alive.reshape(-1))
         self.pending = True
         return actions
 
     def receive(self) -> None:
         M, n = self.shape
-        self.obs, rewards, terms, truncs = self.env.receive()
+        with self.phase("stepping"):
+            self.obs, rewards, terms, truncs = self.env.receive()
         self.rewards, ended = rewards.reshape(M, n), (terms | truncs).reshape(M, n)
         self.returns[self.alive] += self.rewards[self.alive]
         self.lengths[self.alive] += 1
@@ -122,7 +125,7 @@ def _play(parts: list[_Part], n: int, steps: int, progress: bool, recorder: Reco
     bar.close()
 
 
-def _episodes(policy, tasks, targets, episodes: int, seeds, workers: int, halves: bool, progress: bool, recorder):
+def _episodes(policy, tasks, targets, episodes: int, seeds, workers: int, halves, progress, recorder, phase):
     """``rollout``'s episodes (in two pipelined halves with ``halves``): their returns and lengths (members,
     episodes per member)."""
     n = episodes * len(targets[0])
@@ -134,12 +137,12 @@ def _episodes(policy, tasks, targets, episodes: int, seeds, workers: int, halves
         recorder.start(episodes, targets, seeds)
     try:
         for acting, c in zip([policy, policy.twin()] if halves else [policy], columns):
-            parts.append(_Part(acting, tasks, c, per_episode, seeds, workers))
+            parts.append(_Part(acting, tasks, c, per_episode, seeds, workers, phase))
         with policy.evaluating():
             _play(parts, n, policy.max_ep_len, progress, recorder)
     finally:
         for part in parts:
-            with contextlib.suppress(OSError):  # a worker that has died
+            with contextlib.suppress(OSError), phase("start"):  # a worker that has died
                 part.env.close()
     return tuple(np.concatenate([getattr(part, k) for part in parts], axis=1) for k in ("returns", "lengths"))
 
@@ -154,6 +157,7 @@ def rollout(
     progress: bool = False,
     recorder: Recorder | None = None,
     pipeline: bool | None = None,
+    phase=contextlib.nullcontext,
 ) -> list[list[dict]]:
     """Run ``episodes`` episodes per target for every member of ``policy`` (member m's environments
     seeded ``seeds[m]``, ``seeds[m] + 1``, ...; default 0 for all), at most ``max_ep_len`` steps each.
@@ -165,7 +169,9 @@ def rollout(
     (default: where the environments step in worker processes, ``env_workers`` > 1): the episodes in two halves,
     each with its own ``env_workers`` workers and acting state (``policy.twin()``), so that one half's
     environments step while the other's actions are computed; the same episodes, acted on in forward passes of
-    half the width."""
+    half the width. ``phase(name)``: a profiling hook as the training step's, around the environments' start-up and
+    closing ("start") and each step's sending and receiving ("stepping"); the forward pass has its own
+    (``Policy``'s)."""
     M = policy.members
     tasks = task if isinstance(task, list) else [task] * M
     targets = targets if isinstance(targets[0], list) else [targets] * M
@@ -175,7 +181,7 @@ def rollout(
     halves = (pipeline if pipeline is not None else workers > 1) and n > 1
     run = (policy, tasks, targets, episodes, seeds, workers)
     try:
-        returns, lengths = _episodes(*run, halves, progress, recorder)
+        returns, lengths = _episodes(*run, halves, progress, recorder, phase)
     except (RuntimeError, EOFError, OSError) as exc:  # a CUDA error of a capture, a worker that died
         if not halves:
             raise
@@ -185,7 +191,7 @@ def rollout(
             RuntimeWarning,
             stacklevel=2,
         )
-        returns, lengths = _episodes(*run, False, progress, recorder)
+        returns, lengths = _episodes(*run, False, progress, recorder, phase)
     return [
         [
             report(

@@ -10,6 +10,8 @@ On other devices this is ``F.dropout`` (:func:`cheap_masks`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,12 +26,26 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.
     return uniform16 >= threshold - 32768, 1.0 - threshold / 65536
 
 
+_TORCH_MASKS = [False]  # inside torch_masks(): PyTorch's masks on every device
+
+
 def cheap_masks(x: torch.Tensor) -> bool:
     """Whether dropout on ``x`` draws the cheap masks of this module (on a CPU, where they make a bf16
     training step 1.1x faster at the Primal.+DT paper's size, and an fp32 one no slower: docs/benchmarks.md
     "Profile") instead of PyTorch's own: the model path's one device-specific choice. CUDA's fused
     Philox kernel is fast, and CUDA graphs need PyTorch's dropout."""
-    return x.device.type == "cpu"
+    return x.device.type == "cpu" and not _TORCH_MASKS[0]
+
+
+@contextlib.contextmanager
+def torch_masks():
+    """PyTorch's own dropout masks on every device inside, as on a GPU: what the benchmarks set beside the cheap
+    ones. For the models built and stepped inside it (a compiled step keeps the masks it was traced with)."""
+    before, _TORCH_MASKS[0] = _TORCH_MASKS[0], True
+    try:
+        yield
+    finally:
+        _TORCH_MASKS[0] = before
 
 
 def drop(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
