@@ -18,6 +18,7 @@ from dt_primal.model.architecture import (
     MODELS,
     TIMESTEP_INITS,
     ModelConfig,
+    of_exact_fields,
 )
 
 if TYPE_CHECKING:
@@ -138,11 +139,8 @@ class Config:
         take the dict's values), valid; ValueError or UserError when it is not one. The step's fields added later
         and the data's (``ADDED_TO_STEP``, ``ADDED_TO_DATA``) are filled in; the model's only the checkpoint reader
         fills (every export records them)."""
-        names = {f.name for f in fields(cls)}
         record = {**ADDED_TO_STEP, **ADDED_TO_DATA, **record} if isinstance(record, dict) else record
-        if not isinstance(record, dict) or set(record) != names:
-            raise ValueError(f"a run config needs exactly the fields {', '.join(sorted(names))}")
-        return cls(**record).validate()
+        return of_exact_fields(cls, record, "a run config").validate()
 
     def model_config(self, state_dim: int, act_dim: int) -> ModelConfig:
         """The architecture this run trains for observations of size ``state_dim`` and actions of size

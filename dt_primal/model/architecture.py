@@ -74,7 +74,13 @@ class ModelConfig:
     @classmethod
     def from_record(cls, record: dict) -> ModelConfig:
         """The config a checkpoint stored; ValueError when it is not one."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(record, dict) or set(record) != names:
-            raise ValueError(f"an architecture needs exactly the fields {', '.join(sorted(names))}")
-        return cls(**record)
+        return of_exact_fields(cls, record, "an architecture")
+
+
+def of_exact_fields(cls, record: object, what: str):
+    """The dataclass ``cls`` of a stored ``record``: a dict of exactly its fields (a reader's values); ValueError
+    naming them otherwise. The one reading of a stored config, the run's and the architecture's."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(record, dict) or set(record) != names:
+        raise ValueError(f"{what} needs exactly the fields {', '.join(sorted(names))}")
+    return cls(**record)

@@ -14,13 +14,12 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from dt_primal.config import Config
-from dt_primal.data import Trajectories, WindowSampler
+from dt_primal.data import Trajectories
 from dt_primal.errors import UserError, phase
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.reports import headline, run_record, target_text
@@ -156,28 +155,22 @@ class TrainingRun:
             if ckpts
             else fresh_model(model_config(members[0]), [m.cfg.seed for m in members], device)
         )
-        self.gens = [torch.Generator(device=device).manual_seed(m.cfg.seed) for m in members]
         self.parts = list({m.index: m for m in members}.values())  # one member of each dataset
         self.trained_on = [m.data.best_episodes(cfg.top_percent) for m in self.parts]  # all of it, or %BC's part
-        sampler = WindowSampler(
-            self.trained_on,
-            cfg.context,
-            cfg.reward_scale,
-            [m.state_mean for m in self.parts],
-            [m.state_std for m in self.parts],
-            device,
-        )
-        self.train_step = TrainStep(
+        stats = [m.state_mean for m in self.parts], [m.state_std for m in self.parts]
+        self.train_step = TrainStep.of_members(
             cfg,
             self.model,
-            sampler,
-            self.gens,
+            self.trained_on,
+            *stats,
+            [m.cfg.seed for m in members],
             device,
-            self.rank,
-            self.world,
+            rank=self.rank,
+            world=self.world,
             capture=cfg.cuda_graph,
             datasets=[m.index for m in members],
         )
+        self.gens = self.train_step.generators
         if ckpts is None:
             return
         try:

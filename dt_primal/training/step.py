@@ -200,6 +200,16 @@ class TrainStep:
                 self._update()
             self.graph.replay()
 
+    @classmethod
+    def of_members(cls, cfg: Config, model, data, state_mean, state_std, seeds, device, **options) -> TrainStep:
+        """The step of ``model``'s members on ``data`` (one dataset, or a list that ``options["datasets"]``
+        indexes per member, with one ``state_mean``/``state_std`` each), each member drawing its batches from
+        the generator of its seed; ``options``: the constructor's."""
+        device = torch.device(device)
+        gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        sampler = WindowSampler(data, cfg.context, cfg.reward_scale, state_mean, state_std, device)
+        return cls(cfg, model, sampler, gens, device, **options)
+
     # ------------------------------------------------------------------ state of one member
 
     def member_optimizer_state(self, i: int) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dt_primal.config import Config
-from dt_primal.data import Trajectories, WindowSampler
+from dt_primal.data import Trajectories
 from dt_primal.training.members import fresh_model
 from dt_primal.training.step import TrainStep
 
@@ -36,11 +36,9 @@ def fresh_step(cfg: Config, data: Trajectories, seeds, device="cpu", capture: bo
     """The training step of ``train.py --seeds ...`` for new members ``seeds`` on ``data``: each initialised
     and drawing batches from its seed. ``capture``: on CUDA, replay it as a CUDA graph; ``phase(name)``
     labels its parts (``TrainStep``)."""
-    device = torch.device(device)
-    model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), device)
-    gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    sampler = WindowSampler(data, cfg.context, cfg.reward_scale, *data.state_stats(), device)
-    return TrainStep(cfg, model, sampler, gens, device, capture=capture, phase=phase)
+    model = fresh_model(cfg.model_config(data.obs_dim, data.act_dim), list(seeds), torch.device(device))
+    mean, std = data.state_stats()
+    return TrainStep.of_members(cfg, model, data, mean, std, seeds, device, capture=capture, phase=phase)
 
 
 def time_updates(step: TrainStep, warmup: int, updates: int) -> dict:
