@@ -292,7 +292,7 @@ class Learner:
         if self.progress["medium_step"] is None:  # until medium level a fresh clone also needs every transition
             history = lambda p: save_transitions(p, replay_episodes(model.replay_buffer))
             _save_atomic(history, self.out / "history.npz")
-        (self.out / "learner.json").write_text(json.dumps(self.progress, indent=1))
+        write_file(self.out / "learner.json", json.dumps(self.progress, indent=1), "The learner's progress")
 
     def expert_below_target(self) -> None:
         """A learner that ended below its target: its best export is the expert."""
@@ -301,7 +301,7 @@ class Learner:
             best = self.progress["best_step"]
             measured = self.progress["measured"].get(str(best))
             self.progress["experts"][str(EXPERT_VERSION)] = {"step": best, "below_target": True, "measured": measured}
-            (self.out / "learner.json").write_text(json.dumps(self.progress, indent=1))
+            write_file(self.out / "learner.json", json.dumps(self.progress, indent=1), "The learner's progress")
 
 
 def train_behaviour(

@@ -3,7 +3,9 @@ printed and written to ``docs/datasets.md``, with the learners' curves beside it
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from datasets.behaviour import (
 )
 from datasets.loaders import load_dataset
 from datasets.suite import LEVELS, SUITE_NAMESPACE, VERSIONS, dataset_dir, is_built, suite_id
+from dt_primal.errors import UserError
+from dt_primal.files.reading import is_number, read_bytes, read_json
+from dt_primal.files.writing import check_target, write_file
 from envs import TASKS, Task
 
 D4RL = json.loads((Path(__file__).parent / "d4rl_v2.json").read_text())  # D4RL v2's statistics, as published
@@ -44,15 +49,26 @@ def d4rl_row(dataset_id: str) -> str:
     )
 
 
+def build_info(dataset_id: str) -> dict:
+    """What a build wrote of itself (``build.json``): its seconds and the load average then, read as any file a
+    user may be given (a regular file of at most a record's size, JSON), each a finite number or left out."""
+    path = dataset_dir(dataset_id) / "build.json"
+    if not path.exists():
+        return {}
+    info = read_json(path, "The build record", "Build the dataset again (python -m datasets build).")
+    if not isinstance(info, dict):
+        return {}
+    return {k: info[k] for k in ("seconds", "load_average") if is_number(info.get(k))}
+
+
 def dataset_row(dataset_id: str) -> str:
     """A Minari dataset of any task; its normalised scores as a run on it would compute them ("–" without
     reference scores)."""
     data = load_dataset(dataset_id, build=False)
     returns = data.episode_returns()
     norm = data.task.normalize(returns)
-    build = dataset_dir(dataset_id) / "build.json"
-    info = json.loads(build.read_text()) if build.exists() else {}
-    seconds = f"{info['seconds']:.0f}" if info else "?"
+    info = build_info(dataset_id)
+    seconds = f"{info['seconds']:.0f}" if "seconds" in info else "?"
     if "load_average" in info:  # the machine's other work slows a build down
         seconds += f" (load {info['load_average']:.1f})"
     limit = data.task.time_limit
@@ -115,8 +131,6 @@ def policy_row(task: Task, episodes: int) -> str | None:
 def learner_curves(path: Path) -> bool:
     """Each learner's 10-episode evaluations against its step, with the expert targets; a 256-colour
     PNG (small enough to commit). False when no learner has a history."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +170,9 @@ def learner_curves(path: Path) -> bool:
     buf = io.BytesIO()
     fig.savefig(buf, dpi=90)
     plt.close(fig)
-    Image.open(buf).convert("RGB").quantize(256).save(path, optimize=True)
+    png = io.BytesIO()
+    Image.open(buf).convert("RGB").quantize(256).save(png, format="png", optimize=True)
+    write_file(path, png.getvalue(), "The learners' figure")
     return True
 
 
@@ -176,7 +192,8 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     """The built suite datasets and ``datasets`` (Minari ids of any task), the behaviour policies and
     their learners' curves; the notes of an existing page (from ``NOTES`` on), and its rows of suite datasets
     not built on this machine, are kept."""
-    old = out.read_text() if out.exists() else ""
+    curves = check_target(out.with_name(out.stem + "-learners.png"), "The learners' figure")
+    old = page(check_target(out, "--out"))
     every = [suite_id(t, lvl, v) for t in TASKS for lvl in LEVELS for v in range(VERSIONS.get(lvl, 0) + 1)]
     kept = {line.split(" | ")[0][2:]: line for line in old.splitlines() if line.startswith(f"| {SUITE_NAMESPACE}/")}
     listed = [d for d in every if is_built(d) or d in kept]
@@ -193,7 +210,6 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
         policies = [r for r in (policy_row(TASKS[t], episodes) for t in TASKS) if r]
     experts = list(range(EXPERT_VERSION + 1))
     targets = "; ".join(f"expert-v{v} ≥ " + ", ".join(f"{t} {EXPERT_TARGETS[v][t]:g}" for t in TASKS) for v in experts)
-    curves = out.with_name(out.stem + "-learners.png")
     text = "\n".join(
         [
             "# The offline dataset suite",
@@ -240,6 +256,17 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
             *([old[old.index(NOTES) :].rstrip(), ""] if NOTES in old else []),
         ]
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_file(out, text, "--out")
     return text
+
+
+def page(out: Path) -> str:
+    """The page ``stats`` rewrites, as it is (its notes and the rows of datasets not built here are kept): a
+    regular UTF-8 file of at most 16 MiB, or nothing yet."""
+    if not os.path.lexists(out):
+        return ""
+    data = read_bytes(out, "--out", 16 * 2**20)
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise UserError(f"--out {out} is not UTF-8 text: not a page this command wrote. Give another --out.") from None

@@ -43,6 +43,7 @@ from datasets.behaviour import (
 from datasets.rollout import Keyed, collect_rows, merge
 from datasets.transitions import load_transitions
 from dt_primal.errors import UserError
+from dt_primal.files.writing import write_file
 from envs import TASKS, Task
 
 SUITE_NAMESPACE = "dt-primal"
@@ -403,17 +404,16 @@ def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, se
     collected = time.time()
     _write(dataset_id, task, episodes, algorithm, description)
     seconds = time.time() - t0
-    (dataset_dir(dataset_id) / "build.json").write_text(
-        json.dumps(
-            {
-                "seconds": seconds,
-                "write_seconds": seconds - (collected - t0),
-                "steps": steps,
-                "seed": seed,
-                "load_average": os.getloadavg()[0],
-            }
-        )
+    record = json.dumps(
+        {
+            "seconds": seconds,
+            "write_seconds": seconds - (collected - t0),
+            "steps": steps,
+            "seed": seed,
+            "load_average": os.getloadavg()[0],
+        }
     )
+    write_file(dataset_dir(dataset_id) / "build.json", record, "The build record")
     print(
         f"built {dataset_id}: {len(episodes)} episodes, {sum(len(e['actions']) for e in episodes)} steps in "
         f"{seconds:.0f} s "

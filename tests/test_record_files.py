@@ -116,6 +116,57 @@ def test_records_are_bounded_in_total_json_and_never_read_through_a_link(tmp_pat
     assert records.from_folder(sweep) == {"d/dt/seed_0/eval.json": b'{"step": 1}'}
 
 
+@pytest.mark.parametrize("kind", ["long header", "skipped member", "bzip2 member"])
+def test_a_records_archive_is_read_within_a_byte_budget(tmp_path, monkeypatch, kind):
+    """A pax header was read whole (1 GiB from a 4.6 MiB .tgz) and a member that is no record was decompressed to
+    be skipped (16 GiB of zeros in 13 kB): reading stops at the budget of decompressed bytes, with a message."""
+    monkeypatch.setattr(records, "MAX_ARCHIVE", 2**20)  # 1 MiB here: the same code path as 256 MiB
+    mode, path = ("w:bz2", tmp_path / "a.tgz") if kind == "bzip2 member" else ("w:gz", tmp_path / "a.tgz")
+    with tarfile.open(path, mode, format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("d/dt/seed_0/eval.json")
+        info.size = 2
+        if kind == "long header":
+            info.pax_headers = {"comment": "x" * 2**21}
+        else:
+            big = tarfile.TarInfo("d/dt/seed_0/model.bin")
+            big.size = 2**22
+            tar.addfile(big, io.BytesIO(bytes(big.size)))
+        tar.addfile(info, io.BytesIO(b"{}"))
+    with pytest.raises(UserError, match="took more than 1 MiB"):
+        records.from_archive(path)
+
+
+def test_a_records_archive_that_is_no_regular_file_or_names_a_record_twice_is_refused(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.tgz")
+    (tmp_path / "zero.tgz").symlink_to("/dev/zero")
+    for name, kind in (("fifo.tgz", "FIFO"), ("zero.tgz", "device")):
+        with pytest.raises(UserError, match=kind):
+            records.from_archive(tmp_path / name)
+    with tarfile.open(tmp_path / "twice.tgz", "w:gz") as tar:
+        for data in (b'{"step": 1}', b'{"step": 2}'):
+            info = tarfile.TarInfo("d/dt/seed_0/eval.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(UserError, match="two different records named d/dt/seed_0/eval.json"):
+        records.from_archive(tmp_path / "twice.tgz")
+
+
+def test_packing_records_replaces_a_link_at_the_archive_and_refuses_a_folder_first(tmp_path):
+    sweep = tmp_path / "sweep" / "d" / "dt" / "seed_0"
+    sweep.mkdir(parents=True)
+    (sweep / "eval.json").write_text('{"step": 1}')
+    (tmp_path / "outside").write_text("keep")
+    (tmp_path / "r.tgz").symlink_to(tmp_path / "outside")
+    assert run("-m", "commands.sweep.records", tmp_path / "sweep", tmp_path / "r.tgz").returncode == 0
+    assert (tmp_path / "outside").read_text() == "keep" and not (tmp_path / "r.tgz").is_symlink()
+    assert records.from_archive(tmp_path / "r.tgz") == {"d/dt/seed_0/eval.json": b'{"step": 1}'}
+    (tmp_path / "dir.tgz").mkdir()
+    res = run("-m", "commands.sweep.records", tmp_path / "sweep", tmp_path / "dir.tgz")
+    assert res.returncode == 2 and "is a folder" in res.stderr and not list((tmp_path / "dir.tgz").iterdir())
+
+
 def test_a_records_archive_whose_file_and_folder_share_a_path_writes_nothing(tmp_path):
     record = json.dumps({"step": 1}).encode()
     with tarfile.open(tmp_path / "clash.tgz", "w:gz") as tar:

@@ -527,3 +527,34 @@ def test_a_build_needs_at_least_one_process():
 
     with pytest.raises(UserError, match="--processes must be at least 1"):
         main(["build", "--env", "hopper", "--level", "random", "--steps", "10", "--processes", "0"])
+
+
+def test_stats_reads_its_page_and_build_records_as_untrusted_files(tmp_path, monkeypatch):
+    """``datasets stats`` refuses a FIFO or a device as its page before measuring anything, and reads a build's
+    record as any record: a FIFO, a link to a device or a string where a number belongs is no hang and no
+    traceback."""
+    import os
+
+    import datasets.stats as stats
+    from dt_primal.errors import UserError
+
+    os.mkfifo(tmp_path / "page.md")
+    monkeypatch.setattr(stats, "policy_row", lambda *a: pytest.fail("measured before checking --out"))
+    with pytest.raises(UserError, match="page.md"):
+        stats.stats(tmp_path / "page.md", episodes=2)
+    (tmp_path / "zero.md").symlink_to("/dev/zero")
+    with pytest.raises(UserError, match="zero.md"):
+        stats.stats(tmp_path / "zero.md", episodes=2)
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    monkeypatch.setattr(stats, "dataset_dir", lambda dataset_id: folder)
+    (folder / "build.json").write_text('{"seconds": "fast", "load_average": 1.5}')
+    assert stats.build_info("any") == {"load_average": 1.5}
+    (folder / "build.json").unlink()
+    os.mkfifo(folder / "build.json")
+    with pytest.raises(UserError, match="build.json"):
+        stats.build_info("any")
+    (folder / "build.json").unlink()
+    (folder / "build.json").symlink_to("/dev/zero")
+    with pytest.raises(UserError, match="build.json"):
+        stats.build_info("any")

@@ -157,3 +157,40 @@ def test_train_py_refuses_a_video_folder_that_is_a_file_before_training(tmp_path
     args = ["--dataset", str(hopper_file(tmp_path)), *QUICK, "--steps", "2", "--out", str(tmp_path / "run")]
     assert_user_error(run("train.py", *args, "--video", str(tmp_path / "FILE")), "is a file; give a folder")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_clip_replaces_a_link_or_fifo_at_its_name_and_refuses_a_folder(tmp_path, renders):
+    """Clips and strips are written beside their names and renamed: a planted link is replaced, not written
+    through; a FIFO is replaced, not waited on; a folder at the name is refused with a message, nothing left."""
+    import os
+
+    from dt_primal.errors import UserError
+
+    task, actions = TASKS["hopper"], np.zeros((4, 3))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    (tmp_path / "clip.mp4").symlink_to(outside)
+    os.mkfifo(tmp_path / "clip.png")
+    with video.renderers(renders) as pool:
+        pool.submit(video.replay, task, 0, actions, tmp_path / "clip").result(timeout=300)
+        assert outside.read_text() == "keep"
+        for name in ("clip.mp4", "clip.png"):
+            assert (tmp_path / name).is_file() and not (tmp_path / name).is_symlink()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4", "clip.png", "outside.txt"]  # no leftovers
+        (tmp_path / "other.mp4").mkdir()
+        with pytest.raises(UserError, match="is a folder"):
+            pool.submit(video.replay, task, 0, actions, tmp_path / "other").result(timeout=300)
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize("kind", ["under a file", "dangling link"])
+def test_a_video_folder_that_cannot_be_made_is_refused_before_the_evaluation(run_dir, tmp_path, kind):
+    from conftest import assert_user_error
+
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    folder = tmp_path / "FILE" / "v" if kind == "under a file" else tmp_path / "gone"
+    out = tmp_path / "r.json"
+    res = run("evaluate.py", str(run_dir / "last.pt"), "--episodes", "2", "--out", str(out), "--video", str(folder))
+    assert_user_error(res, "is a file" if kind == "under a file" else "link to nothing")
+    assert not out.exists() and "evaluating" not in res.stderr

@@ -15,20 +15,27 @@ is refused (a run is never recorded twice with two results).
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
 import json
+import lzma
 import re
 import tarfile
+import time
 import zlib
 from pathlib import Path, PurePosixPath
 
 from dt_primal.cli import command_parser, run_main
 from dt_primal.errors import UserError
-from dt_primal.files.reading import MAX_RECORD, read_bytes
+from dt_primal.files.reading import MAX_RECORD, open_regular, read_bytes
 from dt_primal.files.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
+from dt_primal.files.writing import check_target, write_file
 
 MAX_ENTRIES = 100_000
 MAX_TOTAL = 64 * 2**20  # all the records of a sweep: Table 4's 54 runs hold well under 1 MiB
+MAX_ARCHIVE = 4 * MAX_TOTAL  # the decompressed bytes read of an archive, its headers and other members included
+ARCHIVE_SECONDS = 60.0  # the longest reading an archive may take
 
 NAMES = (RECORD, CURVE, DATASET_RECORD)
 RECORD_PATH = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
@@ -65,36 +72,78 @@ def from_folder(src: Path) -> dict[str, bytes]:
     return checked(records, src)
 
 
+class Budget(io.RawIOBase):
+    """The decompressed bytes of an archive, read with a budget: at most ``limit`` bytes (headers and the members
+    skipped included) and ``seconds`` of reading, else a UserError naming ``src``."""
+
+    def __init__(self, stream, src: Path, limit: int, seconds: float):
+        self.stream, self.src, self.left, self.end = stream, src, limit, time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.left < 0 or time.monotonic() > self.end:
+            raise UserError(
+                f"{self.src} was refused: reading it took more than {MAX_ARCHIVE >> 20} MiB or "
+                f"{ARCHIVE_SECONDS:.0f} s, where a sweep's records are well under 1 MiB; it is damaged or not one "
+                "this command packed."
+            )
+        data = self.stream.read(min(len(buffer), self.left + 1))
+        buffer[: len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+
+def decompressed(f, src: Path):
+    """The tar stream in ``f``: gzip, bzip2 or xz by their magic bytes, else as it is."""
+    magic = f.read(6)
+    f.seek(0)
+    for prefix, opener in ((b"\x1f\x8b", gzip.GzipFile), (b"BZh", bz2.BZ2File), (b"\xfd7zXZ\x00", lzma.LZMAFile)):
+        if magic.startswith(prefix):
+            return opener(fileobj=f) if opener is gzip.GzipFile else opener(f)
+    return f
+
+
 def from_archive(src: Path) -> dict[str, bytes]:
-    """The records in the archive ``src`` (as this command packs them, paths relative to the sweep folder);
-    no other member is read, and none is extracted."""
+    """The records in the archive ``src`` (as this command packs them, paths relative to the sweep folder), read
+    once from start to end within a byte and time budget (``Budget``); no other member is kept, and none is
+    extracted. Two members of one name with different contents are refused."""
+    files, left, entries = {}, [], 0
     try:
-        with tarfile.open(src, "r:*") as tar:
-            members = []
+        raw = open_regular(src, "The archive")
+        stream = Budget(decompressed(raw, src), src, MAX_ARCHIVE, ARCHIVE_SECONDS)
+        with raw, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:  # one at a time: an archive of millions of entries is refused before it fills memory
-                members.append(m)
-                if len(members) > MAX_ENTRIES:
+                entries += 1
+                if entries > MAX_ENTRIES:
                     raise UserError(f"{src} holds more than {MAX_ENTRIES} entries; a sweep's records are far fewer.")
-            taken = {
-                m.name: m for m in members if m.isreg() and RECORD_PATH.match(m.name) and ".." not in m.name.split("/")
-            }
-            big = [m.name for m in taken.values() if m.size > MAX_RECORD]
-            if sum(m.size for m in taken.values()) > MAX_TOTAL:
-                raise UserError(f"{src} declares more than {MAX_TOTAL >> 20} MiB of records; a sweep's are far fewer.")
-            if big:
-                raise UserError(
-                    f"{src} was refused: {big[0]} declares {taken[big[0]].size} bytes, where a run record "
-                    f"is a few kB (at most {MAX_RECORD >> 20} MiB are read); the archive is damaged or "
-                    f"not one this command packed."
-                )
-            left = [m.name for m in members if m.name not in taken and not m.isdir()]
-            files = {name: tar.extractfile(m).read(MAX_RECORD) for name, m in taken.items()}
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                if not (m.isreg() and RECORD_PATH.match(m.name) and ".." not in m.name.split("/")):
+                    left += [] if m.isdir() else [m.name]
+                    continue
+                files[m.name] = member(tar, m, src, files.get(m.name))
+                if sum(map(len, files.values())) > MAX_TOTAL:
+                    raise UserError(f"{src} holds more than {MAX_TOTAL >> 20} MiB of records; a sweep's are far fewer.")
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise UserError(f"{src} is not a readable .tgz archive ({exc}).") from None
     if left:
         print(f"left out of {src}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} (not a run record)")
     finished = {str(PurePosixPath(n).parent) for n in files if PurePosixPath(n).name == RECORD}
     return checked({n: b for n, b in files.items() if str(PurePosixPath(n).parent) in finished}, src)
+
+
+def member(tar: tarfile.TarFile, m: tarfile.TarInfo, src: Path, before: bytes | None) -> bytes:
+    """The bytes of the record ``m``, at most ``MAX_RECORD``; refused where an earlier member of its name held
+    other bytes (which one would win is not for an archive to decide)."""
+    if m.size > MAX_RECORD:
+        raise UserError(
+            f"{src} was refused: {m.name} declares {m.size} bytes, where a run record is a few kB (at most "
+            f"{MAX_RECORD >> 20} MiB are read); the archive is damaged or not one this command packed."
+        )
+    data = tar.extractfile(m).read(MAX_RECORD)
+    if before is not None and before != data:
+        raise UserError(f"{src} was refused: it holds two different records named {m.name}; which is the run's?")
+    return data
 
 
 def into_folder(records: dict[str, bytes], dst: Path) -> int:
@@ -122,16 +171,19 @@ def into_folder(records: dict[str, bytes], dst: Path) -> int:
     new = {n: b for n, b in records.items() if not (dst / n).is_file()}
     for n, b in new.items():
         (dst / n).parent.mkdir(parents=True, exist_ok=True)
-        (dst / n).write_bytes(b)
+        write_file(dst / n, b, "The run record")
     return len(new)
 
 
 def into_archive(records: dict[str, bytes], dst: Path) -> None:
-    with tarfile.open(dst, "w:gz") as tar:
+    """``records`` packed as one .tgz at ``dst``, written beside it and renamed (``write_file``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for n, b in sorted(records.items()):
             info = tarfile.TarInfo(n)
             info.size = len(b)
             tar.addfile(info, io.BytesIO(b))
+    write_file(dst, buf.getvalue(), "The archive")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(
             f"{args.src} does not exist: give a sweep folder (--out of python -m commands.sweep) or a .tgz."
         )
+    if archive(args.dst):
+        check_target(args.dst, "The archive")  # before reading the records
     records = from_archive(args.src) if archive(args.src) else from_folder(args.src)
     n = sum(PurePosixPath(name).name == RECORD for name in records)
     runs = f"{n} finished run{'s' * (n != 1)}"

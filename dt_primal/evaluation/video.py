@@ -25,18 +25,28 @@ import numpy as np
 
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import target_text
+from dt_primal.files.writing import write_file, writing_by_name
 from envs import Task, quiet_mujoco_warnings
 
 FPS = 30  # frames per second of simulated time
 SIZE = (320, 240)  # width, height
 BACKENDS = ("egl", "osmesa")  # headless OpenGL backends MuJoCo renders with, tried in this order
 STRIP_FRAMES = 6  # frames of the PNG strip, evenly spaced over the episode
+RUN_NAME_MAX = 120  # characters of a run's name in its clips' names, which must fit a file system's 255 bytes
 
 
 def check_folder(folder: Path | None) -> None:
-    """``--video DIR`` names a folder (or nothing yet), checked before any work that ends in writing into it."""
-    if folder is not None and folder.exists() and not folder.is_dir():
+    """``--video DIR`` names a folder (or one that can be made), checked before any work that ends in writing into
+    it: not a file, not a link to nothing, not under a file."""
+    if folder is None:
+        return
+    if folder.is_symlink() and not folder.exists():
+        raise UserError(f"--video {folder} is a link to nothing; give a folder for the videos.")
+    if folder.exists() and not folder.is_dir():
         raise UserError(f"--video {folder} is a file; give a folder for the videos.")
+    made = next(p for p in [folder, *folder.parents] if p.exists())  # the part of the path that exists
+    if not made.is_dir():
+        raise UserError(f"--video {folder} cannot be made: {made} is a file. Give a folder for the videos.")
 
 
 def missing() -> str | None:
@@ -77,7 +87,7 @@ def replay(task: Task, seed: int, actions: np.ndarray, path: Path | None = None,
         env.close()
 
 
-class _Discard(contextlib.nullcontext):
+class _Discard:
     """A writer that keeps nothing (a probe's frames)."""
 
     def append_data(self, frame: np.ndarray) -> None:
@@ -89,19 +99,28 @@ def named(path: Path, kind: str) -> Path:
     return path.with_name(f"{path.name}.{kind}")
 
 
+@contextlib.contextmanager
 def _writer(path: Path | None):
-    """An MP4 writer for ``path``.mp4 (``append_data`` per frame), or one that keeps nothing."""
+    """An MP4 writer for ``path``.mp4 (``append_data`` per frame), or one that keeps nothing: ffmpeg writes a new
+    file beside the name, renamed over it once the clip is whole (``writing_by_name``: never through a link, never
+    a partial clip under its name), and ends with the block."""
     if path is None:
-        return _Discard(_Discard())
+        yield _Discard()
+        return
     import imageio.v2 as imageio
 
-    return imageio.get_writer(named(path, "mp4"), fps=FPS, macro_block_size=8)
+    with (
+        writing_by_name(named(path, "mp4"), "The video") as tmp,
+        imageio.get_writer(tmp, format="FFMPEG", fps=FPS, macro_block_size=8) as mp4,
+    ):
+        yield mp4
 
 
 def _imwrite(path: Path, kind: str, image: np.ndarray) -> Path:
+    """``image`` as ``path``.``kind``, written beside it and renamed (``write_file``)."""
     import imageio.v2 as imageio
 
-    imageio.imwrite(named(path, kind), image)
+    write_file(named(path, kind), imageio.imwrite("<bytes>", image, format=kind), "The video strip")
     return named(path, kind)
 
 
@@ -151,7 +170,7 @@ def backend(task: Task) -> str | None:
 
 def file_name(run: str, episode: dict) -> str:
     """``RUN_target-T_seed-S_return-R[_score-N]``: the run, target, environment seed and what the episode scored."""
-    run = re.sub(r"[^A-Za-z0-9_.-]+", "-", run).strip("-") or "run"
+    run = re.sub(r"[^A-Za-z0-9_.-]+", "-", run).strip("-")[-RUN_NAME_MAX:] or "run"  # its end: the seed's folder
     score = "" if episode.get("score") is None else f"_score-{episode['score']:.1f}"
     return f"{run}_target-{target_text(episode['target'])}_seed-{episode['seed']}_return-{episode['return']:.1f}{score}"
 

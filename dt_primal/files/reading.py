@@ -9,6 +9,7 @@ import json
 import math
 import os
 import stat
+from typing import BinaryIO
 
 import numpy as np
 
@@ -65,21 +66,29 @@ def regular_file(path, what: str) -> int:
     return info.st_size
 
 
-def read_bytes(path, what: str, limit: int) -> bytes:
-    """The bytes of ``path``, a file a user gave: opened without waiting (a FIFO cannot block), checked on the
-    open file (a regular file, of at most ``limit`` bytes, so that nothing swapped in after a check is read),
-    read to at most ``limit`` bytes and closed. A UserError naming ``what`` otherwise."""
+def open_regular(path, what: str) -> BinaryIO:
+    """``path``, a file a user gave, open for reading: opened without waiting (a FIFO cannot block) and checked on
+    the open file (a regular file, so that nothing swapped in after a check is read); a UserError naming
+    ``what`` otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise _unreadable(path, what, exc) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise _not_regular(path, what, info.st_mode)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1) if info.st_size <= limit else b""
-    if info.st_size > limit or len(data) > limit:
+        raise _not_regular(path, what, mode)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path, what: str, limit: int) -> bytes:
+    """The bytes of ``path``, a file a user gave: opened without waiting (a FIFO cannot block), checked on the
+    open file (a regular file, of at most ``limit`` bytes, so that nothing swapped in after a check is read),
+    read to at most ``limit`` bytes and closed. A UserError naming ``what`` otherwise."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
         raise UserError(f"{what} {path} is larger than {limit:,} bytes, more than such a file holds; it was not read.")
     return data
 

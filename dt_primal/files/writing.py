@@ -4,9 +4,10 @@ crash, a kill or a full disk leaves the old file or none, never a partial one un
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,20 +31,26 @@ def check_target(path, what: str) -> Path:
     return path
 
 
+def _new_beside(path: Path, what: str, suffix: str = "") -> tuple[Path, int]:
+    """A new, empty file beside ``path`` (checked first, ``check_target``), created and never opened through a
+    link, named ``.NAME.PID.tmp`` + ``suffix``: its path and an open descriptor for writing."""
+    path = check_target(path, what)
+    tmp = path.with_name(f".{path.name[:200]}.{os.getpid()}.tmp{suffix}")
+    try:
+        tmp.unlink(missing_ok=True)
+        return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        raise _too_long(path, what) from None
+
+
 def write_beside(path, data: bytes | str | Callable[[BinaryIO], object], what: str) -> Path:
     """``data`` (bytes, text, or a function that writes into an open binary file) written into a new file beside
     ``path`` and flushed to disk; that file's path, for the caller to rename over ``path`` (``write_file``) once
     everything it writes is on disk. ``path`` is checked first (``check_target``); the new file is created, never
     opened through a link; on any failure it is removed."""
-    path = check_target(path, what)
-    tmp = path.with_name(f".{path.name[:200]}.{os.getpid()}.tmp")
-    try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        if exc.errno != errno.ENAMETOOLONG:
-            raise
-        raise _too_long(path, what) from None
+    tmp, fd = _new_beside(Path(path), what)
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):
@@ -69,3 +76,20 @@ def write_file(path, data: bytes | str | Callable[[BinaryIO], object], what: str
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def writing_by_name(path, what: str) -> Iterator[Path]:
+    """For a writer that opens its file by name (ffmpeg's): a new file's path beside ``path``, with its suffix (a
+    writer may choose its format by it), to write inside the block; when the block ends without an error the file
+    is flushed to disk and renamed over ``path`` as ``write_file`` does, else removed."""
+    path = Path(path)
+    tmp, fd = _new_beside(path, what, path.suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
