@@ -74,7 +74,7 @@ def setting(config: dict, name: str):
 
 
 def records(group: Path, seeds) -> list[dict]:
-    return [read_record(seed_folder(group, s) / RECORD) for s in seeds]
+    return [read_record(seed_folder(group, s) / RECORD, made=True) for s in seeds]
 
 
 def made_with(rows: list[dict]) -> str:

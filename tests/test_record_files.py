@@ -228,3 +228,65 @@ def test_a_run_records_the_commit_it_started_from_not_the_one_it_ended_at(tmp_pa
     monkeypatch.setattr(provenance, "commit", lambda: "def5678")  # the checkout when the run ends
     run = tiny_run(tmp_path)
     assert json.loads((run / "eval.json").read_text())["provenance"]["commit"] == "abc1234-dirty"
+
+
+def _record(target=3600.0, normalized=50.0, returned=1600.0, **more) -> dict:
+    report = {"target": target, "episodes": 2, "normalized_mean": normalized, "return_mean": returned}
+    return {"step": 10, "targets": [report], **more}
+
+
+@pytest.mark.parametrize(
+    "seed_1, phrase",
+    [
+        (_record(normalized=10**400), "lacks a step count or per-target reports with numbers"),
+        (_record(normalized=1e308), "lacks a step count or per-target reports with numbers"),
+        (_record(target=1800.0), "was evaluated with other targets"),
+        (_record(normalized=None, returned=5000.0), "returns where seed 0 has scores"),
+    ],
+)
+def test_the_seeds_of_a_row_are_averaged_only_when_valid_and_evaluated_alike(tmp_path, seed_1, phrase):
+    """A 400-digit score was an OverflowError, 1e308 an infinite mean, other targets an IndexError or a silent
+    average (a "normalised" 2,500 of a score and a return)."""
+    from commands.sweep.results import collect
+    from dt_primal.files.run_folder import run_dir
+
+    for seed, record in enumerate([_record(), seed_1]):
+        folder = run_dir(tmp_path, "d", "dt", seed)
+        folder.mkdir(parents=True)
+        (folder / "eval.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match=phrase):
+        collect(tmp_path, ["d"], ["dt"], [0, 1])
+
+
+def test_a_row_reads_no_record_through_a_link_and_no_curve_of_other_targets(tmp_path):
+    from commands.sweep.results import collect
+    from dt_primal.files.run_folder import run_dir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "eval.json").write_text(json.dumps(_record()))
+    sweep = tmp_path / "sweep"
+    run_dir(sweep, "d", "dt", 0).parent.mkdir(parents=True)
+    run_dir(sweep, "d", "dt", 0).symlink_to(elsewhere)
+    with pytest.raises(UserError, match="read through a link"):
+        collect(sweep, ["d"], ["dt"], [0])
+    run_dir(sweep, "d", "dt", 0).unlink()
+    folder = run_dir(sweep, "d", "dt", 0)
+    folder.mkdir()
+    (folder / "eval.json").write_text(json.dumps(_record()))
+    point = {"step": 5, "reports": _record(target=1800.0)["targets"]}
+    (folder / "evals.jsonl").write_text(json.dumps(point) + "\n")
+    with pytest.raises(UserError, match="evaluation at step 5 has other targets"):
+        collect(sweep, ["d"], ["dt"], [0])
+    (folder / "evals.jsonl").write_text(json.dumps(point | {"reports": _record()["targets"]}) + "\n")
+    (row,) = collect(sweep, ["d"], ["dt"], [0])
+    assert row["targets"][0]["mean"] == 50.0
+
+
+def test_a_table_cites_only_records_that_say_how_they_were_made(tmp_path):
+    from dt_primal.files.records import read_record
+
+    (tmp_path / "eval.json").write_text(json.dumps(_record(config={})))
+    assert read_record(tmp_path / "eval.json")["step"] == 10
+    with pytest.raises(UserError, match="does not say how it was made"):
+        read_record(tmp_path / "eval.json", made=True)

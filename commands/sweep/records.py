@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from dt_primal.cli import command_parser, run_main
 from dt_primal.errors import UserError
 from dt_primal.files.reading import MAX_RECORD, open_regular, read_bytes
-from dt_primal.files.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS
+from dt_primal.files.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDERS, linked
 from dt_primal.files.writing import check_target, write_file
 
 MAX_ENTRIES = 100_000
@@ -54,12 +54,6 @@ def checked(records: dict[str, bytes], src: Path) -> dict[str, bytes]:
         except (ValueError, RecursionError):
             raise UserError(f"{src} was refused: {name} is not JSON, as every run record is.") from None
     return records
-
-
-def linked(path: Path, top: Path) -> bool:
-    """Whether ``path`` or a folder between it and ``top`` is a link (a record read through it would be
-    another file)."""
-    return any(p.is_symlink() for p in [path, *path.parents] if p == path or top in p.parents)
 
 
 def from_folder(src: Path) -> dict[str, bytes]:

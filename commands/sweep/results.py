@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from dt_primal.config import ADDED_LATER, PRESETS
+from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import mean_std, score
-from dt_primal.files.records import read_curve, read_record
-from dt_primal.files.run_folder import CURVE, RECORD, group_dir, run_dir, seed_folder
+from dt_primal.files.records import evaluated_alike, read_curve, read_record
+from dt_primal.files.run_folder import CURVE, RECORD, group_dir, linked, run_dir, seed_folder
 
 DT_MATCHED = "DT (matched settings)"  # --model dt at Primal.+DT's settings: the controlled comparison
 DT_PAPER = "DT (DT paper's settings)"  # --preset dt-paper: the settings the paper's Table 4 compares with
@@ -50,15 +51,40 @@ def label_of(model: str, settings: dict | None, default: str | None) -> str:
 
 def curve_points(rd: Path) -> list[dict]:
     """A finished run's evaluations in step order: those during training (evals.jsonl) and the final
-    one (eval.json), each as {"step", "scores": ``score`` per target}."""
+    one (eval.json), each as {"step", "scores": ``score`` per target}; all evaluated alike."""
     final = read_record(rd / RECORD)
     pts = [p for p in read_curve(rd / CURVE) if p["step"] < final["step"]] + [final]
+    odd = [p["step"] for p in pts[:-1] if evaluated_alike(p["reports"]) != evaluated_alike(final["targets"])]
+    if odd:
+        raise UserError(
+            f"{rd / CURVE}: its evaluation at step {odd[0]} has other targets (or returns where the final one has "
+            f"scores) than {rd / RECORD}; a curve is read only where every point was evaluated alike."
+        )
     return [
         {"step": p["step"], "scores": [score(r) for r in p["reports" if "reports" in p else "targets"]]} for p in pts
     ]
 
 
 LAST_N = 3  # "mean of the last three evaluations" beside the last checkpoint
+
+
+def seed_records(out: Path, dataset: str, model: str, seeds: list[int]) -> tuple[list[int], list[dict]]:
+    """The seeds of one row that finished and their records (``read_record``), refused with a message naming the
+    record where one is read through a link (it may lie outside ``out``) or where the seeds were not evaluated
+    alike (other targets, or returns beside scores: a mean of them means nothing)."""
+    paths = {s: run_dir(out, dataset, model, s) / RECORD for s in seeds}
+    for path in paths.values():
+        if linked(path, out):
+            raise UserError(f"{path} is read through a link; a sweep's records are its own files. Copy it there.")
+    finished = [s for s, path in paths.items() if path.exists()]
+    evals = [read_record(paths[s]) for s in finished]
+    for s, e in zip(finished, evals):
+        if evaluated_alike(e["targets"]) != evaluated_alike(evals[0]["targets"]):
+            raise UserError(
+                f"{paths[s]} was evaluated with other targets (or returns where seed {finished[0]} has scores) "
+                f"than {paths[finished[0]]}; the seeds of one row are averaged only when evaluated alike."
+            )
+    return finished, evals
 
 
 def collect(
@@ -79,11 +105,9 @@ def collect(
     for d in datasets:
         for m in models:
             gd = group_dir(out, d, m)
-            paths = {s: run_dir(out, d, m, s) / RECORD for s in seeds}
-            finished = [s for s, path in paths.items() if path.exists()]
+            finished, evals = seed_records(out, d, m, seeds)
             if not finished:
                 continue
-            evals = [read_record(paths[s]) for s in finished]
             curves = [curve_points(run_dir(out, d, m, s)) for s in finished]
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []

@@ -108,7 +108,10 @@ def is_count(x: object) -> bool:
 
 
 def is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite int or float (an int of any size, which a float conversion would overflow, is compared)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return abs(x) < 1e300 if isinstance(x, int) else math.isfinite(x)
 
 
 def read_json(path, what: str, remedy: str, limit: int = MAX_RECORD) -> object:

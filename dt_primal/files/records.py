@@ -15,6 +15,7 @@ from dt_primal.files.reading import MAX_RECORD, is_count, is_number, read_bytes,
 from dt_primal.files.writing import write_file
 
 MAX_LINE = 2**20  # a line of evals.jsonl: one evaluation's reports, a few kB
+MAX_SCORE = 1e9  # a target, return or score the tables read: MuJoCo's are under 1e5; means of them stay finite
 UNKEPT = ("returns", "lengths")  # per-episode lists: in eval.json, not in every line of the curve
 
 
@@ -42,25 +43,33 @@ def keep_curve(path: Path, last_step: int) -> None:
 def _reports_ok(reports: object) -> bool:
     """A list of per-target reports (``evaluation.reports.report``), each with the numbers the tables read; or one
     report without a target (of a policy that ignores it, BC)."""
+    in_range = lambda x: is_number(x) and abs(x) <= MAX_SCORE
     return (
         isinstance(reports, list)
         and bool(reports)
         and all(
             isinstance(r, dict)
-            and (is_number(r.get("target")) or (r.get("target") is None and len(reports) == 1))
+            and (in_range(r.get("target")) or (r.get("target") is None and len(reports) == 1))
             and is_count(r.get("episodes", 0))
             and (
-                is_number(r.get("normalized_mean"))
-                or (r.get("normalized_mean") is None and is_number(r.get("return_mean")))
+                in_range(r.get("normalized_mean"))
+                or (r.get("normalized_mean") is None and in_range(r.get("return_mean")))
             )
             for r in reports
         )
     )
 
 
-def read_record(path, reports: bool = True) -> dict:
+def evaluated_alike(reports: list[dict]) -> tuple:
+    """What must agree between the seeds of one row, and between a run's evaluations: the targets, in order,
+    and whether the scores are normalised or returns (``evaluation.reports.score``)."""
+    return tuple((r["target"], r.get("normalized_mean") is None) for r in reports)
+
+
+def read_record(path, reports: bool = True, made: bool = False) -> dict:
     """A finished run's ``eval.json``, a JSON object checked for what the tables read: its step and its
-    reports (``reports`` False: only that it is an object, for its config)."""
+    reports, each number finite and at most ``MAX_SCORE`` (``reports`` False: only that it is an object, for its
+    config); ``made``: also its config and how it was made (``provenance``: commit, device, versions, date)."""
     record = read_json(
         path,
         "The run record",
@@ -74,7 +83,24 @@ def read_record(path, reports: bool = True) -> dict:
             f"The run record {path} lacks a step count or per-target reports with numbers (as train.py "
             f"writes them in eval.json); it is damaged. Restore it, or evaluate its checkpoint again."
         )
+    if made and not _made_ok(record):
+        raise UserError(
+            f"The run record {path} does not say how it was made (its config, and a provenance with the commit, "
+            f"device, library versions and date, as train.py writes them); a table cannot cite it. Restore it."
+        )
     return record
+
+
+def _made_ok(record: dict) -> bool:
+    prov = record.get("provenance")
+    return (
+        isinstance(record.get("config"), dict)
+        and isinstance(prov, dict)
+        and all(isinstance(prov.get(k), str) for k in ("device", "date"))
+        and (prov.get("commit") is None or isinstance(prov.get("commit"), str))
+        and isinstance(prov.get("versions"), dict)
+        and isinstance(prov["versions"].get("torch"), str)
+    )
 
 
 def read_curve(path) -> list[dict]:

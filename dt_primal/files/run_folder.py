@@ -170,6 +170,12 @@ def seed_folder(folder: Path, seed: int) -> Path:
 SEED_FOLDERS = "seed_*"
 
 
+def linked(path: Path, top: Path) -> bool:
+    """Whether ``path`` or a folder between it and ``top`` is a link (a record read through it would be another
+    file, possibly outside ``top``)."""
+    return any(p.is_symlink() for p in [path, *path.parents] if p == path or top in p.parents)
+
+
 def seed_of(folder: Path) -> int | None:
     """The seed of a ``seed_folder``; None for another folder that ``SEED_FOLDERS`` matches."""
     seed = folder.name.removeprefix("seed_")
