@@ -11,20 +11,21 @@ from __future__ import annotations
 import os
 
 from dt_primal.errors import UserError
-from dt_primal.files.minari import check_minari_folder
+from dt_primal.files.loaders import load_minari
+from dt_primal.files.minari import is_local
 
 REF_KEYS = ("ref_min_score", "ref_max_score")
 
 
 def combine(parts: list[str], into: str) -> str:
     """Write the Minari dataset ``into`` from the episodes of ``parts`` (local Minari dataset ids), in
-    order; returns its id."""
+    order, each read first through dt-primal's own checked reader (``load_minari``: its files, metadata and
+    episodes, as a run would read them); returns its id."""
     import minari
     from minari.storage.datasets_root_dir import get_dataset_path
 
     home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
-    local = minari.list_local_datasets()
-    missing = [p for p in parts if p not in local]
+    missing = [p for p in parts if not is_local(p)]
     if missing:
         raise UserError(
             f"{', '.join(missing)} not found in {home} ($MINARI_DATASETS_PATH). Download hosted datasets "
@@ -33,12 +34,12 @@ def combine(parts: list[str], into: str) -> str:
         )
     if len(parts) < 2:
         raise UserError(f"Give at least two datasets to combine (got {len(parts)}).")
-    if into in local or get_dataset_path(into).exists():
+    if is_local(into) or get_dataset_path(into).exists():
         raise UserError(
             f"{into} already exists in {home}: choose another --into, or delete it first (minari delete {into})."
         )
-    for p in parts:
-        check_minari_folder(p)  # before Minari reads anything of it (it may make the environment its metadata names)
+    for p in parts:  # before Minari reads anything of it (it may make the environment its metadata names)
+        load_minari(p, build=False)
     datasets = [minari.load_dataset(p) for p in parts]
     refs = {tuple(d.storage.metadata.get(k) for k in REF_KEYS) for d in datasets}
     get_dataset_path(into).parent.mkdir(parents=True, exist_ok=True)

@@ -115,3 +115,28 @@ def test_suite_datasets_built_at_once_are_those_built_one_by_one(tmp_path, monke
         other = built["apart"][d]
         for k in ("observations", "actions", "rewards", "lengths", "terminals"):
             np.testing.assert_array_equal(getattr(data, k), getattr(other, k), err_msg=f"{d} {k}")
+
+
+def test_combining_reads_each_part_through_the_checked_reader_and_no_other_dataset(parts):
+    """An episode without actions was a traceback inside Minari; a FIFO as another dataset's metadata in the same
+    folder hung the listing of local datasets. Only the named datasets are looked at, each read as a run reads it."""
+    import os
+
+    import h5py
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    elsewhere = get_dataset_path("mujoco/pen/broken-v0") / "data"
+    elsewhere.mkdir(parents=True, exist_ok=True)
+    if not (elsewhere / "metadata.json").exists():
+        os.mkfifo(elsewhere / "metadata.json")
+    try:
+        main(["combine", *parts, "--into", "mujoco/hopper/medium-expert-v0"])  # no hang
+        with h5py.File(get_dataset_path(parts[1]) / "data" / "main_data.hdf5", "a") as f:
+            del f["episode_0"]["actions"]
+        with pytest.raises(UserError, match=parts[1]):
+            main(["combine", *parts, "--into", "mujoco/hopper/other-v0"])
+        assert not get_dataset_path("mujoco/hopper/other-v0").exists()
+    finally:
+        (elsewhere / "metadata.json").unlink()
+        os.rmdir(elsewhere)
+        os.rmdir(elsewhere.parent)

@@ -27,7 +27,7 @@ from dt_primal.data import Trajectories, flags, numeric
 from dt_primal.errors import UserError
 from dt_primal.files import minari_arrow, minari_hdf5, pickles
 from dt_primal.files.hdf5 import open_hdf5
-from dt_primal.files.minari import open_minari
+from dt_primal.files.minari import is_local, open_minari
 from dt_primal.files.reading import read_json
 from envs import Task, derived_targets, find_task, task_for
 
@@ -178,7 +178,7 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
     import minari
     from minari.storage.datasets_root_dir import get_dataset_path
 
-    if dataset_id not in minari.list_local_datasets():
+    if not is_local(dataset_id):
         home = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
         if download and not build:
             raise UserError(
@@ -197,7 +197,7 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
                 f"dt-primal/hopper/medium-v0), built there on first use."
             )
     try:
-        if download and dataset_id not in minari.list_local_datasets():
+        if download and not is_local(dataset_id):
             minari.download_dataset(dataset_id)
         where = f"The Minari dataset {dataset_id}"
         with open_minari(dataset_id) as (meta, hdf5):

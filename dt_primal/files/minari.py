@@ -10,6 +10,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
+import re
 
 import numpy as np
 
@@ -139,6 +141,18 @@ def open_minari(dataset_id: str):
         ) from None
     check_fits_memory(sum(p.stat().st_size for p in data.rglob("*") if p.is_file()), where, "Arrow files")
     yield meta, None
+
+
+def is_local(dataset_id: str) -> bool:
+    """Whether ``dataset_id`` (``namespace/name-vN``, no ``..``) is a local Minari dataset: its folder in
+    $MINARI_DATASETS_PATH has a metadata file. Only that dataset's folder is looked at (Minari's own listing reads
+    every dataset there, and one damaged elsewhere could hang it); its files are checked when it is read."""
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    parts = dataset_id.split("/")
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)*-v[0-9]+", dataset_id) or ".." in parts or "." in parts:
+        return False
+    return os.path.lexists(get_dataset_path(dataset_id) / "data" / "metadata.json")
 
 
 def check_minari_folder(dataset_id: str) -> dict:
