@@ -14,14 +14,40 @@ import functools
 import json
 import math
 import multiprocessing
+import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
+
+
+def _import_mujoco():
+    """MuJoCo, which sets up OpenGL for ``MUJOCO_GL`` as it loads: a value it refuses, or a backend whose library
+    this machine lacks, would stop every command here. That becomes a note, and MuJoCo loads with rendering off
+    (``MUJOCO_GL=disable``): training and evaluation go on, and ``--video`` writes nothing."""
+    try:
+        import mujoco
+    except (RuntimeError, ImportError, AttributeError, OSError) as exc:
+        chosen = os.environ.get("MUJOCO_GL")
+        if not chosen:
+            raise
+        print(
+            f"note: MUJOCO_GL={chosen} cannot be used here ({type(exc).__name__}: {str(exc)[:120]}); MuJoCo runs "
+            "without rendering, so no video is written. Unset MUJOCO_GL, or set it to egl or osmesa.",
+            file=sys.stderr,
+        )
+        for name in [m for m in sys.modules if m == "mujoco" or m.startswith("mujoco.")]:
+            del sys.modules[name]
+        os.environ["MUJOCO_GL"] = "disable"
+        import mujoco
+    return mujoco
+
+
+mujoco = _import_mujoco()
 
 
 def _mujoco_warning(message: str) -> None:

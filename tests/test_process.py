@@ -166,3 +166,28 @@ ASCII = {"PYTHONIOENCODING": "ascii"}  # a terminal without "±"
 def test_a_terminal_that_cannot_print_plus_minus_gets_an_escape_and_the_run_goes_on(tmp_path):
     res = run("train.py", "--dataset", hopper_file(tmp_path), *TWO_STEPS, "--out", tmp_path / "run", env=ASCII)
     assert res.returncode == 0 and "return" in res.stdout and "\\xb1" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("value", ["bogus", "wgl"])
+def test_a_mujoco_gl_that_cannot_work_is_a_note_and_evaluation_goes_on(run_dir, tmp_path, value):
+    """MuJoCo refused MUJOCO_GL as it loaded, and every command stopped at import with a traceback."""
+    out = tmp_path / "r.json"
+    args = [run_dir / "last.pt", "--episodes", "1", "--device", "cpu", "--out", out]
+    res = run("evaluate.py", *args, env={"MUJOCO_GL": value})
+    assert res.returncode == 0 and f"note: MUJOCO_GL={value} cannot be used here" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and json.loads(out.read_text())["checkpoints"]
+
+
+def test_a_checkpoint_path_that_is_not_utf8_is_evaluated_and_reported(run_dir, tmp_path):
+    """A path's bytes that are not UTF-8 stopped evaluate.py with a UnicodeEncodeError while writing its report."""
+    import os
+    import shutil
+
+    folder = tmp_path / os.fsdecode(b"ck\xff")
+    folder.mkdir()
+    shutil.copy(run_dir / "last.pt", folder / "last.pt")
+    out = tmp_path / "r.json"
+    res = run("evaluate.py", folder / "last.pt", "--episodes", "1", "--device", "cpu", "--out", out)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert json.loads(out.read_text())["checkpoints"][0]["checkpoint"].endswith(os.fsdecode(b"ck\xff/last.pt"))
+    assert "ck\\udcff" in out.with_suffix(".md").read_text()  # the table names the path, escaped

@@ -56,7 +56,8 @@ def write_beside(path, data: bytes | str | Callable[[BinaryIO], object], what: s
             if callable(data):
                 data(f)
             else:
-                f.write(data.encode() if isinstance(data, str) else data)
+                # text as UTF-8; a path's bytes that are not (a surrogate-escaped name) appear as escapes
+                f.write(data.encode("utf-8", errors="backslashreplace") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
