@@ -569,3 +569,58 @@ def _shorten(f, episode: str) -> None:
     """The episode one step shorter, every array of it."""
     for key in ("observations", "actions", "rewards", "terminations", "truncations"):
         _replace(f, f"{episode}/{key}", f[f"{episode}/{key}"][:-1])
+
+
+def test_download_fetches_a_hosted_dataset_through_the_hub(tmp_path, monkeypatch, minari_home):
+    """``--download`` as a user with a network runs it: Minari's default remote, the Hugging Face hub, through
+    huggingface_hub (in the requirements); the hub's API is answered here by a local stand-in, a folder laid out
+    as the farama-minari repositories are."""
+    import shutil
+    import types
+
+    import minari.storage.remotes.huggingface as hf
+    from huggingface_hub.errors import EntryNotFoundError
+
+    from datasets.loaders import load_dataset
+
+    hub = tmp_path / "hub"
+    write_minari("mujoco/hopper/medium-v0", make_episodes())  # made here, then moved to the hub
+    (hub / "farama-minari" / "mujoco" / "hopper").mkdir(parents=True)
+    shutil.move(minari_home / "mujoco" / "hopper" / "medium-v0", hub / "farama-minari" / "mujoco" / "hopper")
+    namespace = {"datasets": ["mujoco/hopper/medium-v0"], "namespaces": ["mujoco/hopper"]}
+    (hub / "farama-minari" / "mujoco" / "namespace_metadata.json").write_text(json.dumps(namespace))
+    (hub / "farama-minari" / "mujoco" / "hopper" / "namespace_metadata.json").write_text("{}")
+    shutil.rmtree(minari_home / "mujoco")
+
+    class Hub:  # the calls Minari's HuggingFaceStorage makes, answered from ``hub``
+        def __init__(self, token=None):
+            pass
+
+        def list_datasets(self, author, dataset_name=None):
+            repos = [p.name for p in (hub / author).iterdir() if dataset_name in (None, p.name)]
+            return [types.SimpleNamespace(id=f"{author}/{name}") for name in repos]
+
+        def hf_hub_download(self, repo_id, filename, repo_type, local_dir=None, force_download=False):
+            src = hub / repo_id / filename
+            if not src.is_file():
+                raise EntryNotFoundError(f"{repo_id}: no {filename}")
+            if local_dir is None:
+                return str(src)
+            (Path(local_dir) / filename).parent.mkdir(parents=True, exist_ok=True)
+            return shutil.copy(src, Path(local_dir) / filename)
+
+        def snapshot_download(self, repo_id, allow_patterns, repo_type, local_dir):
+            part = allow_patterns.removesuffix("*")
+            shutil.copytree(hub / repo_id / part, Path(local_dir) / part, dirs_exist_ok=True)
+
+    monkeypatch.setattr(hf, "HfApi", Hub)
+    installed = sys.modules["huggingface_hub"]
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as without the requirement: said, not a traceback
+    with raises('pip install "dt-primal[hf]"'):
+        load_dataset("mujoco/hopper/medium-v0", download=True)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", installed)
+    with raises("is neither a dataset file nor a Minari dataset", "--download"):
+        load_dataset("mujoco/hopper/medium-v0")
+    data = load_dataset("mujoco/hopper/medium-v0", download=True)
+    assert data.lengths.tolist() == [7, 3, 12] and data.task.name == "hopper"
+    assert load_dataset("mujoco/hopper/medium-v0").lengths.tolist() == [7, 3, 12]  # local from now on

@@ -196,6 +196,8 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
                 f"checkout of dt-primal, a dataset of its offline suite (dt-primal/<env>/<level>-v0, e.g. "
                 f"dt-primal/hopper/medium-v0), built there on first use."
             )
+    if download and not is_local(dataset_id):
+        _check_hub()
     try:
         if download and not is_local(dataset_id):
             minari.download_dataset(dataset_id)
@@ -222,6 +224,20 @@ def load_minari(dataset_id: str, download: bool = False, build: bool = True) -> 
         env_spec=spec,
         ref_scores=None if None in refs else refs,
     )
+
+
+def _check_hub() -> None:
+    """--download's requirement: Minari fetches hosted datasets (``MINARI_REMOTE``, by default its ``hf://`` one)
+    through ``huggingface_hub``."""
+    if not os.environ.get("MINARI_REMOTE", "hf://").startswith("hf://"):
+        return
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "--download fetches hosted Minari datasets through the Hugging Face hub, and huggingface_hub is not "
+            'installed here: pip install "dt-primal[hf]" (or pip install huggingface_hub), then run again.'
+        ) from None
 
 
 def _combine_hint(dataset_id: str) -> str:
