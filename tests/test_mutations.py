@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("checkpoint", "hdf5", "pickle", "minari", "arrow", "archive", "onnx")
+KINDS = ("checkpoint", "views", "hdf5", "pickle", "minari", "arrow", "archive", "headers", "records", "video", "onnx")
+STRUCTURE_ONLY = ("video",)  # kinds whose corruption is what lies at a name, not a file's bytes
 COUNT = 200  # corruptions per kind, half of them byte-level, half structure-level
 MAX_GROWTH_MB = 300  # resident memory a corrupted file may add at most over reading valid ones
 
@@ -134,6 +135,127 @@ def structured(kind: str, path: Path, rng: np.random.Generator) -> None:
         _mutate_archive(path, rng)
     elif kind == "onnx":
         _mutate_onnx(path, rng)
+    elif kind == "views":
+        torch.save(_mutate_views(torch.load(path, weights_only=True), rng), path)
+    elif kind == "headers":
+        _mutate_headers(path, rng)
+    elif kind == "records":
+        _mutate_records(path, rng)
+    elif kind == "video":
+        _plant_at_clip(path, rng)
+
+
+def _tensors(tree, found=None) -> list:
+    """(container, key) of every tensor in nested dicts and lists."""
+    import torch
+
+    found = [] if found is None else found
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else []
+    for k, v in items:
+        if isinstance(v, torch.Tensor):
+            found.append((tree, k))
+        else:
+            _tensors(v, found)
+    return found
+
+
+def _mutate_views(ckpt, rng: np.random.Generator):
+    """One tensor replaced by a view that lies about its size or its layout: one row expanded to millions (stride
+    0), overlapping strides, a slice of a larger storage, or a transpose."""
+    import torch
+
+    parent, key = _tensors(ckpt)[int(rng.integers(len(_tensors(ckpt))))]
+    t = parent[key].reshape(-1)[:1].float() if parent[key].numel() else torch.zeros(1)
+    choice = int(rng.integers(4))
+    if choice == 0:
+        view = t.expand(int(rng.choice([10**6, 2 * 10**7, 10**9])), *([] if parent[key].dim() < 2 else [1]))
+    elif choice == 1:
+        view = torch.as_strided(torch.zeros(1024), (int(rng.integers(2, 1000)), 8), (1, 1))  # rows overlap
+    elif choice == 2:
+        view = torch.zeros(4096)[int(rng.integers(1, 100)) :: int(rng.integers(1, 5))]
+    else:
+        view = torch.zeros(8, 16).t()
+    parent[key] = view
+    return ckpt
+
+
+def _mutate_headers(path: Path, rng: np.random.Generator) -> None:
+    """The archive rewritten with one hostile header: a pax header of up to 8 MiB, a long name, a record twice
+    with other bytes, a member of many MiB of zeros (skipped or declared as a record), a GNU sparse or long-link
+    type, in gzip, bzip2 or xz."""
+    with tarfile.open(path) as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isreg() else b"") for m in tar.getmembers()]
+    m, data = entries[int(rng.integers(len(entries)))]
+    choice = int(rng.integers(6))
+    if choice == 0:
+        m.pax_headers = {"comment": "x" * int(rng.integers(1, 8 * 2**20))}
+    elif choice == 1:
+        m.name = "a/" * int(rng.integers(100, 2000)) + "seed_0/eval.json"
+    elif choice == 2:
+        entries.append((copy.copy(m), data + b" "))
+    elif choice == 3:
+        big = tarfile.TarInfo(rng.choice(["d/dt/seed_0/model.bin", m.name]))
+        big.size = int(rng.integers(2**20, 12 * 2**20))
+        entries.insert(0, (big, bytes(big.size)))
+    elif choice == 4:
+        m.type = rng.choice([tarfile.GNUTYPE_SPARSE, tarfile.GNUTYPE_LONGNAME, tarfile.CONTTYPE, b"X"])
+    else:
+        m.size = len(data)
+    mode = rng.choice(["w:gz", "w:bz2", "w:xz"])
+    with tarfile.open(path, mode, format=tarfile.PAX_FORMAT) as tar:
+        for e, d in entries:
+            e.size = len(d) if e.isreg() else 0
+            tar.addfile(e, io.BytesIO(d) if e.isreg() else None)
+
+
+def _mutate_records(sweep: Path, rng: np.random.Generator) -> None:
+    """One record of the sweep folder rewritten: a value replaced by an odd one (huge ints, NaN, 1e308, other
+    targets), a line of a curve changed, or a seed folder made a link out of the sweep."""
+    run = sweep / "hopper" / "dt" / f"seed_{int(rng.integers(3))}"
+    choice = int(rng.integers(4))
+    if choice == 0:
+        record = json.loads((run / "eval.json").read_text())
+        (run / "eval.json").write_text(json.dumps(mutate_tree(record, rng), default=str))
+    elif choice == 1:
+        record = json.loads((run / "eval.json").read_text())
+        report = record["targets"][int(rng.integers(len(record["targets"])))]
+        odd = [10**400, 1e308, -1e308, 2**63, 0.5, None, 7200.0]
+        report[str(rng.choice(["target", "normalized_mean", "return_mean", "episodes"]))] = odd[int(rng.integers(7))]
+        (run / "eval.json").write_text(json.dumps(record))
+    elif choice == 2:
+        lines = (run / "evals.jsonl").read_text().splitlines()
+        i = int(rng.integers(len(lines)))
+        lines[i] = json.dumps(mutate_tree(json.loads(lines[i]), rng), default=str)
+        (run / "evals.jsonl").write_text("\n".join(lines) + "\n")
+    else:
+        outside = sweep.parent / f"outside{int(rng.integers(10**6))}"
+        shutil.copytree(run, outside)
+        shutil.rmtree(run)
+        run.symlink_to(outside)
+
+
+def _plant_at_clip(folder: Path, rng: np.random.Generator) -> None:
+    """Something at the name of the clip or strip ``_write_clip`` writes in ``folder``: a file, a link to another
+    file (which must stay as it was), a link to nothing, a FIFO, a folder, or a name longer than a file system
+    takes."""
+    outside, clip = folder / "outside.txt", folder / "clip"
+    outside.write_text("keep")
+    for written in folder.glob("clip.*"):  # the valid folder's, from the warm-up
+        written.unlink()
+    name = folder / f"clip{rng.choice(['.mp4', '.png'])}"
+    choice = int(rng.integers(7))
+    if choice == 0:
+        name.write_bytes(b"old")
+    elif choice == 1:
+        name.symlink_to(outside)
+    elif choice == 2:
+        name.symlink_to(clip.parent / "nowhere")
+    elif choice == 3:
+        os.mkfifo(name)
+    elif choice == 4:
+        name.mkdir()
+    elif choice == 5:
+        (folder / "long").write_text(clip.name + "x" * 300)  # the name the writer is given
 
 
 def _mutate_onnx(path: Path, rng: np.random.Generator) -> None:
@@ -274,6 +396,41 @@ def read(kind: str, path: Path, scratch: Path) -> None:
         policy.reset([3600.0, 1800.0])
         for _ in range(3):
             policy.act(np.ones((2, len(policy.state_mean)), np.float32), reward=np.ones(2))
+    elif kind == "views":
+        from dt_primal import load_policy
+
+        read("checkpoint", path, scratch)
+        load_policy(path).reset([3600.0])
+    elif kind == "headers":
+        records.MAX_ARCHIVE = 4 * 2**20  # the budget, scaled to the cases' sizes: the same code path
+        read("archive", path, scratch)
+    elif kind == "records":
+        from commands.sweep.results import collect
+        from commands.sweep.tables import write_tables
+
+        rows = collect(path, ["hopper"], ["dt"], [0, 1, 2])
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        write_tables(rows, scratch)
+    elif kind == "video":
+        _write_clip(path)
+
+
+def _write_clip(folder: Path) -> None:
+    """A clip and its strip of four blank frames, as ``evaluate.py --video`` writes each, at the name the case
+    planted something at; a file outside the folder, linked from there, must stay as it was."""
+    from dt_primal.evaluation import video
+
+    long = folder / "long"
+    clip = folder / (long.read_text() if long.exists() else "clip")
+    try:
+        with video._writer(clip) as mp4:
+            for _ in range(4):
+                mp4.append_data(np.zeros((64, 64, 3), np.uint8))
+        video._imwrite(clip, "png", np.zeros((64, 256, 3), np.uint8))
+    finally:
+        if (folder / "outside.txt").exists() and (folder / "outside.txt").read_text() != "keep":
+            raise AssertionError("a file was written through a link")
 
 
 def valid_file(kind: str, folder: Path) -> Path:
@@ -293,7 +450,21 @@ def valid_file(kind: str, folder: Path) -> Path:
     if kind in ("minari", "arrow"):
         write_minari("mutations/hopper/valid-v0", eps, data_format="arrow" if kind == "arrow" else "hdf5")
         return Path(os.environ["MINARI_DATASETS_PATH"]) / "mutations/hopper/valid-v0" / "data"
-    if kind in ("checkpoint", "onnx"):
+    if kind == "video":
+        (folder / "clips").mkdir()
+        return folder / "clips"
+    if kind == "records":
+        for seed in range(3):
+            run = folder / "sweep" / "hopper" / "dt" / f"seed_{seed}"
+            run.mkdir(parents=True)
+            score = {"episodes": 2, "normalized_mean": 50.0 + seed, "return_mean": 1600.0}
+            reports = [{"target": t, **score} for t in (1.0, 2.0)]
+            config = {"d_model": 128, "n_head": 1, "lr": 1e-4, "precision": "fp32", "top_percent": 100.0}
+            (run / "eval.json").write_text(json.dumps({"step": 30, "targets": reports, "config": config}))
+            points = [{"step": s, "reports": reports} for s in (10, 20)]
+            (run / "evals.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+        return folder / "sweep"
+    if kind in ("checkpoint", "views", "onnx"):
         run = tiny_run(folder)
         if kind == "onnx":
             from dt_primal.export import export
@@ -326,8 +497,9 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
 
     signal.signal(signal.SIGALRM, alarm)
     for i in range(count):
-        case = folder / f"case{'' if valid.suffix else '_dir'}{valid.suffix}"
-        shutil.rmtree(case, ignore_errors=True) if case.is_dir() else case.unlink(missing_ok=True)
+        case = folder / f"case{valid.suffix}"
+        if not valid.is_dir():
+            case.unlink(missing_ok=True)
         if kind in ("minari", "arrow"):
             shutil.rmtree(valid.parent.parent / "case-v0", ignore_errors=True)
             shutil.copytree(valid.parent, valid.parent.parent / "case-v0")
@@ -336,10 +508,15 @@ def main(kind: str, count: int, seed: int, folder: Path) -> dict:
             (case / "metadata.json").write_text(json.dumps({**meta, "dataset_id": "mutations/hopper/case-v0"}))
             files = ["metadata.json", "0/metadata.json", "0/part-0.arrow", "1/part-0.arrow"]
             target = case / (files[i % 4] if kind == "arrow" else "metadata.json" if i % 4 == 0 else "main_data.hdf5")
+        elif valid.is_dir():  # a folder case (records, video): a fresh copy of the valid one
+            shutil.rmtree(folder / "case_dir", ignore_errors=True)
+            case = folder / "case_dir"
+            shutil.copytree(valid, case, symlinks=True)
+            target = case / "hopper" / "dt" / "seed_0" / "eval.json" if kind == "records" else case
         else:
             shutil.copy(valid, case)
             target = case
-        if i % 2 == 0:
+        if i % 2 == 0 and kind not in STRUCTURE_ONLY:
             target.write_bytes(byte_level(target.read_bytes(), rng))
         else:
             structured(kind, case, rng)

@@ -33,12 +33,20 @@ from dt_primal.files.run_folder import CURVE, DATASET_RECORD, RECORD, SEED_FOLDE
 from dt_primal.files.writing import check_target, write_file
 
 MAX_ENTRIES = 100_000
+MAX_DEPTH = 16  # folders of a record's path in an archive
 MAX_TOTAL = 64 * 2**20  # all the records of a sweep: Table 4's 54 runs hold well under 1 MiB
 MAX_ARCHIVE = 4 * MAX_TOTAL  # the decompressed bytes read of an archive, its headers and other members included
 ARCHIVE_SECONDS = 60.0  # the longest reading an archive may take
 
 NAMES = (RECORD, CURVE, DATASET_RECORD)
 RECORD_PATH = re.compile(r"^(?:[\w.+-]+/)*seed_\d+/(?:" + "|".join(map(re.escape, NAMES)) + ")$")
+
+
+def is_record_path(name: str) -> bool:
+    """Whether an archive member's ``name`` is where a sweep keeps a record: ``.../seed_N/<record>``, relative,
+    without ``..``, at most ``MAX_DEPTH`` folders deep and 1,024 characters long (a sweep's are 4 and about 100)."""
+    parts = name.split("/")
+    return len(name) <= 1024 and len(parts) <= MAX_DEPTH and ".." not in parts and bool(RECORD_PATH.match(name))
 
 
 def checked(records: dict[str, bytes], src: Path) -> dict[str, bytes]:
@@ -112,14 +120,14 @@ def from_archive(src: Path) -> dict[str, bytes]:
                 entries += 1
                 if entries > MAX_ENTRIES:
                     raise UserError(f"{src} holds more than {MAX_ENTRIES} entries; a sweep's records are far fewer.")
-                if not (m.isreg() and RECORD_PATH.match(m.name) and ".." not in m.name.split("/")):
+                if not (m.isreg() and is_record_path(m.name)):
                     left += [] if m.isdir() else [m.name]
                     continue
                 files[m.name] = member(tar, m, src, files.get(m.name))
                 if sum(map(len, files.values())) > MAX_TOTAL:
                     raise UserError(f"{src} holds more than {MAX_TOTAL >> 20} MiB of records; a sweep's are far fewer.")
-    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
-        raise UserError(f"{src} is not a readable .tgz archive ({exc}).") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, RecursionError) as exc:
+        raise UserError(f"{src} is not a readable .tgz archive ({type(exc).__name__}: {str(exc)[:200]}).") from None
     if left:
         print(f"left out of {src}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} (not a run record)")
     finished = {str(PurePosixPath(n).parent) for n in files if PurePosixPath(n).name == RECORD}
