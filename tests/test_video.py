@@ -194,3 +194,17 @@ def test_a_video_folder_that_cannot_be_made_is_refused_before_the_evaluation(run
     res = run("evaluate.py", str(run_dir / "last.pt"), "--episodes", "2", "--out", str(out), "--video", str(folder))
     assert_user_error(res, "is a file" if kind == "under a file" else "link to nothing")
     assert not out.exists() and "evaluating" not in res.stderr
+
+
+def test_a_folder_at_a_clips_name_leaves_that_clip_out_and_the_report_written(run_dir, tmp_path, renders):
+    """A clip's name holds its return, so a folder there is found only once the episode is rendered: that clip
+    is left out with a note, where it was a traceback after the whole evaluation, and no report."""
+    folder = tmp_path / "v"
+    evaluate(run_dir, tmp_path / "first.json", "--video", str(folder))
+    (clip,) = folder.glob("*.mp4")
+    for written in folder.iterdir():
+        written.unlink()
+    clip.mkdir()
+    res, report = evaluate(run_dir, tmp_path / "again.json", "--video", str(folder))
+    assert f"note: no video of {clip.name.removesuffix('.mp4')}" in res.stderr and "is a folder" in res.stderr
+    assert report["checkpoints"] and clip.is_dir() and not list(folder.glob("*.png"))

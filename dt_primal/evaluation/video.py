@@ -200,8 +200,8 @@ def render(
 ) -> list[dict]:
     """The ``recorded`` episodes (``Recorder.recorded``) of members named ``runs``, of ``tasks`` (one, or one per
     member), whose per-member reports are ``reports``, rendered with the backend ``chosen`` (``renderer``) into
-    ``folder``: per episode its run, target, seed, return, score and ``path`` (the files are ``path``.mp4 and
-    ``path``.png)."""
+    ``folder``: per episode written its run, target, seed, return, score and ``path`` (the files are ``path``.mp4
+    and ``path``.png); a clip whose name holds a folder is left out with a note, the evaluation's report unharmed."""
     tasks = tasks if isinstance(tasks, list) else [tasks] * len(runs)
     folder.mkdir(parents=True, exist_ok=True)
     episodes = []
@@ -211,16 +211,22 @@ def render(
         task = tasks[e["member"]]
         episode = dict(e, run=runs[e["member"]], task=task, score=task.normalize(evaluated), **{"return": evaluated})
         episodes.append(dict(episode, path=folder / file_name(episode["run"], episode)))
+    filmed = []
     with renderers(chosen, min(os.cpu_count() or 1, len(episodes))) as pool:
         jobs = [pool.submit(replay, e["task"], e["seed"], e["actions"], e["path"]) for e in episodes]
         for e, job in zip(episodes, jobs):
-            total, frames, per_frame = job.result()
+            try:
+                total, frames, per_frame = job.result()
+            except UserError as exc:  # a folder at a clip's name, found only now: that clip alone is left out
+                print(f"note: no video of {e['path'].name}: {exc}", file=sys.stderr)
+                continue
             if not np.isclose(total, e["return"], rtol=1e-6, atol=1e-6):
                 print(
                     f"note: the replayed episode returned {total:.3f}, the evaluated {e['return']:.3f}", file=sys.stderr
                 )
             print(f"video: {e['path']}.mp4 ({frames} frames, {per_frame:.3f} s per frame, {chosen})")
-    return [{k: v for k, v in e.items() if k not in ("actions", "task")} for e in episodes]
+            filmed.append({k: v for k, v in e.items() if k not in ("actions", "task")})
+    return filmed
 
 
 def side_by_side(episodes: list[dict], folder: Path) -> list[Path]:
