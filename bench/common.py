@@ -35,6 +35,8 @@ configure_process(wait_policy=None if os.environ.get("DT_PRIMAL_BENCH_OMP") == "
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from dt_primal.provenance import cpu_info  # noqa: E402
+
 DOC = ROOT / "docs" / "benchmarks.md"
 QUICK_DOC = Path(tempfile.gettempdir()) / "dt-primal-benchmarks-quick.md"  # --quick smoke runs never overwrite DOC
 SCRATCH = (
@@ -47,14 +49,9 @@ DOC_HEADER = "# Benchmarks\n"  # a new docs/benchmarks.md; its introduction and 
 
 
 def cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    name = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = set((re.search(r"^flags\s*:\s*(.+)$", text, re.M) or re.search("()", "")).group(1).split())
-    extras = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return (name.group(1).strip() if name else platform.processor()) + (f" ({', '.join(extras)})" if extras else "")
+    """The CPU's model name (the one ``provenance`` records), with the vector units bf16 speed depends on."""
+    extras = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in cpu_info("flags").split()]
+    return cpu_info() + (f" ({', '.join(extras)})" if extras else "")
 
 
 def machine() -> dict:

@@ -40,21 +40,25 @@ def commit() -> str | None:
     return head.stdout.splitlines()[1] + ("-dirty" if dirty else "")
 
 
+def cpu_info(field: str = "model name") -> str:
+    """A field of this machine's first CPU in /proc/cpuinfo ("model name", "flags"); the platform's processor
+    name for a model name where there is no such file, else ""."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return (platform.processor() or platform.machine()) if field == "model name" else ""
+
+
 def device_name(device: torch.device | str) -> str:
     """The GPU's name on CUDA, else the CPU's model name and core count."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     threads = torch.get_num_threads()
-    return f"{name} ({threads} thread{'s' if threads > 1 else ''})"
+    return f"{cpu_info()} ({threads} thread{'s' if threads > 1 else ''})"
 
 
 def provenance(device: torch.device | str, code: str | None = None) -> dict:
