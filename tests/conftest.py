@@ -17,12 +17,6 @@ from dt_primal.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tiny model, as train.py's options and as Config fields
-TINY = ["--d-model", "32", "--n-head", "2", "--n-layer", "2", "--s", "8", "--device", "cpu", "--precision", "fp32"]
-QUICK = [*TINY, "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "1000", "--eval-episodes", "1"]
-TWO_STEPS = [*QUICK, "--steps", "2"]  # a run of two steps, the bad-input tests' tiny run
-SWEEP_RUN = ["--env", "hopper", *TINY, "--steps", "6", "--warmup-steps", "2", "--eval-every", "3"]
-SWEEP_RUN += ["--eval-episodes-during", "1", "--eval-episodes", "2"]  # what a sweep's tiny runs train
-FORMAT1 = ROOT / "tests" / "fixtures" / "format1"  # last.pt: 3 steps on hopper.pkl, written by commit 3d6ec5d
 SMALL = dict(
     dataset="tiny",
     d_model=32,
@@ -36,6 +30,19 @@ SMALL = dict(
     device="cpu",
     precision="fp32",  # with auto, two processes on a loaded machine may time bf16 differently
 )
+
+
+def as_options(settings: dict, *names: str) -> list[str]:
+    """``settings``' ``names`` as train.py options (``--d-model 32 ...``)."""
+    return [a for n in names for a in ("--" + n.replace("_", "-"), str(settings[n]))]
+
+
+TINY = as_options(SMALL, "d_model", "n_head", "n_layer", "s", "device", "precision")  # the tiny model, on a CPU
+QUICK = [*TINY, *as_options(SMALL, "batch_size", "eval_every", "eval_episodes"), "--warmup-steps", "2"]
+TWO_STEPS = [*QUICK, "--steps", "2"]  # a run of two steps, the bad-input tests' tiny run
+SWEEP_RUN = ["--env", "hopper", *TINY, "--steps", "6", "--warmup-steps", "2", "--eval-every", "3"]
+SWEEP_RUN += ["--eval-episodes-during", "1", "--eval-episodes", "2"]  # what a sweep's tiny runs train
+FORMAT1 = ROOT / "tests" / "fixtures" / "format1"  # last.pt: 3 steps on hopper.pkl, written by commit 3d6ec5d
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -162,12 +169,16 @@ def two_steps(tmp_path, *options):
     return run("train.py", "--dataset", hopper_file(tmp_path), *TWO_STEPS, *options)
 
 
-def assert_user_error(res, *phrases):
-    """Exit status 2 and one ``error:`` paragraph naming ``phrases``; no traceback."""
-    assert res.returncode == 2, res.stderr
-    assert "Traceback" not in res.stderr and res.stderr.startswith("error: "), res.stderr
+def assert_refused(code: int, err: str, *phrases) -> None:
+    """A command's refusal: exit status 2 and one ``error:`` paragraph naming ``phrases``; no traceback."""
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err
     for phrase in phrases:
-        assert phrase in res.stderr, (phrase, res.stderr)
+        assert phrase in err, (phrase, err)
+
+
+def assert_user_error(res, *phrases):
+    """``assert_refused`` of a command run in a child process (``run``)."""
+    assert_refused(res.returncode, res.stderr, *phrases)
 
 
 @contextlib.contextmanager
@@ -189,10 +200,8 @@ def exit_of(main, capsys):
 
 
 def exits_2(main, capsys, *phrases):
-    """``main`` under the commands' error exit: status 2 and one ``error:`` paragraph naming ``phrases``."""
-    code, err = exit_of(main, capsys)
-    assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err
-    assert all(phrase in err for phrase in phrases), (phrases, err)
+    """``assert_refused`` of ``main`` run in this process as the commands run it."""
+    assert_refused(*exit_of(main, capsys), *phrases)
 
 
 def train_exits_2(capsys, *argv, phrase):
