@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from dt_primal.errors import UserError
@@ -63,26 +63,68 @@ ADDED_LATER = {**ADDED_TO_MODEL, **ADDED_TO_STEP, **ADDED_TO_DATA}
 MODEL_ONLY_FIELDS = ("state_dim", "act_dim", "s", "max_ep_len")
 
 
+def option(default, help: str):
+    """A Config field whose ``--option`` has ``help`` (``add_config_args``), written once, here."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class Config:
     # data
-    dataset: str = "dt-primal/halfcheetah/medium-replay-v0"
-    env: str | None = None  # evaluation task when the dataset carries none (hopper, Hopper-v5, Ant-v5, ...)
-    download: bool = False  # let Minari download a hosted dataset that is not present locally
-    top_percent: float = 100.0  # train on the best episodes by return holding this % of the steps (%BC with bc)
+    dataset: str = option(
+        "dt-primal/halfcheetah/medium-replay-v0",
+        "the dataset (default dt-primal/halfcheetah/medium-replay-v0); train.py takes several whose models share "
+        "an architecture, trained as one ensemble, each member on its own dataset (docs/ensembles.md)",
+    )
+    env: str | None = option(
+        None,
+        "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
+        "hopper, walker2d",
+    )
+    download: bool = option(
+        False,
+        "fetch a hosted Minari dataset that is not present locally (through the Hugging Face hub; default off)",
+    )
+    top_percent: float = option(
+        100.0,
+        "train only on the best episodes by return, best first, until they hold this percent of the dataset's "
+        "steps (default 100: all of it; with --model bc, the DT paper's %%BC); states are still normalised with "
+        "the whole dataset's statistics",
+    )
     # model (docs/method.md, "The model")
-    model: str = "primal"  # dt: softmax only | primal: last block primal | primalformer: all primal | bc: an MLP
+    model: str = option(
+        "primal",
+        "primal (default: Primal.+DT, its last block Causal Primal-Attention), dt (softmax only), primalformer "
+        "(every block primal) or bc (behaviour cloning: the DT paper's MLP from the last K states, which ignores "
+        "the target return; by default d_model 128 and lr 1e-4, as that paper's code)",
+    )
     n_layer: int = 3
     d_model: int = 256
     n_head: int = 4
-    context: int = 20  # K timesteps, 3K tokens
+    context: int = option(20, "timesteps K the model sees (3K tokens; default 20)")
     dropout: float = 0.1
-    activation: str = "relu"  # of every block's MLP: relu (both papers' code) | gelu
-    max_ep_len: int | None = None  # timestep embedding rows; None: the task's episode limit (else 1000)
-    s: int | None = None  # KSVD rank; None: the paper's per-dataset value, else 64
-    eta: float = 0.05  # KSVD loss weight (eq. 10)
-    embed_init: str = "torch"  # return/state/action embeddings and action head: torch | gpt2 (model/transformer.py)
-    timestep_init: str = "torch"  # the timestep table: torch, N(0, 1) (both papers' code) | gpt2, N(0, 0.02)
+    activation: str = option(
+        "relu",
+        "the MLP activation of every block: relu (default: both papers' code, d3rlpy) or gelu (GPT-2's; what "
+        "checkpoints without this field used)",
+    )
+    max_ep_len: int | None = option(None, "timestep embedding size (default: the task's episode limit, else 1000)")
+    s: int | None = option(
+        None,
+        "KSVD rank of the primal attention (default: the paper's value for the dataset, else 64)",
+    )
+    eta: float = option(0.05, "weight of the KSVD loss (eq. 10; default 0.05)")
+    embed_init: str = option(
+        "torch",
+        "initialisation of the return, state and action embeddings and the action head: torch (default: "
+        "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
+        'docs/results.md, "Initialisation")',
+    )
+    timestep_init: str = option(
+        "torch",
+        "initialisation of the timestep embedding table: torch (default: N(0, 1), PyTorch's, as both papers' "
+        "code) or gpt2 (N(0, 0.02), as d3rlpy; what checkpoints without this field used)",
+    )
     # optimisation
     steps: int = 100_000
     batch_size: int = 64
@@ -90,25 +132,59 @@ class Config:
     weight_decay: float = 1e-4
     warmup_steps: int = 10_000
     grad_clip: float = 0.25
-    precision: str = "auto"  # auto | fp32 | tf32 (TF32 matrix products on CUDA) | bf16 (autocast); runs record
-    #                          the one auto resolved to (dt_primal.precision)
-    compile: bool = False  # torch.compile the windows' gather and the members' loss (its backward follows)
-    compile_mode: str = "default"  # default | max-autotune: the compiler times its kernels' configurations
-    optimizer: str = "fused"  # AdamW: fused (PyTorch's kernel) | compiled (with the clipping, one compiled function)
-    attention_kernel: str = "sdpa"  # softmax attention: sdpa (PyTorch's fused kernels) | math (written out)
-    cuda_graph: bool = True  # on CUDA, capture the training step once as a CUDA graph and replay it
+    precision: str = option(
+        "auto",
+        "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
+        "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 (TF32 "
+        'matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, "Precision auto"',
+    )
+    compile: bool = option(
+        False,
+        "torch.compile the gather of the training windows with the members' loss, its backward following (default off)",
+    )
+    compile_mode: str = option(
+        "default",
+        "with --compile: default, or max-autotune (the compiler times its kernels' configurations; longer compiling)",
+    )
+    optimizer: str = option(
+        "fused",
+        "AdamW as fused (default: PyTorch's fused kernel) or compiled (the clipping, AdamW and the loss sums as "
+        "one compiled function); the same update. python -m bench.step_variants ranks these on a GPU",
+    )
+    attention_kernel: str = option(
+        "sdpa",
+        "softmax attention through sdpa (default: PyTorch's fused kernels) or math (written out, for --compile to "
+        "fuse); the same function",
+    )
+    cuda_graph: bool = option(
+        True,
+        "on CUDA, capture the training step once as a CUDA graph and replay it (default on)",
+    )
     # returns and evaluation (docs/method.md, "Evaluation protocol")
     reward_scale: float = 1000.0
-    targets: list[float] | None = None  # None: the task's defaults, else derived from the dataset
-    ref_min: float | None = None  # reference returns of the normalised score; None: the dataset's, else D4RL's
-    ref_max: float | None = None
+    targets: list[float] | None = option(
+        None,
+        "returns to condition on (default: the task's two for halfcheetah, hopper and walker2d; otherwise the "
+        "dataset's best episode return and the middle of its episode returns' range, halfway between the worst "
+        "and the best)",
+    )
+    ref_min: float | None = option(
+        None,
+        "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
+        "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",
+    )
+    ref_max: float | None = option(None, "reference return for a normalised score of 100; give with --ref-min")
     eval_every: int = 10_000
-    eval_episodes_during: int = 10  # per target, at intermediate evaluations
-    eval_episodes: int = 100  # per target, at the end
-    eval_overlap: bool = True  # intermediate evaluations beside training (dt_primal.training.overlapped_eval)
+    eval_episodes_during: int = option(10, "episodes per target at each intermediate evaluation (default 10)")
+    eval_episodes: int = option(100, "episodes per target at the final evaluation (default 100)")
+    eval_overlap: bool = option(
+        True,
+        "intermediate evaluations beside training (default on): a copy of the step's weights evaluated in a "
+        "thread while training goes on; the same scores as in line, on CUDA to rounding (--no-eval-overlap)",
+    )
     # bookkeeping
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = option("auto", "auto (default: CUDA where there is a GPU, else the CPU), cpu, cuda or cuda:N")
     out: str = "runs/default"
     checkpoint_every: int = 10_000
     log_every: int = 200
@@ -278,40 +354,6 @@ PRESETS = {
 MODEL_DEFAULTS = {"bc": dict(d_model=128, lr=1e-4)}
 
 
-HELP = {
-    "model": "primal (default: Primal.+DT, its last block Causal Primal-Attention), dt (softmax only), primalformer "
-    "(every block primal) or bc (behaviour cloning: the DT paper's MLP from the last K states, which ignores the "
-    "target return; by default d_model 128 and lr 1e-4, as that paper's code)",
-    "top_percent": "train only on the best episodes by return, best first, until they hold this percent of the "
-    "dataset's steps (default 100: all of it; with --model bc, the DT paper's %%BC); states are still normalised "
-    "with the whole dataset's statistics",
-    "activation": "the MLP activation of every block: relu (default: both papers' code, d3rlpy) or gelu (GPT-2's; "
-    "what checkpoints without this field used)",
-    "embed_init": "initialisation of the return, state and action embeddings and the action head: torch (default: "
-    "PyTorch's, as the DT paper's code and d3rlpy) or gpt2 (N(0, 0.02), as every other layer; "
-    'docs/results.md, "Initialisation")',
-    "timestep_init": "initialisation of the timestep embedding table: torch (default: N(0, 1), PyTorch's, as both "
-    "papers' code) or gpt2 (N(0, 0.02), as d3rlpy; what checkpoints without this field used)",
-    "compile_mode": "with --compile: default, or max-autotune (the compiler times its kernels' configurations; "
-    "longer compiling)",
-    "optimizer": "AdamW as fused (default: PyTorch's fused kernel) or compiled (the clipping, AdamW and the loss "
-    "sums as one compiled function); the same update. python -m bench.step_variants ranks these on a GPU",
-    "eval_overlap": "intermediate evaluations beside training (default on): a copy of the step's weights evaluated "
-    "in a thread while training goes on; the same scores as in line, on CUDA to rounding (--no-eval-overlap)",
-    "attention_kernel": "softmax attention through sdpa (default: PyTorch's fused kernels) or math (written out, "
-    "for --compile to fuse); the same function",
-    "env": "evaluation task when the dataset's metadata names none: any registered Gymnasium id, or halfcheetah, "
-    "hopper, walker2d",
-    "precision": "auto (default): bf16 autocast on CUDA, and on a CPU where a start-up measurement finds bf16 matrix "
-    "products faster, else fp32 (evaluate.py: the run's own, but fp32 where bf16 is slow); fp32; tf32 "
-    '(TF32 matrix products on CUDA); bf16 (autocast). docs/benchmarks.md, "Precision auto"',
-    "max_ep_len": "timestep embedding size (default: the task's episode limit, else 1000)",
-    "ref_min": "reference return for a normalised score of 0 (default: the dataset's metadata, else D4RL's for "
-    "halfcheetah, hopper and walker2d, else no normalised score); give with --ref-max",
-    "ref_max": "reference return for a normalised score of 100; give with --ref-min",
-}
-
-
 def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     """One ``--field-name`` option per Config field (or per field in ``only``); defaults are left
     unset (None) so that presets and checkpoints can tell what the user really asked for."""
@@ -325,16 +367,14 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
                 *flags,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=HELP.get(f.name, f"default {'on' if f.default else 'off'}"),
+                help=f.metadata.get("help", f"default {'on' if f.default else 'off'}"),
             )
         elif f.name == "dataset":
             parser.add_argument(
                 *flags,
                 nargs="+",
                 default=None,
-                help=f"the dataset (default {f.default}); train.py takes several whose models share "
-                f"an architecture, trained as one ensemble, each member on its own dataset "
-                f"(docs/ensembles.md)",
+                help=f.metadata["help"],
             )
         elif f.name == "targets":
             parser.add_argument(
@@ -342,17 +382,15 @@ def add_config_args(parser: argparse.ArgumentParser, only: tuple[str, ...] | Non
                 type=float,
                 nargs="+",
                 default=None,
-                help="returns to condition on (default: the task's two for halfcheetah, hopper and "
-                "walker2d; otherwise the dataset's best episode return and the middle of its "
-                "episode returns' range, halfway between the worst and the best)",
+                help=f.metadata["help"],
             )
         elif f.name in CHOICES:
             parser.add_argument(
-                *flags, choices=CHOICES[f.name], default=None, help=HELP.get(f.name, f"default {f.default}")
+                *flags, choices=CHOICES[f.name], default=None, help=f.metadata.get("help", f"default {f.default}")
             )
         else:
             kind = {"int": int, "float": float}.get(f.type.replace(" | None", ""), str)
-            parser.add_argument(*flags, type=kind, default=None, help=HELP.get(f.name, f"default {f.default}"))
+            parser.add_argument(*flags, type=kind, default=None, help=f.metadata.get("help", f"default {f.default}"))
 
 
 def overrides(args: argparse.Namespace) -> dict:
