@@ -143,12 +143,12 @@ def train_options(argv: list[str]) -> tuple[str, dict]:
 
 def ensemble_groups(datasets: list[str], models: list[str], extra: list[str]) -> list[tuple[list[str], str]]:
     """The (datasets, model) groups that train as one ensemble each: per model, the datasets whose models
-    share an architecture (``dt_primal.training.members.architecture``; in Table 4 the three datasets of a task,
+    share an architecture (``dt_primal.training.ensemble.architecture``; in Table 4 the three datasets of a task,
     except halfcheetah's with Primal.+DT, whose KSVD rank differs per dataset). A dataset whose task
     its name does not tell trains alone."""
     from dt_primal.config import make_config
     from dt_primal.evaluation.checks import env_sizes
-    from dt_primal.training.members import architecture
+    from dt_primal.training.ensemble import architecture
     from envs import find_task
 
     preset, given = train_options(extra)

@@ -3,7 +3,7 @@
 loop.py          ``train``: the run loop and its named parts (set-up, step, periodic evaluation,
                  checkpoint, the final evaluation)
 step.py          one update of every member, as one function of device tensors
-members.py       the members of a run (dataset, seed, folder, normalisation), and which datasets can
+ensemble.py      the members of a run (dataset, seed, folder, normalisation), and which datasets can
                  share an ensemble
 checks.py        the run's data and options checked against the task before anything trains
 memory.py        what the step needs in memory, refused before it is allocated

@@ -40,7 +40,7 @@ from dt_primal.model.members import all_finite, member_state
 from dt_primal.provenance import commit, provenance
 from dt_primal.training.checks import check_seeds
 from dt_primal.training.distributed import Interrupted, StopSignal, agreed_precision, check_batch_split
-from dt_primal.training.members import ensemble_members, fresh_model, model_config
+from dt_primal.training.ensemble import ensemble_members, fresh_model, model_config
 from dt_primal.training.overlapped_eval import OverlappedEvaluation
 from dt_primal.training.resume import check_same_dataset, check_steps_left, check_unchanged, resuming
 from dt_primal.training.step import TrainStep

@@ -12,7 +12,7 @@ import torch
 
 from dt_primal.config import Config
 from dt_primal.data import Trajectories
-from dt_primal.training.members import fresh_model
+from dt_primal.training.ensemble import fresh_model
 from dt_primal.training.step import TrainStep
 
 ENGINE = ("training/step.py", "model", "data.py", "precision.py")  # under dt_primal/: what makes the step

@@ -1,4 +1,4 @@
-"""The members of a run: which dataset and seed each trains, with its config, folder and
+"""A run's ensemble: which dataset and seed each member trains, with its config, folder and
 normalisation; which datasets can share an ensemble; a fresh model of all of them."""
 
 from __future__ import annotations
