@@ -44,6 +44,7 @@ from datasets.rollout import Keyed, collect_rows, merge
 from datasets.transitions import load_transitions
 from dt_primal.errors import UserError
 from dt_primal.files.writing import write_file
+from dt_primal.process import exit_with_parent
 from envs import TASKS, Task
 
 SUITE_NAMESPACE = "dt-primal"
@@ -142,8 +143,10 @@ def _rollout_part(task_name: str, policy: str | None, steps: int, seed: int, row
 
 
 def _quiet_ctrl_c() -> None:
-    """In a rollout worker: Ctrl-C ends it without a traceback; the parent says once that the build stopped."""
+    """In a rollout worker: Ctrl-C ends it without a traceback (the parent says once that the build stopped), and
+    so does its parent's end, killed or not (``exit_with_parent``)."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    exit_with_parent()
 
 
 def rollout_processes(jobs: int = 1) -> int:

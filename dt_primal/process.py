@@ -53,3 +53,20 @@ def _keep_freed_memory() -> None:
         return
     mallopt(M_MMAP_THRESHOLD, 256 << 20)
     mallopt(M_TRIM_THRESHOLD, 512 << 20)
+
+
+def exit_with_parent(every: float = 1.0) -> None:
+    """In a worker process (a pool's initializer): end it, and so what it runs (an ffmpeg writer), once the
+    process that started it has gone, killed or not; a pool's idle worker would otherwise wait for work forever.
+    A thread looks every ``every`` seconds."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

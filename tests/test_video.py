@@ -208,3 +208,36 @@ def test_a_folder_at_a_clips_name_leaves_that_clip_out_and_the_report_written(ru
     res, report = evaluate(run_dir, tmp_path / "again.json", "--video", str(folder))
     assert f"note: no video of {clip.name.removesuffix('.mp4')}" in res.stderr and "is a folder" in res.stderr
     assert report["checkpoints"] and clip.is_dir() and not list(folder.glob("*.png"))
+
+
+def test_a_killed_evaluation_leaves_no_renderer_or_ffmpeg_behind(run_dir, tmp_path, renders):
+    """A pool's idle renderer waited for work forever once its command was killed (and its ffmpeg with it):
+    now every process the command started ends within seconds of it, and no clip is left under its name."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT, one_thread_env
+
+    cmd = [sys.executable, "evaluate.py", str(run_dir / "last.pt"), "--episodes", "1", "--device", "cpu"]
+    cmd += ["--out", str(tmp_path / "r.json"), "--video", str(tmp_path / "v")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=one_thread_env(), start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while proc.poll() is None and not list((tmp_path / "v").glob(".*.tmp.mp4")) and time.time() < deadline:
+        time.sleep(0.05)  # until a clip is being written
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)  # any process of the command's group still there
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("processes of the killed command were still running 30 s later")
+    clips = [p.name for p in (tmp_path / "v").glob("*.mp4") if not p.name.startswith(".")]
+    assert not clips  # at most a hidden partial file, never a clip under its name

@@ -26,6 +26,7 @@ import numpy as np
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import target_text
 from dt_primal.files.writing import write_file, writing_by_name
+from dt_primal.process import exit_with_parent
 from envs import Task, quiet_mujoco_warnings
 
 FPS = 30  # frames per second of simulated time
@@ -144,8 +145,9 @@ def _probe(task: Task) -> bool:
 
 def renderers(backend: str, workers: int = 1) -> concurrent.futures.ProcessPoolExecutor:
     """Fresh worker processes rendering with ``backend`` (``MUJOCO_GL``, read as MuJoCo loads: set in their
-    environment as they start, never left in this process's)."""
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    environment as they start, never left in this process's), which end with this process, killed or not."""
+    context = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with_parent)
     before = os.environ.get("MUJOCO_GL")
     os.environ["MUJOCO_GL"] = backend
     try:
