@@ -79,7 +79,8 @@ class Budget(io.RawIOBase):
     skipped included) and ``seconds`` of reading, else a UserError naming ``src``."""
 
     def __init__(self, stream, src: Path, limit: int, seconds: float):
-        self.stream, self.src, self.left, self.end = stream, src, limit, time.monotonic() + seconds
+        self.stream, self.src, self.limit, self.seconds = stream, src, limit, seconds
+        self.left, self.end = limit, time.monotonic() + seconds
 
     def readable(self) -> bool:
         return True
@@ -87,9 +88,8 @@ class Budget(io.RawIOBase):
     def readinto(self, buffer) -> int:
         if self.left < 0 or time.monotonic() > self.end:
             raise UserError(
-                f"{self.src} was refused: reading it took more than {MAX_ARCHIVE >> 20} MiB or "
-                f"{ARCHIVE_SECONDS:.0f} s, where a sweep's records are well under 1 MiB; it is damaged or not one "
-                "this command packed."
+                f"{self.src} was refused: reading it took more than {self.limit >> 20} MiB or {self.seconds:.0f} s, "
+                "where a sweep's records are well under 1 MiB; it is damaged or not one this command packed."
             )
         data = self.stream.read(min(len(buffer), self.left + 1))
         buffer[: len(data)] = data
@@ -97,7 +97,7 @@ class Budget(io.RawIOBase):
         return len(data)
 
 
-def decompressed(f, src: Path):
+def decompressed(f):
     """The tar stream in ``f``: gzip, bzip2 or xz by their magic bytes, else as it is."""
     magic = f.read(6)
     f.seek(0)
@@ -111,10 +111,10 @@ def from_archive(src: Path) -> dict[str, bytes]:
     """The records in the archive ``src`` (as this command packs them, paths relative to the sweep folder), read
     once from start to end within a byte and time budget (``Budget``); no other member is kept, and none is
     extracted. Two members of one name with different contents are refused."""
-    files, left, entries = {}, [], 0
+    files, left, entries, total = {}, [], 0, 0
     try:
         raw = open_regular(src, "The archive")
-        stream = Budget(decompressed(raw, src), src, MAX_ARCHIVE, ARCHIVE_SECONDS)
+        stream = Budget(decompressed(raw), src, MAX_ARCHIVE, ARCHIVE_SECONDS)
         with raw, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:  # one at a time: an archive of millions of entries is refused before it fills memory
                 entries += 1
@@ -123,8 +123,10 @@ def from_archive(src: Path) -> dict[str, bytes]:
                 if not (m.isreg() and is_record_path(m.name)):
                     left += [] if m.isdir() else [m.name]
                     continue
-                files[m.name] = member(tar, m, src, files.get(m.name))
-                if sum(map(len, files.values())) > MAX_TOTAL:
+                data = member(tar, m, src, files.get(m.name))
+                total += 0 if m.name in files else len(data)
+                files[m.name] = data
+                if total > MAX_TOTAL:
                     raise UserError(f"{src} holds more than {MAX_TOTAL >> 20} MiB of records; a sweep's are far fewer.")
     except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, RecursionError) as exc:
         raise UserError(f"{src} is not a readable .tgz archive ({type(exc).__name__}: {str(exc)[:200]}).") from None
