@@ -10,7 +10,8 @@ if __name__ == "__main__":
 
 from pathlib import Path
 
-from datasets.suite import FULL_STEPS, LEVELS, VERSIONS, build_at_once, build_id, buildable, suite_id
+from datasets.behaviour import LEARNING_RATE
+from datasets.suite import FULL_STEPS, LEVELS, build_at_once, build_id, buildable, suite_id, versions_text
 from dt_primal.cli import command_parser, run_main
 from dt_primal.errors import UserError
 from envs import TASKS
@@ -45,6 +46,26 @@ def add_train_policy(sub) -> None:
         help="the normalised score of its first evaluation that makes medium and medium-replay (default 40)",
     )
     t.add_argument("--until-medium", action="store_true", help="stop once medium and medium-replay are exported")
+    t.add_argument(
+        "--learning-rate",
+        type=float,
+        default=LEARNING_RATE,
+        help=f"a new learner's (default {LEARNING_RATE:g}; a resumed one keeps its own)",
+    )
+
+
+def add_adopt(sub) -> None:
+    """``adopt``: a learner's medium exports as the committed files of a new learner version."""
+    a = sub.add_parser(
+        "adopt",
+        allow_abbrev=False,
+        help="copy a learner's medium exports (train-policy --until-medium --policy-dir DIR) into "
+        "datasets/policies as learner version N: medium-vN.pt, medium_replay-vN.npz (half-precision "
+        "observations), learner-vN.json",
+    )
+    a.add_argument("--env", choices=list(TASKS), required=True)
+    a.add_argument("--learner", type=Path, required=True, help="the learner's folder: DIR/<env> of --policy-dir DIR")
+    a.add_argument("--version", type=int, required=True, help="the new learner version (1 or more)")
 
 
 def add_build(sub) -> None:
@@ -67,9 +88,7 @@ def add_build(sub) -> None:
         "--version",
         type=int,
         default=None,
-        help="dataset version (default: each level's newest; "
-        + ", ".join(f"{k} has -v0 to -v{v}" for k, v in VERSIONS.items())
-        + ", the others -v0)",
+        help=f"dataset version (default: each level's newest: {versions_text()})",
     )
     b.add_argument(
         "--jobs",
@@ -148,11 +167,16 @@ def build(args) -> None:
 def main(argv=None) -> None:
     p = command_parser(__doc__, prog="python -m datasets")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for add in (add_train_policy, add_build, add_stats, add_combine):
+    for add in (add_train_policy, add_adopt, add_build, add_stats, add_combine):
         add(sub)
     args = p.parse_args(argv)
     if args.cmd == "build":
         build(args)
+    elif args.cmd == "adopt":
+        from datasets.behaviour import adopt_learner
+
+        for path in adopt_learner(TASKS[args.env], args.learner, args.version):
+            print(f"wrote {path}")
     elif args.cmd == "combine":
         from datasets.combine import combine
 
@@ -164,6 +188,8 @@ def main(argv=None) -> None:
     elif args.cmd == "train-policy":
         from datasets.behaviour import train_behaviour
 
+        if not 0 < args.learning_rate < 1:
+            raise UserError(f"--learning-rate must lie between 0 and 1, not {args.learning_rate}")
         train_behaviour(
             TASKS[args.env],
             args.work_dir or Path("runs/behaviour") / args.env,
@@ -173,6 +199,7 @@ def main(argv=None) -> None:
             algo=args.algo,
             medium_score=args.medium_score,
             until_medium=args.until_medium,
+            learning_rate=args.learning_rate,
             **({"policy_dir": args.policy_dir} if args.policy_dir else {}),
         )
 

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from datasets.rollout import collect
-from datasets.transitions import load_transitions, save_transitions
+from datasets.transitions import half_observations, load_transitions, save_transitions
+from dt_primal.errors import UserError
 from dt_primal.files.writing import write_file
 from envs import Task
 
@@ -41,6 +42,7 @@ EXPERT_TARGETS = {  # per expert version: the normalised mean over EXPERT_EPISOD
 EXPERT_VERSION = max(EXPERT_TARGETS)  # the expert a learner trains for now
 MEASURE_MARGIN = 5.0  # normalised points below the target from which an evaluation is measured again
 BUFFER_SIZE = 1_000_000  # replay buffer (SB3's default), whatever the run's length
+LEARNING_RATE = 3e-4  # SB3's and D4RL's; a lower one learns in more steps, so its replay buffer holds more
 ALGOS = {"halfcheetah": "TQC", "hopper": "SAC", "walker2d": "SAC"}
 
 
@@ -143,6 +145,36 @@ def expert_file(version: int) -> str:
     return f"expert-v{version}.pt"
 
 
+def learner_suffix(version: int) -> str:
+    """How the files of learner ``version`` are named: medium.pt, medium_replay.npz and learner.json for the
+    first, medium-v1.pt, medium_replay-v1.npz and learner-v1.json for the next."""
+    return f"-v{version}" if version else ""
+
+
+LEARNER_FILES = (("medium", "pt"), ("learner", "json"), ("medium_replay", "npz"))  # what a learner version commits
+
+
+def adopt_learner(task: Task, source: Path, version: int, policy_dir: Path = POLICY_DIR) -> list[Path]:
+    """Commit-ready copies of a learner's medium exports (``train-policy --until-medium --policy-dir``) as the
+    files of learner ``version`` of ``task``: its medium policy, its replay buffer with half-precision
+    observations (``half_observations``) and its history; never over an existing version."""
+    try:
+        progress = json.loads((source / "learner.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{source / 'learner.json'} cannot be read as a learner's history: {exc}") from None
+    if not isinstance(progress, dict) or progress.get("task") != task.name or progress.get("medium_step") is None:
+        raise UserError(f"{source} holds no {task.name} learner that reached medium level (its learner.json).")
+    names = [f"{stem}{learner_suffix(version)}.{ext}" for stem, ext in LEARNER_FILES]
+    targets = [policy_dir / task.name / name for name in names]
+    if version < 1 or any(t.exists() for t in targets):
+        raise UserError(f"Learner version {version} of {task.name} exists or is not a new version (1 or more).")
+    write_file(targets[0], (source / "medium.pt").read_bytes(), "The medium policy")
+    write_file(targets[1], json.dumps(progress, indent=1), "The learner's history")
+    buffer = half_observations(load_transitions(source / "medium_replay.npz"))
+    write_file(targets[2], lambda f: save_transitions(f, buffer), "The replay buffer")
+    return targets
+
+
 def measure_candidate(
     task: Task,
     actor: GaussianActor,
@@ -182,13 +214,14 @@ def keep_if_best(
     return reached
 
 
-def new_progress(task: Task, seed: int, algo: str, medium_score: float) -> dict:
+def new_progress(task: Task, seed: int, algo: str, medium_score: float, learning_rate: float) -> dict:
     """The learner's history (``learner.json``, committed; read by `python -m datasets stats`)."""
     return {
         "task": task.name,
         "algo": algo,
         "seed": seed,
         "medium_score": medium_score,
+        "learning_rate": learning_rate,
         "evals": [],
         "cpu_seconds": 0.0,
         "medium_step": None,
@@ -200,12 +233,15 @@ def new_progress(task: Task, seed: int, algo: str, medium_score: float) -> dict:
     }
 
 
-def load_learner(task: Task, work_dir: Path, out: Path, seed: int, algo: str | None, medium_score: float | None):
+def load_learner(
+    task: Task, work_dir: Path, out: Path, seed: int, algo: str | None, medium_score: float | None, learning_rate: float
+):
     """The SB3 learner and its history: from ``work_dir`` (model, optimisers and the full replay
     buffer), else from the snapshot ``learner.zip`` with the replay buffer refilled from the committed
     transitions (``history.npz`` until medium level, then ``medium_replay.npz``) and the history cut
     back to the snapshot's step, else new. A resumed learner keeps its algorithm and medium score
-    unless ``algo`` or ``medium_score`` are given; a new one takes the task's (``ALGOS``, ``MEDIUM_SCORE``)."""
+    unless ``algo`` or ``medium_score`` are given; a new one takes the task's (``ALGOS``, ``MEDIUM_SCORE``) and
+    ``learning_rate`` (a resumed one keeps its own)."""
     from sb3_contrib import TQC
     from stable_baselines3 import SAC
 
@@ -214,7 +250,7 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int, algo: str | N
     progress = (
         json.loads(progress_path.read_text())
         if (resuming or committed) and progress_path.exists()
-        else new_progress(task, seed, algo or ALGOS[task.name], MEDIUM_SCORE)
+        else new_progress(task, seed, algo or ALGOS[task.name], MEDIUM_SCORE, learning_rate)
     )
     progress["algo"] = algo if algo is not None else progress.get("algo", ALGOS[task.name])
     progress["medium_score"] = medium_score if medium_score is not None else progress.get("medium_score", MEDIUM_SCORE)
@@ -237,7 +273,14 @@ def load_learner(task: Task, work_dir: Path, out: Path, seed: int, algo: str | N
             progress.update(best_step=None, best_score=-float("inf"), best_episodes=0)
     else:
         model = algo_class(
-            "MlpPolicy", env, learning_starts=10_000, buffer_size=BUFFER_SIZE, seed=seed, device="cpu", verbose=0
+            "MlpPolicy",
+            env,
+            learning_rate=learning_rate,
+            learning_starts=10_000,
+            buffer_size=BUFFER_SIZE,
+            seed=seed,
+            device="cpu",
+            verbose=0,
         )
     return model, progress
 
@@ -315,10 +358,11 @@ def train_behaviour(
     algo: str | None = None,
     medium_score: float | None = None,
     until_medium: bool = False,
+    learning_rate: float = LEARNING_RATE,
 ) -> None:
     """Train (or resume, ``load_learner``) the behaviour learner of ``task`` with ``algo``; export medium
     (its first evaluation at ``medium_score`` or above) and medium-replay, then (unless ``until_medium``)
-    the expert of ``EXPERT_VERSION``, until ``total_steps`` or an expert."""
+    the expert of ``EXPERT_VERSION``, until ``total_steps`` or an expert. ``learning_rate`` is a new learner's."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
@@ -328,7 +372,7 @@ def train_behaviour(
     if (out / expert_file(EXPERT_VERSION)).exists():
         print(f"{task.name}: {expert_file(EXPERT_VERSION)} exists, the learner is done")
         return
-    model, progress = load_learner(task, work_dir, out, seed, algo, medium_score)
+    model, progress = load_learner(task, work_dir, out, seed, algo, medium_score, learning_rate)
     learner = Learner(task, work_dir, out, progress, seed, eval_episodes)
 
     class Checkpoint(BaseCallback):

@@ -194,7 +194,7 @@ def stats(out: Path, episodes: int = 100, datasets: list[str] = ()) -> str:
     not built on this machine, are kept."""
     curves = check_target(out.with_name(out.stem + "-learners.png"), "The learners' figure")
     old = page(check_target(out, "--out"))
-    every = [suite_id(t, lvl, v) for t in TASKS for lvl in LEVELS for v in range(VERSIONS.get(lvl, 0) + 1)]
+    every = [suite_id(t, lvl, v) for t in TASKS for lvl in LEVELS for v in range(VERSIONS[lvl][t] + 1)]
     kept = {line.split(" | ")[0][2:]: line for line in old.splitlines() if line.startswith(f"| {SUITE_NAMESPACE}/")}
     listed = [d for d in every if is_built(d) or d in kept]
     given = [d for d in datasets if d.split("/")[0] != SUITE_NAMESPACE or is_built(d)]

@@ -4,9 +4,11 @@ machine from committed behaviour policies (the D4RL recipe, docs/method.md, "Dat
 random = uniform actions; medium = the policy first reaching about a third of expert score;
 medium-replay = every transition its learner collected until then; expert = the learner's policy
 once it measures at least its version's target over 100 episodes (``EXPERT_TARGETS``; or the best
-of a run that ended below it); medium-expert = medium + expert. The expert and medium-expert levels
-have one version per expert (``VERSIONS``: the newest is built by default, older ones by their id).
-Episodes end on termination or at 1000 steps. ``steps`` scales every level down (tests use tiny builds).
+of a run that ended below it); medium-expert = medium + expert. Each task's levels have versions
+(``VERSIONS``: the newest is built by default, older ones by their id): medium-vN and medium-replay-vN
+come from learner N, expert-vN from the expert of version N, medium-expert-vN from the parts
+``MEDIUM_EXPERT`` names. Episodes end on termination or at 1000 steps. ``steps`` scales every level
+down (tests use tiny builds).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from datasets.behaviour import (
     POLICY_DIR,
     GaussianActor,
     expert_file,
+    learner_suffix,
 )
 from datasets.rollout import Keyed, collect_rows, merge
 from datasets.transitions import load_transitions
@@ -49,7 +52,15 @@ from envs import TASKS, Task
 
 SUITE_NAMESPACE = "dt-primal"
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
-VERSIONS = {"expert": EXPERT_VERSION, "medium-expert": EXPERT_VERSION}  # a level's newest version (others: 0)
+# each task's newest version of each level; a version's files are committed under datasets/policies/<env>/
+VERSIONS = {
+    "random": {"halfcheetah": 0, "hopper": 0, "walker2d": 0},
+    "medium": {"halfcheetah": 0, "hopper": 0, "walker2d": 1},
+    "medium-replay": {"halfcheetah": 0, "hopper": 0, "walker2d": 1},
+    "expert": {"halfcheetah": EXPERT_VERSION, "hopper": EXPERT_VERSION, "walker2d": EXPERT_VERSION},
+    "medium-expert": {"halfcheetah": 1, "hopper": 1, "walker2d": 2},
+}
+MEDIUM_EXPERT = {0: (0, 0), 1: (0, 1), 2: (1, 1)}  # medium-expert-vN: the versions of its medium and its expert
 FULL_STEPS = 1_000_000
 ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same rollout seeds on any machine
 PART_ENVS = 32  # envs batched in a part; they may run in several processes (the same data)
@@ -63,40 +74,68 @@ RECIPES = {
     "expert": "{steps} steps of the stochastic {algo} policy exported at an evaluation of its learner, promoted to "
     "expert when it measured at least {expert} normalised over {expert_episodes} episodes (or the best "
     "export of a run that ended below that).",
-    "medium-expert": "The episodes of medium-v0 followed by those of expert-v{version} (built with the same steps and "
-    "seed).",
+    "medium-expert": "The episodes of medium-v{medium_version} followed by those of expert-v{expert_version} (built "
+    "with the same steps and seed).",
 }
 
 
 def suite_id(env: str, level: str, version: int | None = None) -> str:
-    """The id of a suite dataset; ``version`` None: the level's newest."""
-    return f"{SUITE_NAMESPACE}/{env}/{level}-v{VERSIONS.get(level, 0) if version is None else version}"
+    """The id of a suite dataset; ``version`` None: the level's newest for ``env``."""
+    return f"{SUITE_NAMESPACE}/{env}/{level}-v{VERSIONS[level][env] if version is None else version}"
 
 
 def parse_suite_id(dataset_id: str) -> tuple[Task, str, int]:
     m = re.fullmatch(rf"{SUITE_NAMESPACE}/([a-z0-9]+)/([a-z-]+)-v([0-9]+)", dataset_id)
-    if not m or m.group(1) not in TASKS or m.group(2) not in LEVELS or int(m.group(3)) > VERSIONS.get(m.group(2), 0):
-        versions = ", ".join(f"{lvl}-v0" + (f" to -v{VERSIONS[lvl]}" if lvl in VERSIONS else "") for lvl in LEVELS)
+    if (
+        not m
+        or m.group(1) not in TASKS
+        or m.group(2) not in LEVELS
+        or int(m.group(3)) > VERSIONS[m.group(2)][m.group(1)]
+    ):
         raise UserError(
             f"Unknown suite dataset {dataset_id!r}: suite ids are {SUITE_NAMESPACE}/<env>/<level>-v<N> with "
-            f"env in {', '.join(TASKS)} and the level and version one of {versions}."
+            f"env in {', '.join(TASKS)}, level in {', '.join(LEVELS)} and N at most the newest version: "
+            f"{versions_text()}."
         )
     return TASKS[m.group(1)], m.group(2), int(m.group(3))
 
 
-def policy_name(level: str, version: int) -> str:
-    """The committed policy a level is rolled out with: medium.pt or the expert of ``version``."""
-    return "medium.pt" if level == "medium" else expert_file(version)
+def versions_text() -> str:
+    """Each level's newest versions, per task where they differ (for messages and help)."""
+    newest = lambda level: sorted(set(VERSIONS[level].values()))
+    return "; ".join(
+        f"{level} -v{newest(level)[0]}"
+        if len(newest(level)) == 1
+        else f"{level} " + ", ".join(f"{env} -v{v}" for env, v in VERSIONS[level].items())
+        for level in LEVELS
+    )
+
+
+def source_files(level: str, version: int) -> list[str]:
+    """The committed files (under datasets/policies/<env>/) a suite dataset of ``level`` and ``version`` is
+    made from; a medium-expert's are its parts'."""
+    if level == "medium":
+        return [f"medium{learner_suffix(version)}.pt"]
+    if level == "medium-replay":
+        return [f"medium_replay{learner_suffix(version)}.npz", f"medium{learner_suffix(version)}.pt"]
+    if level == "expert":
+        return [expert_file(version)]
+    if level == "medium-expert":
+        medium, expert = MEDIUM_EXPERT[version]
+        return source_files("medium", medium) + source_files("expert", expert)
+    return []
 
 
 def policy_file(task: Task, name: str) -> Path:
+    """A committed file of ``task``'s behaviour learners; one that is missing is named with what to do."""
     path = POLICY_DIR / task.name / name
     if path.exists():
         return path
-    if name.startswith("expert-") and name != expert_file(EXPERT_VERSION):  # an older expert, no longer trained
+    newest = {f for level in LEVELS for f in source_files(level, VERSIONS[level][task.name])}
+    if name not in newest:  # an older version's file, no longer in the tree
         raise UserError(
-            f"{path} is missing: this older expert left the tree. `git log -- datasets/policies/"
-            f"{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
+            f"{path} is missing: it belongs to an older version, which left the tree. `git log -- datasets/"
+            f"policies/{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
             f"datasets/policies/{task.name}/{name} > datasets/policies/{task.name}/{name}`."
         )
     raise UserError(
@@ -107,14 +146,13 @@ def policy_file(task: Task, name: str) -> Path:
 
 
 def missing_policy(dataset_id: str) -> str | None:
-    """What a suite dataset that is not built here needs and the tree lacks (a learner has not exported that
-    expert yet), or None."""
+    """What a suite dataset that is not built here needs and the tree lacks (a learner has not exported it yet,
+    or an older version's file left the tree), or None."""
     task, level, version = parse_suite_id(dataset_id)
-    if level == "random" or is_built(dataset_id):
+    if is_built(dataset_id):
         return None
-    name = "medium.pt" if level == "medium-replay" else policy_name(level, version)
-    path = f"datasets/policies/{task.name}/{name}"
-    return None if (POLICY_DIR / task.name / name).exists() else f"{path} is not in this checkout"
+    missing = [f for f in source_files(level, version) if not (POLICY_DIR / task.name / f).exists()]
+    return f"datasets/policies/{task.name}/{missing[0]} is not in this checkout" if missing else None
 
 
 def buildable(dataset_ids: list[str]) -> list[str]:
@@ -176,11 +214,13 @@ def rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: i
     return [ep for k in parts for ep in merge([d for (part, _), d in zip(jobs, done) if part == k])]
 
 
-def _replay_episodes(task: Task, steps: int) -> tuple[list[dict], int]:
-    """The learner's transitions until medium level, as episodes; when ``steps`` is below their
-    total, whole episodes evenly spread over the learner's history, so it still runs from the
-    first episodes to medium level."""
-    z = load_transitions(policy_file(task, "medium_replay.npz"))
+def _replay_episodes(task: Task, version: int, steps: int) -> tuple[list[dict], int]:
+    """The transitions of learner ``version`` until medium level, as episodes (stored observations as float32);
+    when ``steps`` is below their total, whole episodes evenly spread over the learner's history, so it still
+    runs from the first episodes to medium level."""
+    z = load_transitions(policy_file(task, source_files("medium-replay", version)[0]))
+    for key in ("observations", "final_observations"):
+        z[key] = z[key].astype(np.float32)
     ends = np.cumsum(z["lengths"])
     starts = ends - z["lengths"]
     eps = [
@@ -318,7 +358,7 @@ def build_at_once(
     parts = [
         suite_id(parsed[d][0].name, level, v)
         for d in combined
-        for level, v in (("medium", 0), ("expert", parsed[d][2]))
+        for level, v in zip(("medium", "expert"), MEDIUM_EXPERT[parsed[d][2]])
     ]
     first = list(dict.fromkeys([d for d in dataset_ids if d not in combined] + [d for d in parts if not is_built(d)]))
     rolled = sum(parse_suite_id(d)[1] in ROLLOUT_LEVELS for d in first)
@@ -360,49 +400,65 @@ def build_at_once(
         build_id(dataset_id, steps, seed, missing, processes)
 
 
-def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int, processes: int | None) -> str:
-    t0 = time.time()
-    algo = f"{ALGOS[task.name]} (stable-baselines3)"
-    fmt = dict(
-        steps=steps,
-        algo=algo,
-        medium=MEDIUM_SCORE,
-        expert=f"{EXPERT_TARGETS[version][task.name]:g}",
-        expert_episodes=EXPERT_EPISODES,
-        subsample="",
-        version=version,
-    )
+def _collect(task: Task, level: str, version: int, steps: int, seed: int, processes) -> tuple[list[dict], str, str]:
+    """The episodes of a suite dataset, the algorithm that made them and its description's recipe and seeds."""
     rollout_seeds = (
         f"rollout seeds {', '.join(str(seed * ROLLOUT_PARTS + k) for k in range(ROLLOUT_PARTS))} (one per half)"
     )
     if level == "random":
-        episodes = rollouts(task, None, steps, seed, processes)
-        algorithm, seeds = "uniform random actions", rollout_seeds
-    elif level in ("medium", "expert"):
-        meta = GaussianActor.load(policy_file(task, policy_name(level, version)))[1]
-        episodes = rollouts(task, policy_name(level, version), steps, seed, processes)
-        algorithm = f"{algo}, policy exported at learner step {meta['step']}"
-        seeds = f"learner seed {meta['train_seed']}, {rollout_seeds}"
-    elif level == "medium-replay":
-        episodes, total = _replay_episodes(task, steps)
-        meta = GaussianActor.load(policy_file(task, "medium.pt"))[1]
-        if steps < total:
-            fmt["subsample"] = f" (scaled down: whole episodes spread evenly over the {total} transitions)"
-        algorithm, seeds = f"{algo} replay buffer, learner steps 0-{meta['step']}", f"learner seed {meta['train_seed']}"
-    elif level == "medium-expert":
+        recipe = RECIPES[level].format(steps=steps)
+        return (
+            rollouts(task, None, steps, seed, processes),
+            "uniform random actions",
+            f"{recipe} Seeds: {rollout_seeds}.",
+        )
+    if level == "medium-expert":
+        medium, expert = MEDIUM_EXPERT[version]
+        for name in source_files(level, version):  # before building either part: a missing file stops here
+            policy_file(task, name)
         episodes = []
-        policy_file(task, expert_file(version))  # before building the medium part: a missing expert stops here
-        for part, part_version in (("medium", 0), ("expert", version)):
+        for part, part_version in (("medium", medium), ("expert", expert)):
             part_id = build_if_missing(suite_id(task.name, part, part_version), steps, seed, processes)
             episodes += _minari_episodes(part_id)
-        algorithm, seeds = f"{algo}: medium-v0 + expert-v{version}", f"{rollout_seeds} for both parts"
-    else:
-        raise UserError(f"Unknown level {level!r}: choose one of {', '.join(LEVELS)}.")
+        recipe = RECIPES[level].format(medium_version=medium, expert_version=expert)
+        return episodes, f"medium-v{medium} + expert-v{expert}", f"{recipe} Seeds: {rollout_seeds} for both parts."
+    policy = source_files(level, version)[-1]  # medium-replay's policy: the medium one its learner exported
+    meta = GaussianActor.load(policy_file(task, policy))[1]
+    algo = f"{meta.get('algo', ALGOS[task.name])} (stable-baselines3)"
+    medium = medium_score(task, version) if level != "expert" else None
+    fmt = dict(steps=steps, algo=algo, medium=medium, expert_episodes=EXPERT_EPISODES)
+    seeds = f"learner seed {meta['train_seed']}"
+    if level == "medium-replay":
+        episodes, total = _replay_episodes(task, version, steps)
+        subsample = (
+            f" (scaled down: whole episodes spread evenly over the {total} transitions)" if steps < total else ""
+        )
+        recipe = RECIPES[level].format(**fmt, subsample=subsample)
+        return episodes, f"{algo} replay buffer, learner steps 0-{meta['step']}", f"{recipe} Seeds: {seeds}."
+    expert = f"{EXPERT_TARGETS[version][task.name]:g}" if level == "expert" else ""
+    recipe = RECIPES[level].format(**fmt, expert=expert)
+    episodes = rollouts(task, policy, steps, seed, processes)
+    return (
+        episodes,
+        f"{algo}, policy exported at learner step {meta['step']}",
+        f"{recipe} Seeds: {seeds}, {rollout_seeds}.",
+    )
+
+
+def medium_score(task: Task, version: int) -> float:
+    """The score at which learner ``version`` of ``task`` exported its medium policy (its ``learner.json``)."""
+    path = POLICY_DIR / task.name / f"learner{learner_suffix(version)}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return float(json.loads(path.read_text())["medium_score"])
+    return MEDIUM_SCORE
+
+
+def _build(task: Task, level: str, version: int, dataset_id: str, steps: int, seed: int, processes: int | None) -> str:
+    t0 = time.time()
+    episodes, algorithm, recipe = _collect(task, level, version, steps, seed, processes)
     description = (
-        f"D4RL-style {task.name} {level} dataset on {task.gym_id}. "
-        + RECIPES[level].format(**fmt)
-        + f" Seeds: {seeds}. Built by dt-primal's `python -m datasets build --env {task.name} --level {level} "
-        f"--version {version} --steps {steps} --seed {seed}`."
+        f"D4RL-style {task.name} {level} dataset on {task.gym_id}. {recipe} Built by dt-primal's `python -m datasets "
+        f"build --env {task.name} --level {level} --version {version} --steps {steps} --seed {seed}`."
     )
     collected = time.time()
     _write(dataset_id, task, episodes, algorithm, description)

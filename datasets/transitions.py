@@ -1,7 +1,9 @@
 """The learner's transitions as the repository stores them (``medium_replay.npz``, ``history.npz``):
 NumPy's ``.npz``, with each float array stored as its byte planes (every value's first byte, then
 every value's second byte, ...), which zlib compresses about 15 % smaller than the values as they
-lie; lossless, and read with ``np.load`` (no pickle). Files written as plain ``.npz`` read as well."""
+lie; lossless, and read with ``np.load`` (no pickle). Files written as plain ``.npz`` read as well.
+The suite's newer buffers keep their observations at half precision (``half_observations``), which
+lets three buffers of D4RL's size live in the repository."""
 
 from __future__ import annotations
 
@@ -37,3 +39,19 @@ def load_transitions(path: str | Path) -> dict[str, np.ndarray]:
             dtype, shape = np.dtype(str(stored[DTYPE + name])), tuple(stored[SHAPE + name])
             arrays[name] = np.ascontiguousarray(planes.T).view(dtype).reshape(shape)
     return arrays
+
+
+HALF = ("observations", "final_observations")  # the arrays a committed buffer keeps at half precision
+HALF_MAX = float(np.finfo(np.float16).max)
+
+
+def half_observations(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with the observations rounded to float16: a relative error of at most 2**-11 (0.05 %), about
+    40 % fewer bytes for the whole buffer; actions and rewards stay as they are."""
+    out = dict(arrays)
+    for key in HALF:
+        a = np.asarray(arrays[key])
+        if not np.all(np.abs(a) <= HALF_MAX):
+            raise ValueError(f"{key} holds values that half precision cannot store (beyond ±{HALF_MAX:g}, or NaN)")
+        out[key] = a.astype(np.float16)
+    return out

@@ -14,7 +14,7 @@ import datasets.suite as suite
 from datasets.behaviour import GaussianActor
 from datasets.loaders import load_dataset
 from datasets.rollout import collect, collect_rows, merge
-from datasets.transitions import load_transitions, save_transitions
+from datasets.transitions import half_observations, load_transitions, save_transitions
 from envs import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,11 +25,13 @@ STEPS = 300
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
-    """medium.pt, the experts expert-v0.pt and expert-v1.pt, and medium_replay.npz as the learner exports them."""
+    """medium.pt, the experts expert-v0.pt and expert-v1.pt, and medium_replay.npz as the learner exports them,
+    and a second learner's medium-v1.pt and medium_replay-v1.npz (half-precision observations), which make
+    hopper's medium-v1, medium-replay-v1 and medium-expert-v2 here."""
     root = tmp_path_factory.mktemp("policies")
     folder = root / "hopper"
     folder.mkdir()
-    for i, name in enumerate(("medium.pt", "expert-v0.pt", "expert-v1.pt")):
+    for i, name in enumerate(("medium.pt", "expert-v0.pt", "expert-v1.pt", "medium-v1.pt")):
         torch.manual_seed(i)
         meta = {
             "task": "hopper",
@@ -43,22 +45,28 @@ def policies(tmp_path_factory):
         torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / name)
     rng = np.random.default_rng(0)
     eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
-    save_transitions(
-        folder / "medium_replay.npz",
-        dict(
-            observations=np.concatenate([e["observations"][:-1] for e in eps]),
-            final_observations=np.stack([e["observations"][-1] for e in eps]),
-            actions=np.concatenate([e["actions"] for e in eps]),
-            rewards=np.concatenate([e["rewards"] for e in eps]),
-            terminations=np.concatenate([e["terminations"] for e in eps]),
-            truncations=np.concatenate([e["truncations"] for e in eps]),
-            lengths=np.array([len(e["actions"]) for e in eps]),
-        ),
-    )
+    buffer = as_buffer(eps)
+    save_transitions(folder / "medium_replay.npz", buffer)
+    save_transitions(folder / "medium_replay-v1.npz", half_observations({**buffer, "actions": -buffer["actions"]}))
     mp = pytest.MonkeyPatch()
     mp.setattr(suite, "POLICY_DIR", root)
+    for level, newest in (("medium", 1), ("medium-replay", 1), ("medium-expert", 2)):
+        mp.setitem(suite.VERSIONS[level], "hopper", newest)
     yield folder
     mp.undo()
+
+
+def as_buffer(eps: list[dict]) -> dict[str, np.ndarray]:
+    """Episodes as a learner's replay buffer stores them."""
+    return dict(
+        observations=np.concatenate([e["observations"][:-1] for e in eps]),
+        final_observations=np.stack([e["observations"][-1] for e in eps]),
+        actions=np.concatenate([e["actions"] for e in eps]),
+        rewards=np.concatenate([e["rewards"] for e in eps]),
+        terminations=np.concatenate([e["terminations"] for e in eps]),
+        truncations=np.concatenate([e["truncations"] for e in eps]),
+        lengths=np.array([len(e["actions"]) for e in eps]),
+    )
 
 
 @pytest.mark.parametrize("level", suite.LEVELS)
@@ -66,7 +74,7 @@ def test_every_level_builds_and_loads_through_the_pipeline(policies, level):
     import minari
 
     dataset_id = suite.build(HOPPER, level, steps=STEPS, seed=0)
-    assert dataset_id == f"dt-primal/hopper/{level}-v{suite.VERSIONS.get(level, 0)}"  # the newest by default
+    assert dataset_id == f"dt-primal/hopper/{level}-v{suite.VERSIONS[level]['hopper']}"  # the newest by default
     data = load_dataset(dataset_id)
     assert data.env == "Hopper-v5" and data.obs_dim == 11 and data.act_dim == 3
     expected = {"medium-expert": 2 * STEPS, "medium-replay": None}.get(level, STEPS)
@@ -93,11 +101,11 @@ def test_same_seed_same_dataset_other_seed_other_dataset(policies):
     assert not np.array_equal(first.actions, other.actions)
 
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", [0, 1, 2])
 def test_medium_expert_holds_exactly_the_episodes_of_its_parts(policies, version):
     parts = [
         load_dataset(suite.build(HOPPER, lvl, steps=STEPS, seed=1, version=v))
-        for lvl, v in (("medium", 0), ("expert", version))
+        for lvl, v in zip(("medium", "expert"), suite.MEDIUM_EXPERT[version])
     ]
     both = load_dataset(suite.build(HOPPER, "medium-expert", steps=STEPS, seed=1, version=version))
     np.testing.assert_array_equal(both.lengths, np.concatenate([p.lengths for p in parts]))
@@ -118,12 +126,32 @@ def test_each_expert_version_is_its_own_dataset_rolled_out_with_its_own_policy(p
     assert "--version 1" in descriptions[1]
 
 
-@pytest.mark.parametrize("bad", ["dt-primal/hopper/expert-v2", "dt-primal/hopper/medium-v1", "dt-primal/hopper/expert"])
+@pytest.mark.parametrize(
+    "bad", ["dt-primal/hopper/expert-v2", "dt-primal/halfcheetah/medium-v1", "dt-primal/hopper/expert", "x/y/z-v0"]
+)
 def test_a_suite_id_with_a_version_that_does_not_exist_is_refused(bad):
     from dt_primal.errors import UserError
 
-    with pytest.raises(UserError, match="expert-v0 to -v1"):
+    with pytest.raises(UserError, match=r"at most the newest version: random -v0; medium halfcheetah -v0, .*walker2d"):
         suite.parse_suite_id(bad)
+
+
+def test_each_task_has_its_own_newest_versions():
+    assert suite.suite_id("walker2d", "medium") == "dt-primal/walker2d/medium-v1"
+    assert suite.suite_id("halfcheetah", "medium") == "dt-primal/halfcheetah/medium-v0"
+    assert suite.parse_suite_id("dt-primal/walker2d/medium-expert-v2")[2] == 2
+    assert suite.source_files("medium-expert", 2) == ["medium-v1.pt", "expert-v1.pt"]
+    assert suite.source_files("medium-replay", 1) == ["medium_replay-v1.npz", "medium-v1.pt"]
+
+
+def test_a_newer_learners_medium_replay_is_its_own_buffer_read_at_half_precision(policies):
+    old, new = (load_dataset(suite.build(HOPPER, "medium-replay", steps=10**6, version=v)) for v in (0, 1))
+    z = load_transitions(policies / "medium_replay-v1.npz")
+    assert z["observations"].dtype == np.float16
+    np.testing.assert_array_equal(new.actions, -old.actions)  # the second learner's own transitions
+    assert new.observations.dtype == np.float32
+    np.testing.assert_allclose(new.observations, old.observations, rtol=2**-11, atol=1e-7)
+    assert not np.array_equal(new.observations, old.observations)  # rounded, as stored
 
 
 def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, monkeypatch, tmp_path):
@@ -132,12 +160,13 @@ def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, mon
     monkeypatch.setattr(suite, "POLICY_DIR", tmp_path)
     with pytest.raises(
         UserError,
-        match=r"expert-v0.pt is missing: this older expert left the tree. `git log -- "
+        match=r"expert-v0.pt is missing: it belongs to an older version, which left the tree. `git log -- "
         r"datasets/policies/hopper/expert-v0.pt`",
     ):
         suite.build(HOPPER, "expert", steps=STEPS, version=0)
     import shutil
 
+    shutil.copytree(policies, tmp_path / "hopper", ignore=shutil.ignore_patterns("expert-v1.pt"))
     shutil.rmtree(suite.dataset_dir("dt-primal/hopper/medium-v0"), ignore_errors=True)
     with pytest.raises(UserError, match=r"expert-v1.pt is missing: the hopper behaviour learner has not exported it"):
         suite.build(HOPPER, "medium-expert", steps=STEPS, version=1)
@@ -161,7 +190,7 @@ def test_what_the_tree_cannot_build_yet_is_left_out_by_name(policies, tmp_path, 
     )
 
 
-def test_the_sweeps_table4_is_each_levels_newest_version_that_the_tree_can_build(policies, tmp_path, monkeypatch):
+def test_the_sweeps_table4_is_the_versions_its_records_use_that_the_tree_can_build(policies, tmp_path, monkeypatch):
     from commands.sweep import command
     from commands.sweep.grid import TABLE4
 
@@ -177,10 +206,10 @@ def test_the_sweeps_table4_is_each_levels_newest_version_that_the_tree_can_build
 
 
 def test_medium_replay_keeps_the_learners_history(policies):
-    full = load_dataset(suite.build(HOPPER, "medium-replay", steps=10**6))
+    full = load_dataset(suite.build(HOPPER, "medium-replay", steps=10**6, version=0))
     z = load_transitions(policies / "medium_replay.npz")
     np.testing.assert_array_equal(full.actions, z["actions"])  # every transition, in order
-    small = load_dataset(suite.build(HOPPER, "medium-replay", steps=120))
+    small = load_dataset(suite.build(HOPPER, "medium-replay", steps=120, version=0))
     assert 120 <= len(small.rewards) < len(full.rewards)
     # scaled down, it still spans the history: its first and last episodes are the learner's first and last
     np.testing.assert_array_equal(small.actions[: small.lengths[0]], full.actions[: full.lengths[0]])
@@ -489,17 +518,28 @@ def test_stats_page_lists_each_built_dataset_and_measures_the_policies(policies,
     assert row in again.splitlines() and "measured: 2 episodes" in again
 
 
-def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays(tmp_path):
-    """The learners' committed transitions store float arrays as byte planes (smaller); they read back as the
-    arrays themselves, and a plain .npz of them reads the same."""
-    committed = Path(__file__).resolve().parents[1] / "datasets/policies/hopper/medium_replay.npz"
-    assert any(k.startswith("__planes_") for k in np.load(committed).files)
-    arrays = load_transitions(committed)
-    assert arrays["observations"].dtype == np.float32 and arrays["observations"].shape == (359994, 11)
-    np.savez_compressed(tmp_path / "plain.npz", **arrays)
-    plain = load_transitions(tmp_path / "plain.npz")
-    assert set(plain) == set(arrays) and all(np.array_equal(plain[k], arrays[k]) for k in arrays)
-    assert committed.stat().st_size < 0.9 * (tmp_path / "plain.npz").stat().st_size
+def test_adopt_copies_a_learners_medium_exports_as_a_new_version_once(policies, tmp_path):
+    from datasets.behaviour import adopt_learner
+    from dt_primal.errors import UserError
+
+    learner = tmp_path / "learner"
+    learner.mkdir()
+    (learner / "medium.pt").write_bytes((policies / "medium.pt").read_bytes())
+    (learner / "medium_replay.npz").write_bytes((policies / "medium_replay.npz").read_bytes())
+    (learner / "learner.json").write_text(json.dumps({"task": "hopper", "medium_step": 1000, "medium_score": 44}))
+    out = tmp_path / "policies"
+    (out / "hopper").mkdir(parents=True)
+    written = adopt_learner(HOPPER, learner, 1, out)
+    assert sorted(p.name for p in written) == ["learner-v1.json", "medium-v1.pt", "medium_replay-v1.npz"]
+    stored, source = load_transitions(written[2]), load_transitions(learner / "medium_replay.npz")
+    assert stored["observations"].dtype == np.float16 and np.array_equal(stored["actions"], source["actions"])
+    with pytest.raises(UserError, match="exists or is not a new version"):
+        adopt_learner(HOPPER, learner, 1, out)
+    with pytest.raises(UserError, match="holds no walker2d learner that reached medium level"):
+        adopt_learner(TASKS["walker2d"], learner, 2, out)
+    (learner / "learner.json").write_text("{")
+    with pytest.raises(UserError, match="cannot be read as a learner's history"):
+        adopt_learner(HOPPER, learner, 2, out)
 
 
 def test_datasets_built_at_once_are_each_reported_as_soon_as_built(monkeypatch, capsys):

@@ -1,0 +1,35 @@
+"""The learners' transitions as the repository stores them (datasets/transitions.py)."""
+
+import numpy as np
+import pytest
+
+import datasets.suite as suite
+from datasets.transitions import half_observations, load_transitions
+from envs import TASKS
+
+
+@pytest.mark.parametrize("env", list(TASKS))
+def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays(tmp_path, env):
+    """The learners' committed buffers store float arrays as byte planes (smaller), newer ones with half-precision
+    observations; they read back as the arrays themselves, and a plain .npz of them reads the same."""
+    version = suite.VERSIONS["medium-replay"][env]  # the newest: its files are in the tree
+    committed = suite.POLICY_DIR / env / suite.source_files("medium-replay", version)[0]
+    assert any(k.startswith("__planes_") for k in np.load(committed).files)
+    arrays = load_transitions(committed)
+    assert arrays["observations"].dtype == (np.float16 if version else np.float32)
+    assert arrays["observations"].shape == (len(arrays["rewards"]), TASKS[env].make().observation_space.shape[0])
+    np.savez_compressed(tmp_path / "plain.npz", **arrays)
+    plain = load_transitions(tmp_path / "plain.npz")
+    assert set(plain) == set(arrays) and all(np.array_equal(plain[k], arrays[k]) for k in arrays)
+    assert committed.stat().st_size < 0.95 * (tmp_path / "plain.npz").stat().st_size
+
+
+def test_half_observations_round_within_half_precision_and_refuse_what_it_cannot_hold():
+    obs = np.random.default_rng(0).normal(0, 3, (1000, 5)).astype(np.float32)
+    arrays = {"observations": obs, "final_observations": obs[:2], "actions": obs[:, :2]}
+    half = half_observations(arrays)
+    assert half["observations"].dtype == np.float16 and half["actions"] is arrays["actions"]
+    np.testing.assert_allclose(half["observations"].astype(np.float32), obs, rtol=2**-11, atol=1e-7)
+    for bad in (1e5, np.nan):
+        with pytest.raises(ValueError, match="half precision cannot store"):
+            half_observations({**arrays, "final_observations": np.array([[bad]], np.float32)})
