@@ -1,8 +1,10 @@
-"""The machine a command runs on: the device it names (``--device``) and the memory it has free."""
+"""The machine a command runs on: the device it names (``--device``), the memory it has free, and how work is
+captured as a CUDA graph there."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -67,3 +69,24 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and "LOCAL_RANK" in os.environ:
         name = f"cuda:{os.environ['LOCAL_RANK']}"
     return torch.device(name)
+
+
+def on_side_stream(fn: Callable[[], object]) -> None:
+    """``fn()`` on a fresh CUDA stream that waits for the current one, which then waits for it: how work runs
+    before a CUDA graph capture (the warm-up ``torch.cuda.graph`` needs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture_graph(fn: Callable[[], object], generators: Iterable[torch.Generator] = (), **options):
+    """``fn()`` recorded, not run, as a CUDA graph (``options``: ``torch.cuda.graph``'s), the random generators it
+    draws from registered so that each replay draws anew; the graph and the output its replays write."""
+    graph = torch.cuda.CUDAGraph()
+    for g in generators:
+        graph.register_generator_state(g)
+    with torch.cuda.graph(graph, **options):
+        out = fn()
+    return graph, out

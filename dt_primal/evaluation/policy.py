@@ -19,6 +19,7 @@ import torch
 
 from dt_primal.evaluation.acting import Acting
 from dt_primal.files.checkpoint import model_from_checkpoints, read_checkpoint
+from dt_primal.machine import capture_graph, on_side_stream
 from dt_primal.model.transformer import DecisionTransformer
 from dt_primal.precision import acting_precision, autocast, tf32
 
@@ -58,15 +59,8 @@ def width_bucket(width: int) -> int:
 
 def cuda_graph(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
     """``fn()`` captured as a CUDA graph after two runs on a side stream: its replay and the output it writes."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may use CUDA meanwhile
-        out = fn()
+    on_side_stream(lambda: [fn() for _ in range(2)])
+    graph, out = capture_graph(fn, capture_error_mode="thread_local")  # other threads may use CUDA meanwhile
     return graph.replay, out
 
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from dt_primal.config import Config
 from dt_primal.data import WindowSampler
+from dt_primal.machine import capture_graph, on_side_stream
 from dt_primal.model.attention import use_attention_kernel
 from dt_primal.model.build import loss_of
 from dt_primal.precision import autocast, resolve_precision, tf32
@@ -184,21 +185,18 @@ class TrainStep:
             self.opt.zero_grad(set_to_none=True)
             self._update()
         elif self.calls <= WARMUP_CALLS:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
-                self.opt.zero_grad(set_to_none=True)
-                self._update()
-            torch.cuda.current_stream().wait_stream(side)
+            on_side_stream(self._warm_up)
         else:  # capture (which records, not runs), then run this step by replaying
             self.opt.zero_grad(set_to_none=True)
-            self.graph = torch.cuda.CUDAGraph()
-            for g in self.generators:
-                self.graph.register_generator_state(g)
-            with torch.cuda.graph(self.graph):
-                self._update()
+            self.graph, _ = capture_graph(self._update, self.generators)
             self.graph.replay()
+
+    def _warm_up(self) -> None:
+        """One eager step before the capture (``on_side_stream``); AdamW's note on ``capturable`` is expected."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
+            self.opt.zero_grad(set_to_none=True)
+            self._update()
 
     @classmethod
     def of_members(cls, cfg: Config, model, data, state_mean, state_std, seeds, device, **options) -> TrainStep:
