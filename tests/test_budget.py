@@ -61,28 +61,30 @@ def test_the_estimate_adds_the_groups_training_and_evaluations():
 
 
 def test_an_evaluation_beside_training_counts_what_training_waits_for_it_and_loses_beside_it():
-    """Per evaluation beside training: its time (BESIDE_SLOWDOWN × its time alone) less the time of the updates
-    between two of them, and BESIDE_TRAINING_LOSS of the time they overlap."""
-    from commands.sweep.budget import BESIDE_SLOWDOWN, BESIDE_TRAINING_LOSS
+    """Per evaluation beside training: its time (the overlap slowdown × its time alone) less the time of the updates
+    between two of them, and the overlap training loss of the time they overlap (both measured figures)."""
+    from commands.sweep.budget import measured
+
+    slowdown, loss = measured("overlap_slowdown"), measured("overlap_training_loss")
 
     a = Group(["a"], "primal", [0, 1, 2], PRIMAL, steps=1000, eval_steps=6000)
     alone = estimate([a], throughput())
-    a.beside, a.beside_steps, a.limit, a.beside_every = 9, 3000, 100, 100  # 100 updates: 1.5 s
+    a.overlapped, a.overlapped_steps, a.limit, a.overlapped_every = 9, 3000, 100, 100  # 100 updates: 1.5 s
     slow = throughput()
     slow.eval_step_s = 0.01  # one evaluation alone: 3 s of environment steps + 1 s of rollout steps
-    beside = BESIDE_SLOWDOWN * 4
+    beside = slowdown * 4
     assert beside > 1.5  # longer than the updates between two: training waits, and loses beside it
-    cost = 9 * (beside - 1.5 + BESIDE_TRAINING_LOSS * 1.5)
-    assert estimate([a], slow) - estimate([dataclasses.replace(a, beside=0)], slow) == pytest.approx(cost)
-    a.beside_every = 1000  # 15 s of updates between two: longer than the evaluation (3 s alone) beside them
-    assert estimate([a], throughput()) == pytest.approx(alone + 9 * BESIDE_TRAINING_LOSS * BESIDE_SLOWDOWN * 3)
-    a.beside_every, piped = 100, dataclasses.replace(slow, eval_step_s=0.0, eval_steps_per_s=1e6)
+    cost = 9 * (beside - 1.5 + loss * 1.5)
+    assert estimate([a], slow) - estimate([dataclasses.replace(a, overlapped=0)], slow) == pytest.approx(cost)
+    a.overlapped_every = 1000  # 15 s of updates between two: longer than the evaluation (3 s alone) beside them
+    assert estimate([a], throughput()) == pytest.approx(alone + 9 * loss * slowdown * 3)
+    a.overlapped_every, piped = 100, dataclasses.replace(slow, eval_step_s=0.0, eval_steps_per_s=1e6)
     assert estimate([a], piped) < estimate([a], slow)  # the final evaluation, pipelined, is faster ...
     piped.in_turn = (slow.eval_step_s, slow.eval_steps_per_s, 0.0)  # ... but one beside training acts and steps in turn
-    assert estimate([a], piped) - estimate([dataclasses.replace(a, beside=0)], piped) == pytest.approx(cost)
+    assert estimate([a], piped) - estimate([dataclasses.replace(a, overlapped=0)], piped) == pytest.approx(cost)
     piped.in_turn = (slow.eval_step_s, slow.eval_steps_per_s, 0.5)  # a start-up of 0.5 s: each one takes it longer
-    more = 9 * (beside + 0.5 - 1.5 + BESIDE_TRAINING_LOSS * 1.5)
-    assert estimate([a], piped) - estimate([dataclasses.replace(a, beside=0)], piped) == pytest.approx(more)
+    more = 9 * (beside + 0.5 - 1.5 + loss * 1.5)
+    assert estimate([a], piped) - estimate([dataclasses.replace(a, overlapped=0)], piped) == pytest.approx(more)
 
 
 def test_a_group_whose_dataset_is_being_built_is_planned_to_start_after_the_build(monkeypatch, tmp_path):

@@ -117,8 +117,8 @@ def test_evaluations_beside_training_score_as_in_line_ones(tmp_path, monkeypatch
     for seed in (1, 2):
         folders = [tmp_path / str(overlap) / f"seed_{seed}" for overlap in (False, True)]
         off, on = map(_curve, folders)
-        assert [p["step"] for p in on] == [4, 8] and [p["beside_training"] for p in on] == [True, True]
-        assert not any(p["beside_training"] for p in off)
+        assert [p["step"] for p in on] == [4, 8] and [p["overlapped"] for p in on] == [True, True]
+        assert not any(p["overlapped"] for p in off)
         np.testing.assert_allclose(_scores(on), _scores(off), rtol=0 if device == "cpu" else 1e-6, atol=0)
         assert all(p["seconds"] >= 0.5 for p in on + off)
         a, b = (torch.load(f / "last.pt", weights_only=True) for f in folders)
@@ -267,7 +267,7 @@ def test_an_evaluation_beside_training_that_fails_runs_again_in_line(tmp_path, m
         train(dataclasses.replace(cfg, out=str(tmp_path / "beside")), data)
     assert threads == [False, True, True, True]  # step 4 beside (failed), step 4 again, step 8, the final one
     beside, in_line = _curve(tmp_path / "beside"), _curve(tmp_path / "in-line")
-    assert [(p["step"], p["beside_training"]) for p in beside] == [(4, False), (8, False)]
+    assert [(p["step"], p["overlapped"]) for p in beside] == [(4, False), (8, False)]
     assert [p["reports"] for p in beside] == [p["reports"] for p in in_line]
 
 

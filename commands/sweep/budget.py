@@ -13,10 +13,10 @@ evaluation's time is its start-up ``eval_start_s`` (its worker processes and env
 limit's steps × ``eval_step_s`` (what a step of the batched rollout costs whatever its width: the forward pass's
 launches, the workers' round trip) plus its episodes' environment steps (members × targets × episodes × the episode
 limit) over ``eval_steps_per_s``. An intermediate
-evaluation beside training on a GPU (``--eval-overlap``, the default) counts, of its time (BESIDE_SLOWDOWN × what
+evaluation beside training on a GPU (``--eval-overlap``, the default) counts, of its time (the overlap slowdown × what
 it would take alone, acting and stepping in turn as it runs there), what training waits for it at the next one (the
 part longer than the updates between them) and the updates training loses while it runs beside them
-(BESIDE_TRAINING_LOSS of the part they overlap). A group
+(the overlap training loss of the part they overlap; both in ``MEASURED``). A group
 whose datasets another process is still building starts once they are built (``--building``,
 ``--build-wait``): the others have the device meanwhile, so Σ_groups work becomes the longest of
 w + Σ_{groups waiting w or longer} work over the waits w (0 included).
@@ -28,6 +28,7 @@ ones are still tried; of two choices with as many runs, the one estimated to end
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -37,18 +38,17 @@ from pathlib import Path
 from dt_primal.errors import UserError
 
 START_S = 30.0  # a group's process start, imports, dataset load and model build
-# environment steps per second of one group's evaluations: hopper medium-replay's final evaluation on a
-# 16-core H100 machine, 2026-11-23 (results/gpu-hopper-medium-replay: 2 x 100 episodes in 22 s, six runs at once)
-EVAL_STEPS_PER_S = 10_000.0
-# an evaluation beside training against the same alone, training held to two queued updates meanwhile: 240 episodes
-# took 11.7-14.7 s (median 12.9) beside a 12-member DT group on an H100 (2026-11-27,
-# results/gpu-h100-walker2d-2026-11-27/group.json), where the fit of that machine's evaluation alone gives 15.6 s
-# at the episode limit (0.83×; before training was held, 51-54 s against 14.3 s: results/gpu-h100-hopper-2026-11-27)
-BESIDE_SLOWDOWN = 1.0
-# the share of an evaluation's seconds beside training that training loses: there, the 200 updates as one started
-# ran at 80.5/s and the next at 164-168/s against 182 otherwise, about 2.3 s of updates in its 12.9 s
-BESIDE_TRAINING_LOSS = 0.18
+MEASURED = Path(__file__).resolve().parents[2] / "results" / "sweep-budget.json"  # figures it has not measured itself
 UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+
+
+@functools.cache
+def measured(name: str) -> float:
+    """The figure ``name`` of ``MEASURED`` (its source is written beside it there)."""
+    try:
+        return float(json.loads(MEASURED.read_text())[name]["value"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{MEASURED} lacks a readable {name!r} ({exc}): restore it from the repository.") from None
 
 
 def parse_duration(text: str, option: str = "--time-budget", zero: bool = False) -> float:
@@ -80,7 +80,7 @@ class Throughput:
 
     rates: dict[Setting, dict[int, float]] = field(default_factory=dict)
     warmups: dict[Setting, float] = field(default_factory=dict)
-    eval_steps_per_s: float = EVAL_STEPS_PER_S
+    eval_steps_per_s: float = field(default_factory=lambda: measured("eval_steps_per_s"))
     eval_step_s: float = 0.0  # seconds of every step of an evaluation, whatever its width
     eval_start_s: float = 0.0  # seconds of an evaluation's start-up: its worker processes and environments
     # the same three of an evaluation acting and stepping in turn (as beside training), where measured apart from the
@@ -138,7 +138,7 @@ def load_throughput(path: Path) -> Throughput:
 
     try:
         doc = read_json(path, "The throughput file", "Measure again (bench/ensemble_speed.py --json).")
-        t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", EVAL_STEPS_PER_S)))
+        t = Throughput(eval_steps_per_s=float(doc.get("eval_steps_per_s", measured("eval_steps_per_s"))))
         if "evaluation" in doc:
             t.eval_step_s, t.eval_steps_per_s, t.eval_start_s = read_fit(doc["evaluation"])
         if "evaluation_in_turn" in doc:
@@ -178,9 +178,9 @@ class Group:
     evaluations: int = 0  # its evaluations that training waits for (the final one, and those in line)
     limit: int = 0  # the episode limit: the most steps of an evaluation's batched rollout
     wait_s: float = 0.0  # seconds its datasets' builds may still take before it can start
-    beside: int = 0  # its intermediate evaluations beside training (on a GPU)
-    beside_steps: int = 0  # environment steps of one of them at most (members × targets × episodes × limit)
-    beside_every: int = 0  # updates between two of them
+    overlapped: int = 0  # its intermediate evaluations overlapping training (on a GPU)
+    overlapped_steps: int = 0  # environment steps of one of them at most (members × targets × episodes × limit)
+    overlapped_every: int = 0  # updates between two of them
 
     @property
     def members(self) -> int:
@@ -195,7 +195,7 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
         g.members * g.steps / tp.rate(tp.find(g.setting), g.members)
         + g.eval_steps / tp.eval_steps_per_s
         + g.evaluations * (g.limit * tp.eval_step_s + tp.eval_start_s)
-        + g.beside * beside_cost(g, tp)
+        + g.overlapped * overlap_cost(g, tp)
         for g in groups
     ]
     warmup = max(tp.warmups[tp.find(g.setting)] for g in groups)
@@ -204,13 +204,13 @@ def estimate(groups: list[Group], tp: Throughput) -> float:
     return START_S + warmup + busy
 
 
-def beside_cost(g: Group, tp: Throughput) -> float:
+def overlap_cost(g: Group, tp: Throughput) -> float:
     """Seconds one evaluation beside training costs training (acting and stepping in turn): what training waits
     for it at the next evaluation step, and the updates it loses while they run side by side."""
     step_s, steps_per_s, start_s = tp.in_turn or (tp.eval_step_s, tp.eval_steps_per_s, tp.eval_start_s)
-    beside = BESIDE_SLOWDOWN * (start_s + g.beside_steps / steps_per_s + g.limit * step_s)
-    between = g.beside_every * g.members / tp.rate(tp.find(g.setting), g.members)
-    return max(0.0, beside - between) + BESIDE_TRAINING_LOSS * min(beside, between)
+    overlapped = measured("overlap_slowdown") * (start_s + g.overlapped_steps / steps_per_s + g.limit * step_s)
+    between = g.overlapped_every * g.members / tp.rate(tp.find(g.setting), g.members)
+    return max(0.0, overlapped - between) + measured("overlap_training_loss") * min(overlapped, between)
 
 
 Pair = tuple[str, str]  # (dataset, model)
@@ -295,5 +295,5 @@ def measure(groups: list[Group], load: Callable[[str], object], device: str, upd
         reports = rollout(policy, data.task, list(data.task.targets or [0.0]), 1)
         rates.append(sum(int(sum(r["lengths"])) for rs in reports for r in rs) / (time.perf_counter() - t0))
         print(f"measured the evaluation: {rates[-1]:.0f} environment steps/s", flush=True)
-    tp.eval_steps_per_s = min(rates, default=EVAL_STEPS_PER_S)
+    tp.eval_steps_per_s = min(rates, default=measured("eval_steps_per_s"))
     return tp

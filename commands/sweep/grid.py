@@ -183,8 +183,8 @@ def budget_groups(
         task = find_task(given.get("env") or ds[0])
         # the intermediate evaluations: in line they take training time; beside training on a GPU, what they cost it
         intermediate = (cfg.steps - 1) // max(1, cfg.eval_every)
-        beside = intermediate if beside_a_gpu(cfg) else 0
-        during = intermediate - beside
+        overlapped = intermediate if overlapped_on_gpu(cfg) else 0
+        during = intermediate - overlapped
         episodes = cfg.eval_episodes + during * cfg.eval_episodes_during
         targets = len(cfg.targets or (task.targets if task else ())) or 1
         limit = (task.time_limit if task else None) or 1000
@@ -200,9 +200,9 @@ def budget_groups(
                 cfg,
                 evaluations=during + 1,
                 limit=limit,
-                beside=beside,
-                beside_steps=per_episode * cfg.eval_episodes_during,
-                beside_every=cfg.eval_every,
+                overlapped=overlapped,
+                overlapped_steps=per_episode * cfg.eval_episodes_during,
+                overlapped_every=cfg.eval_every,
             )
         )
     return groups
@@ -216,9 +216,9 @@ def _precision(precision: str, device: str, d_model: int) -> str:
     return resolve_precision(precision, resolve_device(device), d_model)[0]
 
 
-def beside_a_gpu(cfg) -> bool:
+def overlapped_on_gpu(cfg) -> bool:
     """Whether ``cfg``'s intermediate evaluations run beside its training on a GPU, counted as what they cost
-    training (``commands.sweep.budget.beside_cost``; on a CPU they share the cores that train: counted in full)."""
+    training (``commands.sweep.budget.overlap_cost``; on a CPU they share the cores that train: counted in full)."""
     from dt_primal.machine import resolve_device
 
     return cfg.eval_overlap and resolve_device(cfg.device).type == "cuda"

@@ -24,11 +24,11 @@ def write_record(path: Path, record: dict) -> None:
     write_file(path, json.dumps(record, indent=1), "The run record")
 
 
-def append_point(path: Path, step: int, reports: list[dict], seconds: float, beside: bool) -> None:
+def append_point(path: Path, step: int, reports: list[dict], seconds: float, overlapped: bool) -> None:
     """One evaluation during training, as a line of ``evals.jsonl``: its step, reports, seconds and whether it
-    ran beside training."""
+    overlapped training (``--eval-overlap``)."""
     kept = [{k: v for k, v in r.items() if k not in UNKEPT} for r in reports]
-    point = {"step": step, "reports": kept, "seconds": round(seconds, 3), "beside_training": beside}
+    point = {"step": step, "reports": kept, "seconds": round(seconds, 3), "overlapped": overlapped}
     with open(path, "a") as f:
         f.write(json.dumps(point) + "\n")
 

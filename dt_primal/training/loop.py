@@ -106,7 +106,7 @@ class TrainingRun:
         self.policy = self.acting_with(self.model)
         overlap = self.cfg.eval_overlap and self.rank == 0
         kernel = self.cfg.attention_kernel
-        self.beside = OverlappedEvaluation(self.model, self.acting_with, self.device, kernel) if overlap else None
+        self.overlapped = OverlappedEvaluation(self.model, self.acting_with, self.device, kernel) if overlap else None
         self.names = [member_name(m.cfg.dataset, m.cfg.seed, len(self.parts) > 1) for m in self.members]
         self._open_records()
         if self._evaluation_missing():
@@ -228,8 +228,8 @@ class TrainingRun:
         """One training step of every member."""
         with phase("training"):
             self.train_step()
-        if self.beside is not None:
-            self.beside.pace()
+        if self.overlapped is not None:
+            self.overlapped.pace()
         self.step += 1
         self.n_log += 1
         self.bar.update(1)
@@ -302,8 +302,8 @@ class TrainingRun:
         (``--eval-overlap``; recorded by a later ``collect``), on CUDA once the step is a captured graph (no
         capture, and no eager step's process-wide TF32 switches, beside an evaluation); else here, at once."""
         self.collect()
-        if self.beside is not None and (self.train_step.graph is not None or self.device.type == "cpu"):
-            self.beside.start(self.model, self.step, self.periodic)
+        if self.overlapped is not None and (self.train_step.graph is not None or self.device.type == "cpu"):
+            self.overlapped.start(self.model, self.step, self.periodic)
             return
         self._evaluate_in_line(self.policy, self.step)
 
@@ -315,33 +315,33 @@ class TrainingRun:
 
     def _evaluate_in_line(self, policy: Policy, step: int) -> None:
         """The periodic evaluation of ``policy`` (the weights of ``step``) here, recorded at once."""
-        self.record(step, *self.periodic(policy), beside=False)
+        self.record(step, *self.periodic(policy), overlapped=False)
 
     def collect(self) -> None:
         """Record the evaluation that runs beside training, once it has ended (if one runs). Should it fail (a
         RuntimeError, such as a CUDA error of its thread), it runs again here on its copy of the weights, with a
         warning, and so do the later evaluations."""
         try:
-            done = self.beside.collect() if self.beside is not None else None
+            done = self.overlapped.collect() if self.overlapped is not None else None
         except RuntimeError as exc:
-            beside, self.beside = self.beside, None
+            failed, self.overlapped = self.overlapped, None
             warnings.warn(
                 f"an evaluation beside training failed ({type(exc).__name__}: {str(exc)[:200]}); it runs again "
                 f"in line, and so do the later ones",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            self._evaluate_in_line(beside.policy, beside.step)
+            self._evaluate_in_line(failed.policy, failed.step)
             return
         if done is not None:
-            self.record(*done, beside=True)
+            self.record(*done, overlapped=True)
 
-    def record(self, step: int, per_member: list[list[dict]], seconds: float, beside: bool) -> None:
+    def record(self, step: int, per_member: list[list[dict]], seconds: float, overlapped: bool) -> None:
         """An evaluation's scores to TensorBoard, evals.jsonl (with its seconds and whether it ran beside
         training) and the progress bar."""
         for writer, path, reports in zip(self.writers, self.curves, per_member):
             log_scores(writer, reports, step)
-            append_point(path, step, reports, seconds, beside)
+            append_point(path, step, reports, seconds, overlapped)
         self.bar.write(
             f"step {step}: "
             + "; ".join(

@@ -3,8 +3,8 @@ and beside the training step of the same members replaying, with training held t
 on the device (``OverlappedEvaluation.pace``) and without that limit; and training's updates/s meanwhile
 against its updates/s alone.
 
-  python -m bench.eval_beside --device cuda --json beside.json    # 9 members, 180 episodes of 200 steps
-  python -m bench.eval_beside --quick                              # smoke check on a CPU, < 1 min
+  python -m bench.eval_overlap --device cuda --json overlap.json    # 9 members, 180 episodes of 200 steps
+  python -m bench.eval_overlap --quick                              # smoke check on a CPU, < 1 min
 
 The pieces are the product's: ``TrainStep`` (``fresh_step``; captured, paper size, bf16 on CUDA; options after
 ``--`` as train.py's, e.g. ``-- --compile --attention-kernel math``), ``OverlappedEvaluation`` and ``rollout``
@@ -32,7 +32,7 @@ from dt_primal.training.step import WARMUP_CALLS
 from dt_primal.training.throughput import fresh_step, time_updates
 from envs import TASKS
 
-MODES = {"alone": None, "beside": None, "beside, paced": RUN_AHEAD}
+MODES = {"alone": None, "overlapped": None, "overlapped, paced": RUN_AHEAD}
 
 
 def setting(args, options: list[str]):
@@ -64,21 +64,21 @@ def evaluation(args):
     return evaluate
 
 
-def measure_mode(mode: str, cfg, step, beside: OverlappedEvaluation, evaluate) -> dict:
+def measure_mode(mode: str, cfg, step, overlapped: OverlappedEvaluation, evaluate) -> dict:
     """One evaluation ``mode``: its seconds, and training's updates/s meanwhile (None alone)."""
-    beside.run_ahead = MODES[mode]
-    beside.start(step.model, 0, evaluate)
+    overlapped.run_ahead = MODES[mode]
+    overlapped.start(step.model, 0, evaluate)
     updates, t0 = 0, time.perf_counter()
-    while mode != "alone" and beside.thread.is_alive():
+    while mode != "alone" and overlapped.thread.is_alive():
         step()
-        beside.pace()
+        overlapped.pace()
         updates += 1
         if updates % cfg.log_every == 0:
             step.sums.cpu()  # the loop's log: its one wait on the device
     if step.step.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    _, _, seconds = beside.collect()
+    _, _, seconds = overlapped.collect()
     return {"mode": mode, "evaluation_s": seconds, "updates_per_s": updates / elapsed if updates else None}
 
 
@@ -96,10 +96,11 @@ def main() -> None:
     if args.from_json:
         doc = json.loads(args.from_json.read_text())
     else:
-        cfg, step, beside = setting(args, options)
+        cfg, step, overlapped = setting(args, options)
         evaluate = evaluation(args)
         alone = time_updates(step, 0, 20 if args.quick else 200)["updates_per_s"]
-        records = [dict(measure_mode(mode, cfg, step, beside, evaluate), alone_updates_per_s=alone) for mode in MODES]
+        measure = lambda mode: measure_mode(mode, cfg, step, overlapped, evaluate)
+        records = [dict(measure(mode), alone_updates_per_s=alone) for mode in MODES]
         for r in records:
             print(json.dumps(r), flush=True)
         size = "the DT paper's size" if args.quick else "the paper's size"
@@ -132,7 +133,7 @@ def section(doc: dict, quick: bool) -> None:
             common.md_table(header, rows),
         ]
     )
-    common.write_measured_section("eval_beside", "Evaluation beside training", body, quick, doc)
+    common.write_measured_section("eval_overlap", "Evaluation overlapping training", body, quick, doc)
 
 
 if __name__ == "__main__":
