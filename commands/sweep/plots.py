@@ -58,9 +58,7 @@ def plot_bars(rows: list[dict], out: Path) -> None:
                 label=lab,
             )
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))])
-        ax.set_xticklabels(
-            [d.split("/")[-2] + "\n" + d.split("/")[-1] if d.count("/") >= 2 else d for d in datasets], fontsize=8
-        )
+        ax.set_xticklabels([short(d).replace("/", "\n") for d in datasets], fontsize=8)
         ax.set_title(["high target", "low target"][ti] if n_t == 2 else f"target {ti + 1}")
         ax.set_ylabel(f"{y_label(rows)} (last checkpoint)")
         ax.legend(fontsize=8)

@@ -17,6 +17,7 @@ from dt_primal.files.writing import write_file
 
 
 def short(dataset: str) -> str:
+    """A dataset as tables and plots name it: task/level, without a first version's -v0."""
     return "/".join(dataset.split("/")[-2:]).removesuffix("-v0") if dataset.count("/") >= 2 else dataset
 
 
