@@ -448,7 +448,7 @@ def _collect(task: Task, level: str, version: int, steps: int, seed: int, proces
 def medium_score(task: Task, version: int) -> float:
     """The score at which learner ``version`` of ``task`` exported its medium policy (its ``learner.json``)."""
     path = POLICY_DIR / task.name / f"learner{learner_suffix(version)}.json"
-    with contextlib.suppress(OSError, ValueError, TypeError):
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # the first learners' lack it
         return float(json.loads(path.read_text())["medium_score"])
     return MEDIUM_SCORE
 

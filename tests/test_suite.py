@@ -45,6 +45,8 @@ def policies(tmp_path_factory):
         torch.save({**GaussianActor(11, 3, (16,)).export(), "meta": meta}, folder / name)
     rng = np.random.default_rng(0)
     eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
+    (folder / "learner.json").write_text(json.dumps({"task": "hopper"}))  # the first learners' has no medium score
+    (folder / "learner-v1.json").write_text(json.dumps({"task": "hopper", "medium_score": 60.0}))
     buffer = as_buffer(eps)
     save_transitions(folder / "medium_replay.npz", buffer)
     save_transitions(folder / "medium_replay-v1.npz", half_observations({**buffer, "actions": -buffer["actions"]}))
@@ -152,6 +154,15 @@ def test_a_newer_learners_medium_replay_is_its_own_buffer_read_at_half_precision
     assert new.observations.dtype == np.float32
     np.testing.assert_allclose(new.observations, old.observations, rtol=2**-11, atol=1e-7)
     assert not np.array_equal(new.observations, old.observations)  # rounded, as stored
+
+
+def test_a_medium_datasets_description_gives_its_learners_medium_score(policies):
+    import minari
+
+    for version, score in ((0, "40.0"), (1, "60.0")):
+        suite.build(HOPPER, "medium", steps=STEPS, version=version)
+        description = minari.load_dataset(f"dt-primal/hopper/medium-v{version}").storage.metadata["description"]
+        assert f"reached a normalised score of {score}," in description
 
 
 def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, monkeypatch, tmp_path):
