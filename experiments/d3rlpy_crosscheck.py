@@ -25,7 +25,7 @@ scaler, timesteps counted from 1 as its trajectory slicer and wrapper count them
 the action is the model's output at the newest step (its eval mode drops the newest action token).
 The evaluation passes raw observations and raw returns-to-go (state mean 0, std 1, reward scale 1), so
 d3rlpy's own preprocessing is the only one. ``D3rlpyPolicies`` gives several trained algos the
-interface ``rollout`` takes of dt-primal's model. tests/test_baseline.py checks the adapter against
+interface ``rollout`` takes of dt-primal's model. tests/commands/test_baseline.py checks the adapter against
 d3rlpy's ``predict`` and its stateful wrapper.
 
 Where d3rlpy's DT differs from dt-primal's at the same settings (printed by ``train`` too):

@@ -6,7 +6,7 @@ the probability of improvement P(X > Y) of one model over another; and performan
 
 The bootstrap is ``scipy.stats.bootstrap`` (percentile intervals, as ``rliable``'s default), seeded, so
 that a page made from the same records is the same page. ``rliable`` itself is not used: its dependency
-``arch`` fails on import with pandas 3; ``tests/test_intervals.py`` checks these numbers against
+``arch`` fails on import with pandas 3; ``tests/dt_primal/evaluation/test_intervals.py`` checks these numbers against
 ``rliable``'s on the same scores. Scores are normalised (0 random, 100 expert); ``scores`` is one array
 of seed scores per dataset. Reading records with these functions loads no torch.
 """

@@ -17,7 +17,7 @@ from dt_primal.evaluation.reports import aggregate, markdown, report
 from dt_primal.training.checks import check_run_inputs
 from envs import TASKS, derived_targets, task_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = [*TINY, "--steps", "20", "--warmup-steps", "5", "--batch-size", "8", "--eval-every", "1000"]
 RUN += ["--eval-episodes", "2"]
 

@@ -2,7 +2,7 @@
 UserError, which the commands print with status 2); never another exception, a hang, or much memory.
 
 Run as a script (one kind, in a fresh process, so that its peak memory is its own):
-  python tests/test_mutations.py KIND COUNT SEED FOLDER   ->  one JSON line of counts
+  python tests/dt_primal/files/test_mutations.py KIND COUNT SEED FOLDER   ->  one JSON line of counts
 """
 
 import copy
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 KINDS = ("checkpoint", "views", "hdf5", "pickle", "minari", "arrow", "archive", "headers", "records", "video", "onnx")
 STRUCTURE_ONLY = ("video",)  # kinds whose corruption is what lies at a name, not a file's bytes
 COUNT = 200  # corruptions per kind, half of them byte-level, half structure-level

@@ -17,7 +17,7 @@ from datasets.rollout import collect, collect_rows, merge
 from datasets.transitions import half_observations, load_transitions, save_transitions
 from envs import TASKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HOPPER = TASKS["hopper"]
 STEPS = 300
