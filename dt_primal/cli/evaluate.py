@@ -91,10 +91,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def evaluate_command(argv: list[str]) -> None:
+def evaluate_command(argv: list[str]) -> tuple[dict, Task]:
     """``evaluate.py argv``: load and check the checkpoints (or exported policies), evaluate each group of one
-    architecture as one ensemble, write the report and print it. Bad input raises UserError; run it under
-    ``dt_primal.cli.run_main`` for the command line's messages and exit statuses."""
+    architecture as one ensemble, write the report and print it; the report and the task it scored on. Bad input
+    raises UserError; run it under ``dt_primal.cli.run_main`` for the command line's messages and exit statuses."""
     args = parser().parse_args(argv)
     check_evaluate_args(args)
     given = overrides(args)
@@ -167,3 +167,4 @@ def evaluate_command(argv: list[str]) -> None:
     print(markdown(summary))
     for r in summary["across_checkpoints"]:
         print(f"target {target_text(r['target'])}: normalised score {across_text(r)}")
+    return summary, task

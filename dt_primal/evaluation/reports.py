@@ -140,8 +140,8 @@ def headline(report: dict) -> str:
 
 
 def aggregate(results: list[dict]) -> dict:
-    """Per-checkpoint results plus, per target, the mean ± std (ddof 0) across checkpoints (seeds)
-    of each checkpoint's mean return and mean normalised score, with the 95 % bootstrap interval of
+    """Per-checkpoint results plus, per target, the mean ± std (ddof 0) across the checkpoints (seeds) evaluated at
+    it of each checkpoint's mean return and mean normalised score, with the 95 % bootstrap interval of
     each mean over the checkpoints (``dt_primal.evaluation.intervals``; None for one checkpoint)."""
     from dt_primal.evaluation.intervals import interval
 
@@ -149,14 +149,13 @@ def aggregate(results: list[dict]) -> dict:
         e = interval(values)
         return None if e.low is None else [e.low, e.high]
 
-    targets = [r["target"] for r in results[0]["targets"]]
-    if any([r["target"] for r in res["targets"]] != targets for res in results):
-        raise ValueError("the checkpoints were evaluated on different targets")
+    targets = list(dict.fromkeys(r["target"] for res in results for r in res["targets"]))
     across = []
-    for i, target in enumerate(targets):
-        norm = [res["targets"][i]["normalized_mean"] for res in results]
+    for target in targets:  # over the checkpoints evaluated at it (BC's: at none)
+        at = [r for res in results for r in res["targets"] if r["target"] == target]
+        norm = [r["normalized_mean"] for r in at]
         norm = None if None in norm else mean_std(norm)
-        ret = mean_std([res["targets"][i]["return_mean"] for res in results])
+        ret = mean_std([r["return_mean"] for r in at])
         across.append(
             {
                 "target": target,
@@ -166,8 +165,8 @@ def aggregate(results: list[dict]) -> dict:
                 "normalized_mean": None if norm is None else norm["mean"],
                 "normalized_std": None if norm is None else norm["std"],
                 "normalized_interval": None if norm is None else bounds(norm["seeds"]),
-                "episodes": int(sum(res["targets"][i]["episodes"] for res in results)),
-                "checkpoints": len(results),
+                "episodes": int(sum(r["episodes"] for r in at)),
+                "checkpoints": len(at),
             }
         )
     return {"checkpoints": results, "across_checkpoints": across}
