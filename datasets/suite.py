@@ -133,10 +133,11 @@ def policy_file(task: Task, name: str) -> Path:
         return path
     newest = {f for level in LEVELS for f in source_files(level, VERSIONS[level][task.name])}
     if name not in newest:  # an older version's file, no longer in the tree
+        rel = f"datasets/policies/{task.name}/{name}"
         raise UserError(
-            f"{path} is missing: it belongs to an older version, which left the tree. `git log -- datasets/"
-            f"policies/{task.name}/{name}` names the commits that hold it; restore it with `git show COMMIT:"
-            f"datasets/policies/{task.name}/{name} > datasets/policies/{task.name}/{name}`."
+            f"{path} is missing: it belongs to an older version, which left the tree. In a clone of the repository, "
+            f"restore it from the commit before the one that removed it: `git show $(git log -1 --format=%h -- "
+            f"{rel})~1:{rel} > {rel}`."
         )
     raise UserError(
         f"{path} is missing: the {task.name} behaviour learner has not exported it yet. Train it with "

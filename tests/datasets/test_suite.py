@@ -171,8 +171,9 @@ def test_an_expert_missing_from_the_checkout_says_where_to_find_it(policies, mon
     monkeypatch.setattr(suite, "POLICY_DIR", tmp_path)
     with pytest.raises(
         UserError,
-        match=r"expert-v0.pt is missing: it belongs to an older version, which left the tree. `git log -- "
-        r"datasets/policies/hopper/expert-v0.pt`",
+        match=r"expert-v0.pt is missing: it belongs to an older version, which left the tree. .* `git show "
+        r"\$\(git log -1 --format=%h -- datasets/policies/hopper/expert-v0.pt\)~1:datasets/policies/hopper/"
+        r"expert-v0.pt > datasets/policies/hopper/expert-v0.pt`",
     ):
         suite.build(HOPPER, "expert", steps=STEPS, version=0)
     import shutil
