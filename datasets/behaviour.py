@@ -168,9 +168,13 @@ def adopt_learner(task: Task, source: Path, version: int, policy_dir: Path = POL
     targets = [policy_dir / task.name / name for name in names]
     if version < 1 or any(t.exists() for t in targets):
         raise UserError(f"Learner version {version} of {task.name} exists or is not a new version (1 or more).")
-    write_file(targets[0], (source / "medium.pt").read_bytes(), "The medium policy")
+    try:  # everything read and converted before anything is written
+        policy = (source / "medium.pt").read_bytes()
+        buffer = half_observations(load_transitions(source / "medium_replay.npz"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{source} holds no usable medium exports: {exc}") from None
+    write_file(targets[0], policy, "The medium policy")
     write_file(targets[1], json.dumps(progress, indent=1), "The learner's history")
-    buffer = half_observations(load_transitions(source / "medium_replay.npz"))
     write_file(targets[2], lambda f: save_transitions(f, buffer), "The replay buffer")
     return targets
 

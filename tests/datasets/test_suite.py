@@ -549,6 +549,10 @@ def test_adopt_copies_a_learners_medium_exports_as_a_new_version_once(policies, 
         adopt_learner(HOPPER, learner, 1, out)
     with pytest.raises(UserError, match="holds no walker2d learner that reached medium level"):
         adopt_learner(TASKS["walker2d"], learner, 2, out)
+    (learner / "medium_replay.npz").unlink()
+    with pytest.raises(UserError, match="holds no usable medium exports"):
+        adopt_learner(HOPPER, learner, 2, out)
+    assert not list((out / "hopper").glob("*-v2*"))  # nothing written
     (learner / "learner.json").write_text("{")
     with pytest.raises(UserError, match="cannot be read as a learner's history"):
         adopt_learner(HOPPER, learner, 2, out)
