@@ -139,7 +139,8 @@ def model_curves(runs: list[dict], norm_best: float | None) -> list[dict]:
         ]
         if norm_best is not None and key == "normalized" and targets[0] is not None:
             numbers = [run["summary"] for run in members]
-            curve["summary"] = {k: estimate([n[k] for n in numbers if n[k] is not None]) for k in numbers[0]}
+            known = {k: [n[k] for n in numbers if n[k] is not None] for k in numbers[0]}
+            curve["summary"] = {k: estimate(v) if v else None for k, v in known.items()}
         curves.append(curve)
     return curves
 

@@ -77,3 +77,15 @@ def test_an_unusable_target_list_is_refused(runs, tmp_path, capsys, monkeypatch,
     argv = [str(checkpoints[-1]), "--out", str(tmp_path / "c"), *dataset, *options]
     assert_refused(*exit_of(lambda: conditioning.main(argv), capsys), phrase)
     assert not (tmp_path / "c" / "conditioning.json").exists()
+
+
+def test_targets_all_past_the_datas_best_leave_the_tracking_gap_undefined(runs, tmp_path, monkeypatch):
+    checkpoints, data, home = runs
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(home))
+    out = tmp_path / "past"
+    argv = [*map(str, checkpoints[:2]), "--dataset", DATASET, "--targets", "1e6", "2e6", "--episodes", "1"]
+    conditioning.main([*argv, "--out", str(out)])
+    record = json.loads((out / "conditioning.json").read_text())
+    assert [r["summary"]["tracking_gap"] for r in record["runs"]] == [None, None]
+    [dt] = record["models"]
+    assert dt["summary"]["tracking_gap"] is None and np.isfinite(dt["summary"]["beyond_best"]["mean"])
