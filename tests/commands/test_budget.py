@@ -240,3 +240,22 @@ def test_a_budgeted_sweep_starts_what_fits_names_what_does_not_and_skips_committ
     assert all((run_dir(out, str(data), "dt", s) / "eval.json").exists() for s in (0, 1))
     assert not group_dir(out, str(data), "primal").exists()
     assert not group_dir(out, str(done), "dt").exists()  # recorded: nothing to train
+
+
+def test_the_budgets_measured_figures_come_from_their_file_and_a_damaged_one_is_a_message(tmp_path, monkeypatch):
+    import json
+
+    from commands.sweep import budget
+    from dt_primal.errors import UserError
+
+    figures = json.loads(budget.MEASURED.read_text())
+    assert budget.measured("overlap_training_loss") == figures["overlap_training_loss"]["value"]
+    assert all(figures[k]["source"] for k in ("eval_steps_per_s", "overlap_slowdown", "overlap_training_loss"))
+    (tmp_path / "figures.json").write_text('{"overlap_slowdown": {}}')
+    monkeypatch.setattr(budget, "MEASURED", tmp_path / "figures.json")
+    budget.measured.cache_clear()
+    try:
+        with pytest.raises(UserError, match="lacks a readable 'overlap_slowdown'"):
+            budget.measured("overlap_slowdown")
+    finally:
+        budget.measured.cache_clear()
