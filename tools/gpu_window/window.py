@@ -43,7 +43,11 @@ EVAL_EPISODES = ["60", "600", "1800"]  # a 3-member group's intermediate and fin
 MEMBERS = [3, 6, 9]  # member counts measured (a group is a task's datasets x 3 seeds): far from linear in them
 DT_MEMBERS = [3, 9]  # the DT model's own step (the sweep's budget takes Primal.+DT's rate where DT's is missing)
 # the captured step's, acting's and the evaluations beside training's CUDA tests
-CUDA_TESTS = ["tests/dt_primal/training/test_ensemble.py", "tests/dt_primal/evaluation/test_policy.py", "tests/dt_primal/training/test_train.py"]
+CUDA_TESTS = [
+    "tests/dt_primal/training/test_ensemble.py",
+    "tests/dt_primal/evaluation/test_policy.py",
+    "tests/dt_primal/training/test_train.py",
+]
 PACK_EVERY = 20.0
 MARGIN = 25.0  # seconds before the window's end when training stops: the runs' checkpoints, the last pack
 ENGINE = """import json, torch
