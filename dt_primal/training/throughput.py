@@ -15,7 +15,7 @@ from dt_primal.data import Trajectories
 from dt_primal.training.ensemble import fresh_model
 from dt_primal.training.step import TrainStep
 
-ENGINE = ("training/step.py", "model", "data.py", "precision.py")  # under dt_primal/: what makes the step
+ENGINE = ("training/step.py", "model", "data.py", "precision.py", "machine.py")  # under dt_primal/: what makes the step
 
 
 @functools.cache
