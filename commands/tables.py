@@ -46,6 +46,7 @@ DT_OWN = {k: r["dt_own"] for k, r in PUBLISHED["rows"].items()}
 PAPER_SEEDS, PAPER_GAIN = PUBLISHED["seeds"], PUBLISHED["gain"]
 BASELINES = PUBLISHED["baselines"]["rows"]  # BC, 10 %BC and DT as the DT paper, CORL and the IQL paper report them
 YARDSTICK = "results/yardstick"  # our BC (bc/) and 10 %BC (bc10/), full protocol
+CONDITIONING = "results/conditioning"  # python -m commands.conditioning's records, one folder per dataset
 SLACK = 5.0  # points a score may fall below the published range and still count as in it
 COMPARISONS = json.loads((ROOT / "results" / "comparisons.json").read_text())["sections"]
 ORDER = [
@@ -467,9 +468,34 @@ def yardstick_new_versions() -> str:
     )
 
 
+def conditioning() -> str:
+    """Per dataset and model, the conditioning curve's two numbers (docs/method.md, "Return conditioning") from
+    the committed ``conditioning.json`` records, mean over seeds [95 % interval], and BC's score."""
+    rows = []
+    for path in sorted((ROOT / CONDITIONING).glob("*/conditioning.json")):
+        record = json.loads(path.read_text())
+        data = record["data"]
+        best, median = data["best_normalized"], data["median_normalized"]
+        name = f"{short(data['dataset'])} (best episode {best:.1f}, median {median:.1f})"
+        for m in record["models"]:
+            numbers = m.get("summary")
+            gap, beyond = (_estimate_text(numbers[k]) if numbers else "–" for k in ("tracking_gap", "beyond_best"))
+            flat = "–" if numbers else _estimate_text(m["points"][0][m["scale"]])
+            rows.append([name, m["model"], len(m["seeds"]), gap, beyond, flat])
+    head = ["dataset", "model", "seeds", "tracking gap", "beyond the best", "score (ignores the target)"]
+    return table(head, rows) if rows else f"No records in `{CONDITIONING}` yet."
+
+
+def _estimate_text(e: dict | None) -> str:
+    if e is None:
+        return "–"
+    return f"{e['mean']:.1f}" + ("" if e["interval"] is None else f" [{e['interval'][0]:.1f}, {e['interval'][1]:.1f}]")
+
+
 SECTIONS = {
     "yardstick": yardstick,
     "yardstick-new": yardstick_new_versions,
+    "conditioning": conditioning,
     "table4": table4_sections,
     "table4-full": lambda: table4(ROOT / FULL),
     "ablation": ablation,
