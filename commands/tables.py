@@ -27,7 +27,9 @@ from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interva
 from datasets.suite import VERSIONS, suite_id
 from dt_primal.cli import command_parser, run_main
 from dt_primal.config import ADDED_LATER, Config
+from dt_primal.evaluation.intervals import Estimate
 from dt_primal.evaluation.reports import pm, table
+from dt_primal.files.reading import read_json
 from dt_primal.files.records import read_record
 from dt_primal.files.run_folder import DATASET_RECORD, RECORD, run_dir, seed_folder
 from dt_primal.training.resume import recorded_dataset
@@ -473,7 +475,7 @@ def conditioning() -> str:
     the committed ``conditioning.json`` records, mean over seeds [95 % interval], and BC's score."""
     rows = []
     for path in sorted((ROOT / CONDITIONING).glob("*/conditioning.json")):
-        record = json.loads(path.read_text())
+        record = read_json(path, "The conditioning record", "Make it again with python -m commands.conditioning.")
         data = record["data"]
         best, median = data["best_normalized"], data["median_normalized"]
         name = f"{short(data['dataset'])} (best episode {best:.1f}, median {median:.1f})"
@@ -487,9 +489,8 @@ def conditioning() -> str:
 
 
 def _estimate_text(e: dict | None) -> str:
-    if e is None:
-        return "–"
-    return f"{e['mean']:.1f}" + ("" if e["interval"] is None else f" [{e['interval'][0]:.1f}, {e['interval'][1]:.1f}]")
+    """A record's {"mean", "interval"} as every table writes an estimate (``Estimate.text``)."""
+    return "–" if e is None else Estimate(e["mean"], *(e["interval"] or (None, None))).text()
 
 
 SECTIONS = {
