@@ -29,6 +29,7 @@ from torch import nn
 from datasets.rollout import collect
 from datasets.transitions import half_observations, load_transitions, save_transitions
 from dt_primal.errors import UserError
+from dt_primal.files.reading import read_json
 from dt_primal.files.writing import write_file
 from envs import Task
 
@@ -158,10 +159,8 @@ def adopt_learner(task: Task, source: Path, version: int, policy_dir: Path = POL
     """Commit-ready copies of a learner's medium exports (``train-policy --until-medium --policy-dir``) as the
     files of learner ``version`` of ``task``: its medium policy, its replay buffer with half-precision
     observations (``half_observations``) and its history; never over an existing version."""
-    try:
-        progress = json.loads((source / "learner.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{source / 'learner.json'} cannot be read as a learner's history: {exc}") from None
+    remedy = "It cannot be read as a learner's history: point --learner at the folder train-policy exported into."
+    progress = read_json(source / "learner.json", "The learner's history", remedy)
     if not isinstance(progress, dict) or progress.get("task") != task.name or progress.get("medium_step") is None:
         raise UserError(f"{source} holds no {task.name} learner that reached medium level (its learner.json).")
     names = [f"{stem}{learner_suffix(version)}.{ext}" for stem, ext in LEARNER_FILES]
