@@ -10,18 +10,24 @@ if __name__ == "__main__":
 
 from pathlib import Path
 
-from datasets.behaviour import LEARNING_RATE
+from datasets.behaviour import LEARNING_RATE, POLICY_DIR
 from datasets.suite import FULL_STEPS, LEVELS, build_at_once, build_id, buildable, suite_id, versions_text
-from dt_primal.cli import command_parser, run_main
+from dt_primal.cli import command_parser, run_main, subcommand
 from dt_primal.errors import UserError
 from envs import TASKS
 
 
 def add_train_policy(sub) -> None:
     """``train-policy``: a task's behaviour learner."""
-    t = sub.add_parser("train-policy", allow_abbrev=False, help="train (or resume) the behaviour learner of one task")
+    t = subcommand(sub, "train-policy", "train (or resume) the behaviour learner of one task")
     t.add_argument("--env", choices=list(TASKS), required=True)
-    t.add_argument("--steps", type=int, default=3_000_000, help="learner steps in all (it stops earlier at its expert)")
+    t.add_argument(
+        "--steps",
+        dest="total_steps",
+        type=int,
+        default=3_000_000,
+        help="learner steps in all (it stops earlier at its expert)",
+    )
     t.add_argument("--eval-every", type=int, default=20_000)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
@@ -33,7 +39,7 @@ def add_train_policy(sub) -> None:
     t.add_argument(
         "--policy-dir",
         type=Path,
-        default=None,
+        default=POLICY_DIR,
         help="where its exports, history and snapshot go (default datasets/policies, committed)",
     )
     t.add_argument(
@@ -56,10 +62,10 @@ def add_train_policy(sub) -> None:
 
 def add_adopt(sub) -> None:
     """``adopt``: a learner's medium exports as the committed files of a new learner version."""
-    a = sub.add_parser(
+    a = subcommand(
+        sub,
         "adopt",
-        allow_abbrev=False,
-        help="copy a learner's medium exports (train-policy --until-medium --policy-dir DIR) into "
+        "copy a learner's medium exports (train-policy --until-medium --policy-dir DIR) into "
         "datasets/policies as learner version N: medium-vN.pt, medium_replay-vN.npz (half-precision "
         "observations), learner-vN.json",
     )
@@ -70,9 +76,7 @@ def add_adopt(sub) -> None:
 
 def add_build(sub) -> None:
     """``build``: suite datasets as Minari datasets."""
-    b = sub.add_parser(
-        "build", allow_abbrev=False, help="build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets"
-    )
+    b = subcommand(sub, "build", "build suite datasets dt-primal/<env>/<level>-v<N> as Minari datasets")
     b.add_argument(
         "--env",
         choices=[*TASKS, "all"],
@@ -113,10 +117,10 @@ def add_build(sub) -> None:
 
 def add_stats(sub) -> None:
     """``stats``: the built datasets and the behaviour policies, beside D4RL's."""
-    s = sub.add_parser(
+    s = subcommand(
+        sub,
         "stats",
-        allow_abbrev=False,
-        help="print and write docs/datasets.md: the built datasets and the behaviour policies",
+        "print and write docs/datasets.md: the built datasets and the behaviour policies",
     )
     s.add_argument("--out", type=Path, default=Path("docs/datasets.md"))
     s.add_argument(
@@ -136,10 +140,10 @@ def add_stats(sub) -> None:
 
 def add_combine(sub) -> None:
     """``combine``: one Minari dataset from the episodes of several."""
-    c = sub.add_parser(
+    c = subcommand(
+        sub,
         "combine",
-        allow_abbrev=False,
-        help="one Minari dataset from the episodes of several, e.g. a D4RL-style medium-expert "
+        "one Minari dataset from the episodes of several, e.g. a D4RL-style medium-expert "
         "of Minari's hosted medium-v0 and expert-v0",
     )
     c.add_argument(
@@ -190,18 +194,8 @@ def main(argv=None) -> None:
 
         if not 0 < args.learning_rate < 1:
             raise UserError(f"--learning-rate must lie between 0 and 1, not {args.learning_rate}")
-        train_behaviour(
-            TASKS[args.env],
-            args.work_dir or Path("runs/behaviour") / args.env,
-            total_steps=args.steps,
-            eval_every=args.eval_every,
-            seed=args.seed,
-            algo=args.algo,
-            medium_score=args.medium_score,
-            until_medium=args.until_medium,
-            learning_rate=args.learning_rate,
-            **({"policy_dir": args.policy_dir} if args.policy_dir else {}),
-        )
+        learner = {k: v for k, v in vars(args).items() if k not in ("cmd", "env", "work_dir")}
+        train_behaviour(TASKS[args.env], args.work_dir or Path("runs/behaviour") / args.env, **learner)
 
 
 if __name__ == "__main__":

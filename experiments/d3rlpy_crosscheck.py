@@ -76,7 +76,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from dt_primal.cli import command_parser  # noqa: E402
+from dt_primal.cli import command_parser, subcommand  # noqa: E402
 
 MODEL = "d3rlpy-dt"  # the "model" folder name of d3rlpy's runs: OUT/<dataset slug>/d3rlpy-dt/seed_N
 D3RLPY_LABEL = "d3rlpy DT (DT paper's settings, fp32)"
@@ -479,9 +479,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = command_parser(__doc__, prog="experiments/d3rlpy_crosscheck.py")
     sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser(
-        "train", allow_abbrev=False, help="train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation"
-    )
+    t = subcommand(sub, "train", "train d3rlpy's DT per seed and evaluate it with dt-primal's evaluation")
     from dt_primal.config import PRESETS, add_config_args
 
     t.add_argument("--preset", choices=list(PRESETS), default="dt-paper", help="dt-primal's preset (default dt-paper)")
@@ -521,9 +519,7 @@ def main(argv: list[str] | None = None) -> None:
         default=Path("runs/d3rlpy-crosscheck"),
         help="runs go to OUT/<dataset slug>/d3rlpy-dt/seed_N, as the sweep lays out its runs",
     )
-    r = sub.add_parser(
-        "report", allow_abbrev=False, help="per dataset: both implementations' scores, and the gap in standard errors"
-    )
+    r = subcommand(sub, "report", "per dataset: both implementations' scores, and the gap in standard errors")
     r.add_argument("--d3rlpy", type=Path, required=True, help="the train command's --out")
     r.add_argument(
         "--dt-primal",

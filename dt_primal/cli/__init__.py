@@ -22,6 +22,11 @@ def command_parser(description: str, prog: str | None = None) -> argparse.Argume
     )
 
 
+def subcommand(subparsers, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand's parser (``subparsers`` from ``add_subparsers``), with no abbreviated options either."""
+    return subparsers.add_parser(name, allow_abbrev=False, help=help)
+
+
 def split_train_options(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
     """A command's own arguments, and the train.py options given after ``--`` (``sys.argv`` by default)."""
     argv = sys.argv[1:] if argv is None else argv

@@ -585,6 +585,47 @@ def test_a_build_needs_at_least_one_process():
         main(["build", "--env", "hopper", "--level", "random", "--steps", "10", "--processes", "0"])
 
 
+def test_train_policy_hands_each_option_to_the_learner(monkeypatch, tmp_path):
+    """Every ``train-policy`` option reaches ``train_behaviour`` under its own name; a learning rate outside
+    (0, 1) is refused before any learner starts."""
+    import datasets.behaviour as behaviour
+    from datasets.__main__ import main
+    from dt_primal.errors import UserError
+
+    calls = []
+    monkeypatch.setattr(behaviour, "train_behaviour", lambda task, work, **kw: calls.append((task, work, kw)))
+    main(["train-policy", "--env", "hopper", "--steps", "7", "--seed", "3", "--policy-dir", str(tmp_path)])
+    main(["train-policy", "--env", "walker2d", "--work-dir", str(tmp_path / "w"), "--algo", "TQC", "--until-medium"])
+    (task, work, kw), (task2, work2, kw2) = calls
+    assert (task.name, work, kw["total_steps"], kw["seed"], kw["policy_dir"]) == (
+        "hopper",
+        Path("runs/behaviour/hopper"),
+        7,
+        3,
+        tmp_path,
+    )
+    assert (task2.name, work2, kw2["algo"], kw2["until_medium"], kw2["policy_dir"]) == (
+        "walker2d",
+        tmp_path / "w",
+        "TQC",
+        True,
+        behaviour.POLICY_DIR,
+    )
+    assert set(kw) == {
+        "total_steps",
+        "eval_every",
+        "seed",
+        "policy_dir",
+        "algo",
+        "medium_score",
+        "until_medium",
+        "learning_rate",
+    }
+    with pytest.raises(UserError, match="--learning-rate must lie between 0 and 1"):
+        main(["train-policy", "--env", "hopper", "--learning-rate", "2"])
+    assert len(calls) == 2
+
+
 def test_stats_reads_its_page_and_build_records_as_untrusted_files(tmp_path, monkeypatch):
     """``datasets stats`` refuses a FIFO or a device as its page before measuring anything, and reads a build's
     record as any record: a FIFO, a link to a device or a string where a number belongs is no hang and no
