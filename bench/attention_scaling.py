@@ -225,10 +225,7 @@ def main() -> None:
     p.add_argument("--s", type=int, default=64)
     p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS))
     p.add_argument(
-        "--max-attention-gib",
-        type=float,
-        default=1.0,
-        help="skip the softmax math path where one L x L attention tensor would exceed this (it keeps several)",
+        "--max-attention-gib", type=float, default=1.0, help="skip softmax math past one L x L tensor this big"
     )
     p.add_argument("--budget", type=float, default=15.0, help="seconds of timed runs per point (3 to 10 runs)")
     p.add_argument("--fit-from", type=int, default=480, help="fit the slopes on lengths >= this")

@@ -22,9 +22,9 @@ import bench.common as common  # sets OMP_WAIT_POLICY before torch loads
 
 import torch
 
-from bench.step_variants import add_setting_options, variant_config
+from bench.step_variants import setting_parser, variant_config
 from datasets.loaders import load_dataset
-from dt_primal.cli import command_parser, split_train_options
+from dt_primal.cli import split_train_options
 from dt_primal.evaluation.policy import Policy
 from dt_primal.evaluation.rollout import rollout
 from dt_primal.training.overlapped_eval import RUN_AHEAD, OverlappedEvaluation
@@ -83,13 +83,12 @@ def measure_mode(mode: str, cfg, step, overlapped: OverlappedEvaluation, evaluat
 
 
 def main() -> None:
-    own, options = split_train_options()
-    p = command_parser(__doc__)
-    add_setting_options(p)
+    p = setting_parser(__doc__)
     p.add_argument("--episodes", type=int, default=180, help="episodes of all members at once")
     p.add_argument("--steps", type=int, default=200, help="steps of every episode")
     common.add_json_options(p)
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 4 episodes")
+    own, options = split_train_options()
     args = p.parse_args(own)
     if args.quick:
         args.members, args.episodes, args.steps = 2, 4, 30

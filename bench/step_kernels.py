@@ -29,9 +29,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.step_variants import add_setting_options, variant_config
+from bench.step_variants import setting_parser, variant_config
 from datasets.loaders import load_dataset
-from dt_primal.cli import command_parser, split_train_options
+from dt_primal.cli import split_train_options
 from dt_primal.config import Config
 from dt_primal.training.step import step_mode
 from dt_primal.training.throughput import engine_hash, fresh_step
@@ -169,9 +169,7 @@ def report(r: dict) -> str:
 
 
 def main() -> None:
-    own, options = split_train_options()
-    p = command_parser(__doc__)
-    add_setting_options(p)
+    p = setting_parser(__doc__)
     p.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation happens there)")
     p.add_argument("--updates", type=int, default=5, help="profiled updates")
     p.add_argument(
@@ -182,6 +180,7 @@ def main() -> None:
     )
     common.add_json_options(p, "the profile")
     p.add_argument("--quick", action="store_true", help="smoke check: DT-paper size, 2 members, 2 updates")
+    own, options = split_train_options()
     args = p.parse_args(own)
     if args.from_json:
         return section(json.loads(args.from_json.read_text()), quick=False)

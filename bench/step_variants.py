@@ -64,11 +64,13 @@ def variant_config(options: list[str], device: str, quick: bool):
     return make_config("paper", **(base | overrides(parser.parse_args(options))))
 
 
-def add_setting_options(p) -> None:
-    """A step benchmark's ``--device`` and ``--members`` (9 by default: a task's three datasets × three seeds, the
-    sweep's group); with ``variant_config``, the setting it measures."""
+def setting_parser(description: str) -> argparse.ArgumentParser:
+    """A step benchmark's parser with ``--device`` and ``--members`` (9 by default: a task's three datasets × three
+    seeds, the sweep's group); with ``variant_config``, the setting it measures."""
+    p = command_parser(description)
     p.add_argument("--device", default="cpu")
     p.add_argument("--members", type=int, default=9, help="members trained at once (default: 9)")
+    return p
 
 
 def trained(cfg, data, updates: int):
@@ -186,8 +188,7 @@ def fastest(doc: dict) -> dict | None:
 
 
 def main() -> None:
-    p = command_parser(__doc__)
-    add_setting_options(p)
+    p = setting_parser(__doc__)
     p.add_argument("--warmup", type=int, default=8, help="untimed updates (at least 5: capture, compilation)")
     p.add_argument("--updates", type=int, default=50)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))

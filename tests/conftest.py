@@ -17,19 +17,9 @@ from dt_primal.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tiny model, as train.py's options and as Config fields
-SMALL = dict(
-    dataset="tiny",
-    d_model=32,
-    n_head=2,
-    n_layer=2,
-    s=8,
-    warmup_steps=5,
-    batch_size=8,
-    eval_every=1000,
-    eval_episodes=1,
-    device="cpu",
-    precision="fp32",  # with auto, two processes on a loaded machine may time bf16 differently
-)
+SMALL = dict(dataset="tiny", d_model=32, n_head=2, n_layer=2, s=8)
+SMALL |= dict(warmup_steps=5, batch_size=8, eval_every=1000, eval_episodes=1)
+SMALL |= dict(device="cpu", precision="fp32")  # with auto, two processes on a loaded machine may time bf16 differently
 
 
 def as_options(settings: dict, *names: str) -> list[str]:
