@@ -11,7 +11,16 @@ if __name__ == "__main__":
 from pathlib import Path
 
 from datasets.behaviour import LEARNING_RATE, POLICY_DIR
-from datasets.suite import FULL_STEPS, LEVELS, build_at_once, build_id, buildable, suite_id, versions_text
+from datasets.suite import (
+    FULL_STEPS,
+    LEVELS,
+    build_at_once,
+    build_id,
+    buildable,
+    parse_suite_id,
+    suite_id,
+    versions_text,
+)
 from dt_primal.cli import command_parser, run_main, subcommand
 from dt_primal.errors import UserError
 from envs import TASKS
@@ -80,10 +89,16 @@ def add_build(sub) -> None:
     b.add_argument(
         "--env",
         choices=[*TASKS, "all"],
-        required=True,
         help="a task, or all: every task, leaving out (named) a dataset whose expert is not trained yet",
     )
-    b.add_argument("--level", choices=[*LEVELS, "all"], nargs="+", required=True)
+    b.add_argument("--level", choices=[*LEVELS, "all"], nargs="+")
+    b.add_argument(
+        "--dataset",
+        nargs="+",
+        metavar="ID",
+        default=[],
+        help="suite ids to build, each at its own version, instead of --env, --level and --version",
+    )
     b.add_argument(
         "--steps", type=int, default=FULL_STEPS, help="transitions per level (default 1M; scale down for quick builds)"
     )
@@ -154,10 +169,15 @@ def add_combine(sub) -> None:
 
 def build(args) -> None:
     """``build``: the datasets asked for, one after the other or ``--jobs`` at once."""
-    levels = LEVELS if "all" in args.level else args.level
-    ids = [
-        suite_id(env, level, args.version) for env in (TASKS if args.env == "all" else [args.env]) for level in levels
-    ]
+    if args.dataset and (args.env or args.level or args.version is not None):
+        raise UserError("--dataset names its datasets and their versions: give it without --env, --level, --version.")
+    if not args.dataset and not (args.env and args.level):
+        raise UserError("build needs --env and --level, or --dataset ID...")
+    for dataset_id in args.dataset:
+        parse_suite_id(dataset_id)  # a message for an id that is not the suite's, before any build
+    levels = LEVELS if "all" in (args.level or []) else args.level or []
+    envs = TASKS if args.env == "all" else [args.env] if args.env else []
+    ids = args.dataset or [suite_id(env, level, args.version) for env in envs for level in levels]
     ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
     if args.processes is not None and args.processes < 1:
         raise UserError(f"--processes must be at least 1 (got {args.processes}).")

@@ -366,21 +366,8 @@ def build_at_once(
     processes = processes or rollout_processes(min(max(1, jobs), max(1, rolled)))
 
     def child(dataset_id: str) -> tuple[str, subprocess.CompletedProcess]:
-        task, level, version = parse_suite_id(dataset_id)
-        argv = [
-            "--env",
-            task.name,
-            "--level",
-            level,
-            "--version",
-            str(version),
-            "--steps",
-            str(steps),
-            "--seed",
-            str(seed),
-            "--processes",
-            str(processes),
-        ] + ["--missing"] * missing
+        argv = ["--dataset", dataset_id, "--steps", str(steps), "--seed", str(seed), "--processes", str(processes)]
+        argv += ["--missing"] * missing
         return dataset_id, subprocess.run(
             [sys.executable, "-m", "datasets", "build", *argv],
             capture_output=True,

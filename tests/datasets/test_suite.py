@@ -563,9 +563,9 @@ def test_datasets_built_at_once_are_each_reported_as_soon_as_built(monkeypatch, 
     for the builds knows it can start its groups."""
 
     def child(argv, **kw):  # the child `python -m datasets build` of one dataset
-        level = argv[argv.index("--level") + 1]
-        time.sleep(0.5 if level == "medium" else 0.0)
-        out = f"built dt-primal/hopper/{level}-v0: 10 episodes\n"
+        dataset_id = argv[argv.index("--dataset") + 1]
+        time.sleep(0.5 if dataset_id.endswith("/medium-v0") else 0.0)
+        out = f"built {dataset_id}: 10 episodes\n"
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     monkeypatch.setattr(suite.subprocess, "run", child)
@@ -575,6 +575,26 @@ def test_datasets_built_at_once_are_each_reported_as_soon_as_built(monkeypatch, 
         "built dt-primal/hopper/medium-replay-v0",
         "built dt-primal/hopper/medium-v0",
     ]
+
+
+def test_build_takes_suite_ids_each_at_its_own_version(policies, capsys):
+    """``build --dataset`` builds the ids given (not each level's newest version), and refuses --env, --level
+    or --version beside it and an id that is not the suite's before building anything."""
+    from datasets.__main__ import main
+    from dt_primal.errors import UserError
+
+    ids = ["dt-primal/hopper/medium-replay-v0", "dt-primal/hopper/medium-replay-v1"]
+    main(["build", "--dataset", *ids, "--steps", str(STEPS)])
+    built = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("built")]
+    assert built == [f"built {d}" for d in ids]
+    assert not np.array_equal(load_dataset(ids[0]).actions, load_dataset(ids[1]).actions)
+    for bad in (["--version", "0"], ["--env", "hopper"], ["--level", "medium"]):
+        with pytest.raises(UserError, match="give it without --env, --level, --version"):
+            main(["build", "--dataset", ids[0], *bad])
+    with pytest.raises(UserError, match="Unknown suite dataset"):
+        main(["build", "--dataset", ids[0], "dt-primal/hopper/medium-v7"])
+    with pytest.raises(UserError, match="build needs --env and --level"):
+        main(["build", "--env", "hopper"])
 
 
 def test_a_build_needs_at_least_one_process():

@@ -158,9 +158,8 @@ def start_builds(w: Window, datasets: list[str], count: int, steps: int | None) 
     procs = []
     w.doc["builds"] = list(build_order(datasets, count).values())
     for ids in w.doc["builds"]:
-        env, levels = ids[0].split("/")[1], [d.split("/")[2].rsplit("-v", 1)[0] for d in ids]
-        log = open(STATE / f"build-{env}.log", "w")
-        cmd = [sys.executable, "-m", "datasets", "build", "--env", env, "--level", *levels, "--jobs", str(len(levels))]
+        log = open(STATE / f"build-{ids[0].split('/')[1]}.log", "w")
+        cmd = [sys.executable, "-m", "datasets", "build", "--dataset", *ids, "--jobs", str(len(ids))]
         cmd += ["--missing", *(["--steps", str(steps)] if steps else [])]
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
     return procs
