@@ -33,6 +33,7 @@ def add_train_policy(sub) -> None:
     t.add_argument(
         "--steps",
         dest="total_steps",
+        metavar="STEPS",
         type=int,
         default=3_000_000,
         help="learner steps in all (it stops earlier at its expert)",
