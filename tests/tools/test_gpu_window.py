@@ -245,6 +245,25 @@ def test_the_sweep_stops_at_the_windows_end_and_plans_the_groups_that_wait_for_a
     assert "--building" not in started[1] and "--build-wait" not in started[1]
 
 
+def test_the_window_builds_each_dataset_at_the_version_its_row_uses(window, monkeypatch):
+    """Its build commands, run as ``python -m datasets`` runs them, make exactly the ids given: walker2d's medium-v0
+    where the task's newest medium is another version."""
+    import datasets.__main__ as datasets_main
+    from datasets.suite import VERSIONS
+
+    started, built = [], []
+    monkeypatch.setattr(
+        gpu_window.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or argparse.Namespace(pid=1)
+    )
+    ids = ["dt-primal/walker2d/medium-v0", "dt-primal/walker2d/medium-replay-v1", "dt-primal/hopper/medium-replay-v0"]
+    gpu_window.start_builds(window, ids, 3, None)
+    monkeypatch.setattr(datasets_main, "build_at_once", lambda dataset_ids, *a: built.extend(dataset_ids))
+    monkeypatch.setattr(datasets_main, "build_id", lambda dataset_id, *a: built.append(dataset_id))
+    for cmd in started:
+        datasets_main.main(cmd[cmd.index("build") :])
+    assert VERSIONS["medium"]["walker2d"] != 0 and sorted(built) == sorted(ids)
+
+
 def test_a_dataset_its_build_reports_built_is_not_waited_for(window):
     """The build of walker2d's medium-replay ends in seconds, its process goes on with medium's."""
     log = gpu_window.STATE / "build-walker2d.log"
