@@ -200,6 +200,7 @@ def plot(record: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from commands.sweep.plots import save_figure
+    from commands.sweep.results import LABELS
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     norm = bool(record["models"]) and record["models"][0]["scale"] == "normalized"
@@ -208,12 +209,22 @@ def plot(record: dict, path: Path) -> None:
     for m in conditioned:
         asked = [p[x] for p in m["points"]]
         got = [p[m["scale"]] for p in m["points"]]
-        ax.plot(asked, [g["mean"] for g in got], marker="o", label=f"{m['model']} ({len(m['seeds'])} seeds)")
+        ax.plot(
+            asked,
+            [g["mean"] for g in got],
+            marker="o",
+            label=f"{LABELS.get(m['model'], m['model'])} ({len(m['seeds'])} seeds)",
+        )
         if all(g["interval"] for g in got):
             ax.fill_between(asked, *zip(*[g["interval"] for g in got]), alpha=0.2)
     for m in record["models"]:
         if m["points"][0]["target"] is None:
-            ax.axhline(m["points"][0][m["scale"]]["mean"], color="grey", linestyle="--", label=f"{m['model']}")
+            ax.axhline(
+                m["points"][0][m["scale"]]["mean"],
+                color="grey",
+                linestyle="--",
+                label=LABELS.get(m["model"], m["model"]),
+            )
     top = max((p[x] for m in conditioned for p in m["points"]), default=1.0)
     ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="achieved = asked")
     if record["data"] is not None:
@@ -221,7 +232,11 @@ def plot(record: dict, path: Path) -> None:
             value = record["data"][f"{key}_{'normalized' if norm else 'return'}"]
             ax.axvline(value, color="tab:red", linestyle=style, linewidth=0.8, label=f"data's {key} episode")
     unit = "normalised score" if norm else "return"
-    ax.set(xlabel=f"target ({unit})", ylabel=f"achieved ({unit})", title=record["task"])
+    ax.set(
+        xlabel=f"target ({unit})",
+        ylabel=f"achieved ({unit})",
+        title=(record["data"] or {}).get("dataset", record["task"]),
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path, 120)

@@ -483,7 +483,7 @@ def conditioning() -> str:
             numbers = m.get("summary")
             gap, beyond = (_estimate_text(numbers[k]) if numbers else "–" for k in ("tracking_gap", "beyond_best"))
             flat = "–" if numbers else _estimate_text(m["points"][0][m["scale"]])
-            rows.append([name, m["model"], len(m["seeds"]), gap, beyond, flat])
+            rows.append([name, LABELS.get(m["model"], m["model"]), len(m["seeds"]), gap, beyond, flat])
     head = ["dataset", "model", "seeds", "tracking gap", "beyond the best", "score (ignores the target)"]
     return table(head, rows) if rows else f"No records in `{CONDITIONING}` yet."
 
