@@ -200,7 +200,7 @@ def plot(record: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from commands.sweep.plots import save_figure
-    from commands.sweep.results import LABELS
+    from commands.sweep.results import label_of
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     norm = bool(record["models"]) and record["models"][0]["scale"] == "normalized"
@@ -213,7 +213,7 @@ def plot(record: dict, path: Path) -> None:
             asked,
             [g["mean"] for g in got],
             marker="o",
-            label=f"{LABELS.get(m['model'], m['model'])} ({len(m['seeds'])} seeds)",
+            label=f"{label_of(m['model'], None, None)} ({len(m['seeds'])} seeds)",
         )
         if all(g["interval"] for g in got):
             ax.fill_between(asked, *zip(*[g["interval"] for g in got]), alpha=0.2)
@@ -223,7 +223,7 @@ def plot(record: dict, path: Path) -> None:
                 m["points"][0][m["scale"]]["mean"],
                 color="grey",
                 linestyle="--",
-                label=LABELS.get(m["model"], m["model"]),
+                label=label_of(m["model"], None, None),
             )
     top = max((p[x] for m in conditioned for p in m["points"]), default=1.0)
     ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="achieved = asked")

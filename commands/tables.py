@@ -22,7 +22,7 @@ import numpy as np
 
 from commands.sweep.grid import TABLE4, TABLE4_VERSIONS
 from commands.sweep.plots import plot_intervals
-from commands.sweep.results import DT_MATCHED, LABELS, collect
+from commands.sweep.results import DT_MATCHED, LABELS, collect, label_of
 from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interval_sections, seed_scores, short
 from datasets.suite import VERSIONS, suite_id
 from dt_primal.cli import command_parser, run_main
@@ -483,7 +483,7 @@ def conditioning() -> str:
             numbers = m.get("summary")
             gap, beyond = (_estimate_text(numbers[k]) if numbers else "–" for k in ("tracking_gap", "beyond_best"))
             flat = "–" if numbers else _estimate_text(m["points"][0][m["scale"]])
-            rows.append([name, LABELS.get(m["model"], m["model"]), len(m["seeds"]), gap, beyond, flat])
+            rows.append([name, label_of(m["model"], None, None), len(m["seeds"]), gap, beyond, flat])
     head = ["dataset", "model", "seeds", "tracking gap", "beyond the best", "score (ignores the target)"]
     return table(head, rows) if rows else f"No records in `{CONDITIONING}` yet."
 
