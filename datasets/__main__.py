@@ -176,9 +176,11 @@ def build(args) -> None:
         raise UserError("build needs --env and --level, or --dataset ID...")
     for dataset_id in args.dataset:
         parse_suite_id(dataset_id)  # a message for an id that is not the suite's, before any build
-    levels = LEVELS if "all" in (args.level or []) else args.level or []
-    envs = TASKS if args.env == "all" else [args.env] if args.env else []
-    ids = args.dataset or [suite_id(env, level, args.version) for env in envs for level in levels]
+    ids = args.dataset or [
+        suite_id(env, level, args.version)
+        for env in (TASKS if args.env == "all" else [args.env])
+        for level in (LEVELS if "all" in args.level else args.level)
+    ]
     ids = buildable(ids) if args.env == "all" else ids  # all tasks: those whose expert is not trained yet wait
     if args.processes is not None and args.processes < 1:
         raise UserError(f"--processes must be at least 1 (got {args.processes}).")
