@@ -27,6 +27,7 @@ from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interva
 from datasets.suite import VERSIONS, suite_id
 from dt_primal.cli import command_parser, run_main
 from dt_primal.config import ADDED_LATER, Config
+from dt_primal.errors import UserError
 from dt_primal.evaluation.intervals import Estimate
 from dt_primal.evaluation.reports import pm, table
 from dt_primal.files.reading import read_json
@@ -473,19 +474,30 @@ def yardstick_new_versions() -> str:
 def conditioning() -> str:
     """Per dataset and model, the conditioning curve's two numbers (docs/method.md, "Return conditioning") from
     the committed ``conditioning.json`` records, mean over seeds [95 % interval], and BC's score."""
-    rows = []
-    for path in sorted((ROOT / CONDITIONING).glob("*/conditioning.json")):
-        record = read_json(path, "The conditioning record", "Make it again with python -m commands.conditioning.")
-        data = record["data"]
-        best, median = data["best_normalized"], data["median_normalized"]
-        name = f"{short(data['dataset'])} (best episode {best:.1f}, median {median:.1f})"
+    rows = [row for path in sorted((ROOT / CONDITIONING).glob("*/conditioning.json")) for row in _curve_rows(path)]
+    head = ["dataset", "model", "seeds", "tracking gap", "beyond the best", "score (ignores the target)"]
+    return table(head, rows) if rows else f"No records in `{CONDITIONING}` yet."
+
+
+def _curve_rows(path: Path) -> list[list]:
+    """One conditioning record's rows; a record swept without a dataset (``--targets`` alone) is named by its task."""
+    remedy = "Make it again with python -m commands.conditioning."
+    record = read_json(path, "The conditioning record", remedy)
+    try:
+        data = record["data"] or {}
+        marks = ("best_normalized", "median_normalized")
+        name = short(data["dataset"]) if data else record["task"]
+        if all(isinstance(data.get(k), (int, float)) for k in marks):
+            name += " (best episode {:.1f}, median {:.1f})".format(*(data[k] for k in marks))
+        rows = []
         for m in record["models"]:
             numbers = m.get("summary")
             gap, beyond = (_estimate_text(numbers[k]) if numbers else "–" for k in ("tracking_gap", "beyond_best"))
             flat = "–" if numbers else _estimate_text(m["points"][0][m["scale"]])
             rows.append([name, label_of(m["model"], None, None), len(m["seeds"]), gap, beyond, flat])
-    head = ["dataset", "model", "seeds", "tracking gap", "beyond the best", "score (ignores the target)"]
-    return table(head, rows) if rows else f"No records in `{CONDITIONING}` yet."
+        return rows
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
+        raise UserError(f"{path} is not a conditioning record ({type(exc).__name__}: {exc}). {remedy}") from None
 
 
 def _estimate_text(e: dict | None) -> str:

@@ -89,3 +89,23 @@ def test_targets_all_past_the_datas_best_leave_the_tracking_gap_undefined(runs, 
     assert [r["summary"]["tracking_gap"] for r in record["runs"]] == [None, None]
     [dt] = record["models"]
     assert dt["summary"]["tracking_gap"] is None and np.isfinite(dt["summary"]["beyond_best"]["mean"])
+
+
+def test_the_results_table_names_a_curve_swept_without_a_dataset_and_refuses_a_broken_record(
+    runs, tmp_path, monkeypatch
+):
+    """A sweep given ``--targets`` and no dataset has no best or median episode to mark: its rows are named by the
+    task. A record that is not one is refused with a message, not a traceback."""
+    from commands import tables
+    from dt_primal.errors import UserError
+
+    checkpoints, _, home = runs
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(home))
+    folder = tmp_path / "results" / "conditioning" / "no-dataset"
+    conditioning.main([*map(str, checkpoints[:2]), "--targets", "0", "50", "--episodes", "1", "--out", str(folder)])
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    rows = [line for line in tables.conditioning().splitlines() if line.startswith("| Hopper")]
+    assert len(rows) == 1 and "(best episode" not in rows[0]
+    (folder / "conditioning.json").write_text(json.dumps({"task": "Hopper-v5", "data": None, "models": [{}]}))
+    with pytest.raises(UserError, match="is not a conditioning record"):
+        tables.conditioning()
