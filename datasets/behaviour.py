@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from datasets.rollout import collect
-from datasets.transitions import half_observations, load_transitions, save_transitions
+from datasets.transitions import half_precision, load_transitions, save_transitions
 from dt_primal.errors import UserError
 from dt_primal.files.reading import read_json
 from dt_primal.files.writing import write_file
@@ -158,7 +158,7 @@ LEARNER_FILES = (("medium", "pt"), ("learner", "json"), ("medium_replay", "npz")
 def adopt_learner(task: Task, source: Path, version: int, policy_dir: Path = POLICY_DIR) -> list[Path]:
     """Commit-ready copies of a learner's medium exports (``train-policy --until-medium --policy-dir``) as the
     files of learner ``version`` of ``task``: its medium policy, its replay buffer with half-precision
-    observations (``half_observations``) and its history; never over an existing version."""
+    observations and actions (``half_precision``) and its history; never over an existing version."""
     remedy = "It cannot be read as a learner's history: point --learner at the folder train-policy exported into."
     progress = read_json(source / "learner.json", "The learner's history", remedy)
     if not isinstance(progress, dict) or progress.get("task") != task.name or progress.get("medium_step") is None:
@@ -169,7 +169,7 @@ def adopt_learner(task: Task, source: Path, version: int, policy_dir: Path = POL
         raise UserError(f"Learner version {version} of {task.name} exists or is not a new version (1 or more).")
     try:  # everything read and converted before anything is written
         policy = (source / "medium.pt").read_bytes()
-        buffer = half_observations(load_transitions(source / "medium_replay.npz"))
+        buffer = half_precision(load_transitions(source / "medium_replay.npz"))
     except (OSError, ValueError) as exc:
         raise UserError(f"{source} holds no usable medium exports: {exc}") from None
     write_file(targets[0], policy, "The medium policy")

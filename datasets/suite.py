@@ -44,7 +44,7 @@ from datasets.behaviour import (
     learner_suffix,
 )
 from datasets.rollout import Keyed, collect_rows, merge
-from datasets.transitions import load_transitions
+from datasets.transitions import HALF, load_transitions
 from dt_primal.errors import UserError
 from dt_primal.files.writing import write_file
 from dt_primal.process import exit_with_parent
@@ -55,10 +55,10 @@ LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 # each task's newest version of each level; a version's files are committed under datasets/policies/<env>/
 VERSIONS = {
     "random": {"halfcheetah": 0, "hopper": 0, "walker2d": 0},
-    "medium": {"halfcheetah": 0, "hopper": 0, "walker2d": 1},
-    "medium-replay": {"halfcheetah": 0, "hopper": 0, "walker2d": 1},
+    "medium": {"halfcheetah": 1, "hopper": 0, "walker2d": 1},
+    "medium-replay": {"halfcheetah": 1, "hopper": 0, "walker2d": 1},
     "expert": {"halfcheetah": EXPERT_VERSION, "hopper": EXPERT_VERSION, "walker2d": EXPERT_VERSION},
-    "medium-expert": {"halfcheetah": 1, "hopper": 1, "walker2d": 2},
+    "medium-expert": {"halfcheetah": 2, "hopper": 1, "walker2d": 2},
 }
 MEDIUM_EXPERT = {0: (0, 0), 1: (0, 1), 2: (1, 1)}  # medium-expert-vN: the versions of its medium and its expert
 FULL_STEPS = 1_000_000
@@ -216,11 +216,11 @@ def rollouts(task: Task, policy: str | None, steps: int, seed: int, processes: i
 
 
 def _replay_episodes(task: Task, version: int, steps: int) -> tuple[list[dict], int]:
-    """The transitions of learner ``version`` until medium level, as episodes (stored observations as float32);
-    when ``steps`` is below their total, whole episodes evenly spread over the learner's history, so it still
-    runs from the first episodes to medium level."""
+    """The transitions of learner ``version`` until medium level, as episodes (arrays stored at half precision
+    as float32); when ``steps`` is below their total, whole episodes evenly spread over the learner's history,
+    so it still runs from the first episodes to medium level."""
     z = load_transitions(policy_file(task, source_files("medium-replay", version)[0]))
-    for key in ("observations", "final_observations"):
+    for key in HALF:
         z[key] = z[key].astype(np.float32)
     ends = np.cumsum(z["lengths"])
     starts = ends - z["lengths"]

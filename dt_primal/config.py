@@ -72,8 +72,8 @@ def option(default, help: str):
 class Config:
     # data
     dataset: str = option(
-        "dt-primal/halfcheetah/medium-replay-v0",
-        "the dataset (default dt-primal/halfcheetah/medium-replay-v0); train.py takes several whose models share "
+        "dt-primal/halfcheetah/medium-replay-v1",
+        "the dataset (default dt-primal/halfcheetah/medium-replay-v1); train.py takes several whose models share "
         "an architecture, trained as one ensemble, each member on its own dataset (docs/ensembles.md)",
     )
     env: str | None = option(

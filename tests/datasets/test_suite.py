@@ -14,7 +14,7 @@ import datasets.suite as suite
 from datasets.behaviour import GaussianActor
 from datasets.loaders import load_dataset
 from datasets.rollout import collect, collect_rows, merge
-from datasets.transitions import half_observations, load_transitions, save_transitions
+from datasets.transitions import half_precision, load_transitions, save_transitions
 from envs import TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def policies(tmp_path_factory):
     (folder / "learner-v1.json").write_text(json.dumps({"task": "hopper", "medium_score": 60.0}))
     buffer = as_buffer(eps)
     save_transitions(folder / "medium_replay.npz", buffer)
-    save_transitions(folder / "medium_replay-v1.npz", half_observations({**buffer, "actions": -buffer["actions"]}))
+    save_transitions(folder / "medium_replay-v1.npz", half_precision({**buffer, "actions": -buffer["actions"]}))
     mp = pytest.MonkeyPatch()
     mp.setattr(suite, "POLICY_DIR", root)
     for level, newest in (("medium", 1), ("medium-replay", 1), ("medium-expert", 2)):
@@ -129,18 +129,19 @@ def test_each_expert_version_is_its_own_dataset_rolled_out_with_its_own_policy(p
 
 
 @pytest.mark.parametrize(
-    "bad", ["dt-primal/hopper/expert-v2", "dt-primal/halfcheetah/medium-v1", "dt-primal/hopper/expert", "x/y/z-v0"]
+    "bad", ["dt-primal/hopper/expert-v2", "dt-primal/walker2d/medium-v2", "dt-primal/hopper/expert", "x/y/z-v0"]
 )
 def test_a_suite_id_with_a_version_that_does_not_exist_is_refused(bad):
     from dt_primal.errors import UserError
 
-    with pytest.raises(UserError, match=r"at most the newest version: random -v0; medium halfcheetah -v0, .*walker2d"):
+    with pytest.raises(UserError, match=r"at most the newest version: random -v0; medium [^;]*-v1[^;]*; medium-replay"):
         suite.parse_suite_id(bad)
 
 
 def test_each_task_has_its_own_newest_versions():
     assert suite.suite_id("walker2d", "medium") == "dt-primal/walker2d/medium-v1"
-    assert suite.suite_id("halfcheetah", "medium") == "dt-primal/halfcheetah/medium-v0"
+    assert suite.suite_id("halfcheetah", "medium-expert") == "dt-primal/halfcheetah/medium-expert-v2"
+    assert suite.suite_id("walker2d", "random") == "dt-primal/walker2d/random-v0"
     assert suite.parse_suite_id("dt-primal/walker2d/medium-expert-v2")[2] == 2
     assert suite.source_files("medium-expert", 2) == ["medium-v1.pt", "expert-v1.pt"]
     assert suite.source_files("medium-replay", 1) == ["medium_replay-v1.npz", "medium-v1.pt"]
@@ -150,10 +151,11 @@ def test_a_newer_learners_medium_replay_is_its_own_buffer_read_at_half_precision
     old, new = (load_dataset(suite.build(HOPPER, "medium-replay", steps=10**6, version=v)) for v in (0, 1))
     z = load_transitions(policies / "medium_replay-v1.npz")
     assert z["observations"].dtype == np.float16
-    np.testing.assert_array_equal(new.actions, -old.actions)  # the second learner's own transitions
-    assert new.observations.dtype == np.float32
+    assert new.observations.dtype == new.actions.dtype == np.float32
+    np.testing.assert_allclose(new.actions, -old.actions, rtol=2**-11)  # the second learner's own transitions
     np.testing.assert_allclose(new.observations, old.observations, rtol=2**-11, atol=1e-7)
     assert not np.array_equal(new.observations, old.observations)  # rounded, as stored
+    np.testing.assert_array_equal(new.actions, z["actions"].astype(np.float32))  # as stored
 
 
 def test_a_medium_datasets_description_gives_its_learners_medium_score(policies):
@@ -544,7 +546,9 @@ def test_adopt_copies_a_learners_medium_exports_as_a_new_version_once(policies, 
     written = adopt_learner(HOPPER, learner, 1, out)
     assert sorted(p.name for p in written) == ["learner-v1.json", "medium-v1.pt", "medium_replay-v1.npz"]
     stored, source = load_transitions(written[2]), load_transitions(learner / "medium_replay.npz")
-    assert stored["observations"].dtype == np.float16 and np.array_equal(stored["actions"], source["actions"])
+    assert stored["observations"].dtype == stored["actions"].dtype == np.float16
+    assert np.array_equal(stored["rewards"], source["rewards"])
+    np.testing.assert_allclose(stored["actions"], source["actions"], rtol=2**-11)
     with pytest.raises(UserError, match="exists or is not a new version"):
         adopt_learner(HOPPER, learner, 1, out)
     with pytest.raises(UserError, match="holds no walker2d learner that reached medium level"):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import datasets.suite as suite
-from datasets.transitions import half_observations, load_transitions
+from datasets.transitions import half_precision, load_transitions
 from envs import TASKS
 
 
@@ -24,12 +24,13 @@ def test_the_committed_transitions_are_byte_planes_that_read_as_the_plain_arrays
     assert committed.stat().st_size < 0.95 * (tmp_path / "plain.npz").stat().st_size
 
 
-def test_half_observations_round_within_half_precision_and_refuse_what_it_cannot_hold():
+def test_half_precision_rounds_observations_and_actions_keeps_rewards_and_refuses_what_it_cannot_hold():
     obs = np.random.default_rng(0).normal(0, 3, (1000, 5)).astype(np.float32)
-    arrays = {"observations": obs, "final_observations": obs[:2], "actions": obs[:, :2]}
-    half = half_observations(arrays)
-    assert half["observations"].dtype == np.float16 and half["actions"] is arrays["actions"]
+    arrays = {"observations": obs, "final_observations": obs[:2], "actions": np.tanh(obs[:, :2]), "rewards": obs[:, 0]}
+    half = half_precision(arrays)
+    assert half["observations"].dtype == half["actions"].dtype == np.float16 and half["rewards"] is arrays["rewards"]
     np.testing.assert_allclose(half["observations"].astype(np.float32), obs, rtol=2**-11, atol=1e-7)
+    assert np.abs(half["actions"].astype(np.float32) - arrays["actions"]).max() <= 2**-12
     for bad in (1e5, np.nan):
         with pytest.raises(ValueError, match="half precision cannot store"):
-            half_observations({**arrays, "final_observations": np.array([[bad]], np.float32)})
+            half_precision({**arrays, "final_observations": np.array([[bad]], np.float32)})
