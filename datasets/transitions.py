@@ -41,7 +41,7 @@ def load_transitions(path: str | Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-HALF = ("observations", "final_observations", "actions")  # the arrays a committed buffer keeps at half precision
+HALF = ("observations", "final_observations", "actions")  # the arrays adopt rounds (walker2d's v1 kept its actions)
 HALF_MAX = float(np.finfo(np.float16).max)
 
 
