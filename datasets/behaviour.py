@@ -170,7 +170,7 @@ def adopt_learner(task: Task, source: Path, version: int, policy_dir: Path = POL
     try:  # everything read and converted before anything is written
         policy = (source / "medium.pt").read_bytes()
         buffer = half_precision(load_transitions(source / "medium_replay.npz"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, UserError) as exc:
         raise UserError(f"{source} holds no usable medium exports: {exc}") from None
     write_file(targets[0], policy, "The medium policy")
     write_file(targets[1], json.dumps(progress, indent=1), "The learner's history")

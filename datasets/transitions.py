@@ -7,9 +7,13 @@ half precision (``half_precision``), which lets three buffers of D4RL's size liv
 
 from __future__ import annotations
 
+import math
+import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from dt_primal.files.reading import check_fits_memory, regular_file
 
 PLANES = "__planes_"  # key prefix of an array stored as byte planes; its shape and dtype under SHAPE/DTYPE
 SHAPE, DTYPE = "__shape_", "__dtype_"
@@ -29,16 +33,44 @@ def save_transitions(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load_transitions(path: str | Path) -> dict[str, np.ndarray]:
-    """The arrays ``save_transitions`` wrote to ``path`` (or a plain ``.npz``'s), each decompressed once."""
+    """The arrays ``save_transitions`` wrote to ``path`` (or a plain ``.npz``'s), each decompressed once. The
+    file is checked first: numbers and text only, no more declared than this machine can hold
+    (``declared_bytes``), and each byte-plane array's dtype a float whose planes hold exactly its shape; else a
+    ValueError."""
+    regular_file(path, "The transitions file")
+    check_fits_memory(declared_bytes(path), path, "arrays")
     with np.load(path, allow_pickle=False) as z:
         stored = {k: z[k] for k in z.files}
     arrays = {k: v for k, v in stored.items() if not k.startswith("__")}
     for key, planes in stored.items():
         if key.startswith(PLANES):
             name = key.removeprefix(PLANES)
-            dtype, shape = np.dtype(str(stored[DTYPE + name])), tuple(stored[SHAPE + name])
+            dtype, shape = np.dtype(str(stored[DTYPE + name])), tuple(int(n) for n in stored[SHAPE + name])
+            if dtype.kind != "f" or planes.shape != (dtype.itemsize, math.prod(shape)):
+                raise ValueError(f"{path}: {name} declares {dtype} of shape {shape}, not what its planes hold")
             arrays[name] = np.ascontiguousarray(planes.T).view(dtype).reshape(shape)
     return arrays
+
+
+def declared_bytes(path: str | Path) -> int:
+    """The bytes the arrays of the ``.npz`` at ``path`` declare in their headers, read without their data; a
+    ValueError for a member that is not a ``.npy`` array of numbers or text."""
+    headers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version not in headers:
+                        raise ValueError(f"{info.filename} is a .npy of format {version}")
+                    shape, _, dtype = headers[version](member)
+                if dtype.kind not in "biufU":
+                    raise ValueError(f"{info.filename} holds {dtype}, not numbers or text")
+                total += math.prod(shape) * dtype.itemsize
+    except (zipfile.BadZipFile, EOFError) as exc:
+        raise ValueError(f"{path} is not a .npz archive ({exc})") from None
+    return total
 
 
 HALF = ("observations", "final_observations", "actions")  # the arrays adopt rounds (walker2d's v1 kept its actions)

@@ -34,3 +34,31 @@ def test_half_precision_rounds_observations_and_actions_keeps_rewards_and_refuse
     for bad in (1e5, np.nan):
         with pytest.raises(ValueError, match="half precision cannot store"):
             half_precision({**arrays, "final_observations": np.array([[bad]], np.float32)})
+
+
+def test_a_transitions_file_is_checked_before_its_arrays_are_read(tmp_path):
+    """What an .npz declares decides no allocation and no dtype: an array whose header claims a petabyte is refused
+    before its data is read, and byte planes stored under a dtype that is not a float (or a shape they do not hold)
+    are refused instead of read as it says."""
+    import io
+    import zipfile
+
+    from datasets.transitions import DTYPE, PLANES, SHAPE, save_transitions
+    from dt_primal.errors import UserError
+
+    huge = io.BytesIO()
+    np.lib.format.write_array_header_1_0(huge, {"descr": "<f4", "fortran_order": False, "shape": (2**48,)})
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:
+        archive.writestr("rewards.npy", huge.getvalue() + bytes(64))
+    with pytest.raises(UserError, match="declares arrays of"):
+        load_transitions(tmp_path / "huge.npz")
+
+    save_transitions(tmp_path / "good.npz", {"rewards": np.arange(6, dtype=np.float32)})
+    good = dict(np.load(tmp_path / "good.npz"))
+    for name, bad in ((DTYPE, np.array("<i4")), (SHAPE, np.array([7], np.int64))):
+        np.savez(tmp_path / "bad.npz", **{**good, name + "rewards": bad})
+        with pytest.raises(ValueError, match="not what its planes hold"):
+            load_transitions(tmp_path / "bad.npz")
+    assert PLANES + "rewards" in good and np.array_equal(
+        load_transitions(tmp_path / "good.npz")["rewards"], np.arange(6)
+    )
