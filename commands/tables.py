@@ -199,8 +199,9 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
     named missing."""
     rows = collect(folder, datasets, ["dt", "primal"], [0, 1, 2])
     found = {(row_key(r["dataset"]), r["model"]): r for r in rows}
+    names = {row_key(d): short(d) for d in datasets}
     if not rows:
-        return f"No records in `{folder.relative_to(ROOT)}` yet: all 18 rows are missing.\n"
+        return f"No records in `{folder.relative_to(ROOT)}` yet: all {2 * len(names)} rows are missing.\n"
     head = [
         *SCORE_COLUMNS,
         "per seed (high)",
@@ -208,9 +209,8 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
         "ours − paper (high)",
         "DT paper's own",
     ]
-    names = {row_key(d): short(d) for d in datasets}
     lines, missing = [], []
-    for key in ORDER:
+    for key in (k for k in ORDER if k in names):
         for model, label, paper in (("dt", DT_MATCHED, PAPER[key][1]), ("primal", PRIMAL, PAPER[key][0])):
             row = found.get((key, model))
             own = f"{DT_OWN[key]:.1f}" if model == "dt" else "–"
@@ -244,7 +244,8 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
             name = f"**average of {len(both)} dataset{'s' * (len(both) != 1)}**"
             lines.append([name, label, "", *avg, "", "", paper, "", own])
     md = table(head, lines) + "\n\n"
-    md += f"Missing (no record): {', '.join(missing)}.\n\n" if missing else "All 18 rows are present.\n\n"
+    present = f"All {2 * len(names)} rows are present."
+    md += f"Missing (no record): {', '.join(missing)}.\n\n" if missing else f"{present}\n\n"
     md += f"Records: [`{folder.relative_to(ROOT)}/`](../{folder.relative_to(ROOT)}/). Made with: {made_with(rows)}\n"
     md += interval_sections(rows) + resolution(rows)
     if folder.parent.name != "legacy" and comparable(rows)[1]:  # drawn by main (draw_figures)
@@ -255,13 +256,14 @@ def table4(folder: Path, datasets: list[str] = TABLE4) -> str:
     return md
 
 
-def table4_sections() -> str:
-    """The current Table 4, then each legacy one (``results/legacy/table4-*``), each under its own heading."""
-    md = table4(ROOT / CURRENT)
-    for folder in sorted((ROOT / LEGACY).glob("table4-*")):
+def table4_sections(current: str = CURRENT, legacy: str = "table4-cpu*") -> str:
+    """The Table 4 of ``current``, then each legacy one (``results/legacy/<legacy>``: rows made on earlier versions
+    of the datasets or with earlier settings), each under its own heading."""
+    md = table4(ROOT / current)
+    for folder in sorted((ROOT / LEGACY).glob(legacy)):
         md += (
-            f"\n### Legacy: `{folder.relative_to(ROOT)}`\n\nAn earlier Table 4, kept as it was made; the table "
-            f"above replaces it.\n\n" + table4(folder, held(folder))
+            f"\n### Legacy: `{folder.relative_to(ROOT)}`\n\nRows made before, kept as they were made; the table "
+            f"above replaces them.\n\n" + table4(folder, held(folder))
         )
     return md
 
@@ -510,7 +512,7 @@ SECTIONS = {
     "yardstick-new": yardstick_new_versions,
     "conditioning": conditioning,
     "table4": table4_sections,
-    "table4-full": lambda: table4(ROOT / FULL),
+    "table4-full": lambda: table4_sections(FULL, "table4-full*"),
     "ablation": ablation,
     **{
         name: lambda c=c: compare([tuple(p) for p in c["parts"]], c["datasets"], *c["compare"])

@@ -57,18 +57,24 @@ def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
 
 
 def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
-    """Records moved under results/legacy/table4-* show as a marked legacy section below the current table."""
-    src = HOPPER_MR
-    shutil.copytree(
-        src,
-        tmp_path / "results/legacy/table4-old/dt-primal_hopper_medium-replay-v0",
-        ignore=shutil.ignore_patterns("events.out.tfevents.*"),
-    )
+    """Records moved under results/legacy/table4-cpu-* (reduced protocol) or table4-full-* (full) show as a marked
+    legacy section below that protocol's current table, with the rows the folder holds and no others."""
+    for legacy in ("table4-cpu-old", "table4-full-old"):
+        shutil.copytree(
+            HOPPER_MR,
+            tmp_path / "results/legacy" / legacy / "dt-primal_hopper_medium-replay-v0",
+            ignore=shutil.ignore_patterns("events.out.tfevents.*"),
+        )
     monkeypatch.setattr(tables, "ROOT", tmp_path)
-    md = tables.table4_sections()
-    current, legacy = md.split("### Legacy: `results/legacy/table4-old`")
-    assert current.startswith("No records in `results/table4-cpu` yet: all 18 rows are missing.")
-    assert "| hopper/medium-replay (3600 / 1800) | Primal.+DT | 3 |" in legacy
+    for current, legacy, md in (
+        ("results/table4-cpu", "table4-cpu-old", tables.table4_sections()),
+        ("results/table4", "table4-full-old", tables.SECTIONS["table4-full"]()),
+    ):
+        now, before = md.split(f"### Legacy: `results/legacy/{legacy}`")
+        assert now.startswith(f"No records in `{current}` yet: all 18 rows are missing.")
+        assert "| hopper/medium-replay (3600 / 1800) | Primal.+DT | 3 |" in before
+        assert "missing" not in before and "All 2 rows are present." in before
+        assert "### Legacy" not in before
 
 
 def test_every_record_says_how_it_was_made():
