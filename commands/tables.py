@@ -7,8 +7,8 @@ record cannot disagree. Each table sits between ``<!-- BEGIN generated: NAME -->
   python -m commands.tables --check    # exit 1 if docs/results.md differs from what the records give
 
 Table 4 comes from ``results/table4`` (the full protocol), from ``results/table4-cpu`` (the reduced one) and,
-as clearly marked legacy sections, from every ``results/legacy/table4-*`` folder: moving a table's records there
-(``git mv``) and regenerating is all it takes to replace it.
+as clearly marked legacy sections under each, from every ``results/legacy/table4-full-*`` and ``table4-cpu-*``
+folder: moving rows' records there (``git mv``) and regenerating is all it takes to replace them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from commands.sweep.grid import TABLE4, TABLE4_VERSIONS
 from commands.sweep.plots import plot_intervals
 from commands.sweep.results import DT_MATCHED, LABELS, collect, label_of
 from commands.sweep.tables import cell, comparable, gap_rows, gap_table, interval_sections, seed_scores, short
-from datasets.suite import VERSIONS, suite_id
+from datasets.suite import suite_id
 from dt_primal.cli import command_parser, run_main
 from dt_primal.config import ADDED_LATER, Config
 from dt_primal.errors import UserError
@@ -383,17 +383,20 @@ def verdict(bc10: str, dt: str) -> str:
     return "the data (10 %BC short too)" if bc10 == "below" else "training (10 %BC in range, DT short): a defect"
 
 
-def yardstick() -> str:
-    """BC and 10 %BC at the full protocol beside their published scores and our full-protocol DT and Primal.+DT
-    (high target), with a verdict per dataset: does the data or the training explain where DT falls short?"""
-    mine = {name: collect(ROOT / YARDSTICK / name, TABLE4, ["bc"], [0, 1, 2]) for name in ("bc", "bc10")}
+def yardstick(datasets: list[str] = TABLE4) -> str:
+    """BC and 10 %BC at the full protocol on ``datasets`` (one per Table 4 row) beside their published scores and
+    our full-protocol DT and Primal.+DT on the same versions (high target), with a verdict per dataset: does the
+    data or the training explain where DT falls short?"""
+    mine = {name: collect(ROOT / YARDSTICK / name, datasets, ["bc"], [0, 1, 2]) for name in ("bc", "bc10")}
     if not any(mine.values()):
         return f"No records in `{YARDSTICK}` yet.\n"
     ours = {(row_key(r["dataset"]), name): r for name, rows in mine.items() for r in rows}
-    ours |= {(row_key(r["dataset"]), r["model"]): r for r in collect(ROOT / FULL, TABLE4, ["dt", "primal"], [0, 1, 2])}
+    for folder in [ROOT / FULL, *sorted((ROOT / LEGACY).glob("table4-full*"))]:
+        ours |= {(row_key(r["dataset"]), r["model"]): r for r in collect(folder, datasets, ["dt", "primal"], [0, 1, 2])}
+    names = {row_key(d): short(d) for d in datasets}
     score = lambda key, name: ours[key, name]["targets"][0] if (key, name) in ours else None
     lines = []
-    for key in ORDER:
+    for key in (k for k in ORDER if k in names):
         pub = BASELINES[key]
         bc_text, *_ = published(pub["bc"])
         bc10_text, lo10, hi10 = published(pub["bc10"])
@@ -403,7 +406,7 @@ def yardstick() -> str:
         bc10_vs, dt_vs = in_range(mean(bc10), lo10, hi10), in_range(mean(dt), lo_dt, hi_dt)
         lines.append(
             [
-                key,
+                names[key],
                 cell(score(key, "bc")),
                 bc_text,
                 cell(bc10),
@@ -432,45 +435,22 @@ def yardstick() -> str:
     return (
         table(head, lines)
         + f"\n\nOurs: normalised score of the last checkpoint, mean over seeds [95 % bootstrap interval]; DT and "
-        f"Primal.+DT from `{FULL}` (the full protocol, missing where no GPU window has made the row yet). "
+        f"Primal.+DT from the full protocol's records of the same version (`{FULL}`, or `{LEGACY}/table4-full-*` "
+        f"for a version Table 4 no longer uses; missing where no GPU window has made the row yet). "
         f"In range: within the lowest and highest published score widened by {SLACK:g} points. Records: "
         f"[`{YARDSTICK}/`](../{YARDSTICK}/). Made with: {made_with(mine['bc'] + mine['bc10'])}\n"
     )
 
 
-def yardstick_new_versions() -> str:
-    """BC and 10 %BC on the suite's datasets newer than Table 4's, beside the version each would replace and the
-    published range."""
-    newer = [
-        suite_id(env, level, v)
-        for env in ("halfcheetah", "hopper", "walker2d")
-        for level in ("medium", "medium-replay", "medium-expert")
-        for v in range(VERSIONS[level][env] + 1)
-        if v > TABLE4_VERSIONS[level]  # TABLE4 is each level at TABLE4_VERSIONS
-    ]
-    mine = {name: collect(ROOT / YARDSTICK / name, newer + TABLE4, ["bc"], [0, 1, 2]) for name in ("bc", "bc10")}
-    got = {(r["dataset"], name): r["targets"][0] for name, rows in mine.items() for r in rows}
-    lines = []
-    for dataset in newer:
-        if (dataset, "bc") not in got and (dataset, "bc10") not in got:
-            continue
-        old = next(d for d in TABLE4 if row_key(d) == row_key(dataset))
-        bc10_text, lo10, hi10 = published(BASELINES[row_key(dataset)]["bc10"])
-        new10 = got.get((dataset, "bc10"))
-        vs = in_range(None if new10 is None else new10["mean"], lo10, hi10)
-        bc_text = published(BASELINES[row_key(dataset)]["bc"])[0]
-        row = [short(dataset), cell(got.get((dataset, "bc"))), cell(got.get((old, "bc"))), bc_text, cell(new10)]
-        lines.append(row + [cell(got.get((old, "bc10"))), bc10_text, vs])
-    if not lines:
-        return "No yardstick records on newer versions yet.\n"
-    head = ["dataset", "BC", "BC on Table 4's version", "BC: DT paper / CORL / IQL paper", "10 %BC"]
-    head += ["10 %BC on Table 4's version"]
-    head += ["10 %BC: DT paper / CORL / IQL paper", "10 %BC vs range"]
-    used = [r for rows in mine.values() for r in rows if r["dataset"] in newer]
-    return (
-        table(head, lines)
-        + f"\n\nSame protocol as above; Table 4's version is the one it still uses. Made with: {made_with(used)}\n"
-    )
+def earlier_versions() -> list[str]:
+    """For each Table 4 dataset, its newest earlier version with yardstick records (none where Table 4 still uses
+    the first)."""
+    have = {d for name in ("bc", "bc10") for d in held(ROOT / YARDSTICK / name)}
+    earlier = []
+    for env, levels in TABLE4_VERSIONS.items():
+        for level, version in levels.items():
+            earlier += [d for d in (suite_id(env, level, v) for v in range(version)) if d in have][-1:]
+    return earlier
 
 
 def conditioning() -> str:
@@ -509,7 +489,7 @@ def _estimate_text(e: dict | None) -> str:
 
 SECTIONS = {
     "yardstick": yardstick,
-    "yardstick-new": yardstick_new_versions,
+    "yardstick-earlier": lambda: yardstick(earlier_versions()),
     "conditioning": conditioning,
     "table4": table4_sections,
     "table4-full": lambda: table4_sections(FULL, "table4-full*"),

@@ -52,7 +52,7 @@ def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     md = tables.table4(tmp_path)
     assert "average of 1 dataset**" in md
-    assert "Missing (no record): halfcheetah/medium-expert-v1 DT (matched settings)" in md
+    assert "Missing (no record): halfcheetah/medium-expert-v2 DT (matched settings)" in md
     assert md.count("| missing | missing |") == 16
 
 
@@ -121,3 +121,14 @@ def test_links_between_documents_resolve():
                 if frag not in heads:
                     broken.append(f"{md.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+def test_the_yardstick_on_earlier_versions_sets_them_beside_the_dt_rows_made_on_them():
+    """Rows Table 4 no longer uses keep their yardstick verdict: BC on that version beside DT's legacy full-protocol
+    rows of the same version, and only the rows asked for."""
+    earlier = tables.earlier_versions()
+    assert "dt-primal/walker2d/medium-replay-v0" in earlier and not set(earlier) & set(tables.TABLE4)
+    md = tables.yardstick(["dt-primal/walker2d/medium-replay-v0"])
+    (row,) = [line for line in md.splitlines() if line.startswith("| walker2d/medium-replay |")]
+    assert row.count("| – |") == 0 and "training (10 %BC in range, DT short)" in row
+    assert "hopper" not in md.split("\n\n")[0]

@@ -293,12 +293,12 @@ def test_the_window_builds_the_first_tasks_datasets_first_and_every_medium_repla
     order = gpu_window.build_order(TABLE4_BY_GAIN, 3)
     assert order == {
         "hopper": [f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v0", "medium-expert-v1")],
-        "walker2d": ["dt-primal/walker2d/medium-replay-v0"],
-        "halfcheetah": ["dt-primal/halfcheetah/medium-replay-v0"],
+        "walker2d": ["dt-primal/walker2d/medium-replay-v1"],
+        "halfcheetah": ["dt-primal/halfcheetah/medium-replay-v1"],
     }
     assert gpu_window.build_order(TABLE4_BY_GAIN, 5)["walker2d"] == [
-        "dt-primal/walker2d/medium-replay-v0",
-        "dt-primal/walker2d/medium-v0",
+        "dt-primal/walker2d/medium-replay-v1",
+        "dt-primal/walker2d/medium-v1",
     ]
 
 
@@ -321,7 +321,7 @@ def test_the_window_builds_only_datasets_with_a_table4_run_left(tmp_path):
     assert left == [d for d in TABLE4_BY_GAIN if d != done]
     assert list(gpu_window.build_order(left, 3)) == ["walker2d", "hopper", "halfcheetah"]
     assert gpu_window.build_order(left, 3)["walker2d"] == [
-        f"dt-primal/walker2d/{level}" for level in ("medium-replay-v0", "medium-v0", "medium-expert-v1")
+        f"dt-primal/walker2d/{level}" for level in ("medium-replay-v1", "medium-v1", "medium-expert-v2")
     ]
 
 
