@@ -227,6 +227,26 @@ def test_several_datasets_on_the_command_line_train_resume_and_report_per_datase
             assert (result["dataset"], result["seed"], result["step"]) == (source, s, 5)
 
 
+def test_an_ensemble_of_datasets_whose_paper_s_differ_resumes(tmp_path):
+    """DT members of halfcheetah medium (the paper's s 64) and medium-replay (32) train as one model; resumed,
+    each keeps the s its dataset resolved to instead of taking the first member's."""
+    files = []
+    for k, name in enumerate(("halfcheetah_medium.hdf5", "halfcheetah_medium_replay.hdf5")):
+        files.append(str(tmp_path / name))
+        write_d4rl(tmp_path / name, make_episodes(lengths=(20, 30), obs_dim=17, act_dim=6, seed=k))
+    out = tmp_path / "run"
+    options = ["--model", "dt", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--device", "cpu"]
+    options += ["--precision", "fp32", "--seeds", "0", "--warmup-steps", "2", "--eval-every", "1000"]
+    common = ["train.py", "--dataset", *files, *options, "--eval-episodes", "1", "--out", str(out)]
+    res = run(*common, "--steps", "2")
+    assert res.returncode == 0, res.stderr
+    res = run(*common, "--steps", "3", "--resume")
+    assert res.returncode == 0 and f"resumed from {out} at step 2" in res.stdout, res.stderr
+    for source, s in zip(files, (64, 32)):
+        folder = out / source.replace("/", "_").removesuffix(".hdf5") / "dt" / "seed_0"
+        assert json.loads((folder / "eval.json").read_text())["config"]["s"] == s
+
+
 def test_seeds_on_the_command_line_then_evaluate_and_resume_rules(data, tmp_path):
     out = tmp_path / "run"
     res = run(
