@@ -209,6 +209,10 @@ class Config:
             self, s=self.resolved_s(), max_ep_len=self.max_ep_len or task.time_limit or DEFAULT_MAX_EP_LEN
         )
 
+    def unresolved(self) -> Config:
+        """This config with the fields ``resolved`` sets per dataset left unset again, for another dataset."""
+        return dataclasses.replace(self, s=None, max_ep_len=None)
+
     @classmethod
     def from_record(cls, record: object) -> Config:
         """The run config a checkpoint or an exported policy stored: exactly this class's fields (the readers
