@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results.md"
 CURRENT = "results/table4-cpu"
 FULL = "results/table4"  # the full protocol, on a GPU
+FULL_LEGACY = "table4-full*"  # under LEGACY: full-protocol rows Table 4 no longer uses
 LEGACY = "results/legacy"
 PRIMAL = LABELS["primal"]
 
@@ -391,7 +392,7 @@ def yardstick(datasets: list[str] = TABLE4) -> str:
     if not any(mine.values()):
         return f"No records in `{YARDSTICK}` yet.\n"
     ours = {(row_key(r["dataset"]), name): r for name, rows in mine.items() for r in rows}
-    for folder in [ROOT / FULL, *sorted((ROOT / LEGACY).glob("table4-full*"))]:
+    for folder in [ROOT / FULL, *sorted((ROOT / LEGACY).glob(FULL_LEGACY))]:
         ours |= {(row_key(r["dataset"]), r["model"]): r for r in collect(folder, datasets, ["dt", "primal"], [0, 1, 2])}
     names = {row_key(d): short(d) for d in datasets}
     score = lambda key, name: ours[key, name]["targets"][0] if (key, name) in ours else None
@@ -492,7 +493,7 @@ SECTIONS = {
     "yardstick-earlier": lambda: yardstick(earlier_versions()),
     "conditioning": conditioning,
     "table4": table4_sections,
-    "table4-full": lambda: table4_sections(FULL, "table4-full*"),
+    "table4-full": lambda: table4_sections(FULL, FULL_LEGACY),
     "ablation": ablation,
     **{
         name: lambda c=c: compare([tuple(p) for p in c["parts"]], c["datasets"], *c["compare"])
