@@ -55,10 +55,10 @@ LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 # each task's newest version of each level; a version's files are committed under datasets/policies/<env>/
 VERSIONS = {
     "random": {"halfcheetah": 0, "hopper": 0, "walker2d": 0},
-    "medium": {"halfcheetah": 1, "hopper": 0, "walker2d": 1},
-    "medium-replay": {"halfcheetah": 1, "hopper": 0, "walker2d": 1},
+    "medium": {"halfcheetah": 1, "hopper": 1, "walker2d": 1},
+    "medium-replay": {"halfcheetah": 1, "hopper": 1, "walker2d": 1},
     "expert": {"halfcheetah": EXPERT_VERSION, "hopper": EXPERT_VERSION, "walker2d": EXPERT_VERSION},
-    "medium-expert": {"halfcheetah": 2, "hopper": 1, "walker2d": 2},
+    "medium-expert": {"halfcheetah": 2, "hopper": 2, "walker2d": 2},
 }
 MEDIUM_EXPERT = {0: (0, 0), 1: (0, 1), 2: (1, 1)}  # medium-expert-vN: the versions of its medium and its expert
 FULL_STEPS = 1_000_000

@@ -15,7 +15,7 @@ from commands import tables
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (".py", ".md", ".txt", ".json", ".jsonl", ".csv", ".toml", ".cfg", ".yaml", ".yml", ".sh", "")
 # committed Table 4 records of one dataset, both models (a legacy table: its records never move again)
-HOPPER_MR = ROOT / "results/legacy/table4-cpu-gpt2-timestep/dt-primal_hopper_medium-replay-v0"
+HOPPER_M = ROOT / "results/legacy/table4-cpu-gelu/dt-primal_hopper_medium-v0"
 
 
 def tracked() -> list[Path]:
@@ -42,10 +42,10 @@ def test_results_page_is_what_the_records_give():
 
 def test_a_missing_table4_row_is_named_missing(tmp_path, monkeypatch):
     """A Table 4 folder with one dataset's records names the other rows missing and averages only what it has."""
-    src = HOPPER_MR
+    src = HOPPER_M
     for model in ("dt", "primal"):
         for seed in range(3):
-            run = tmp_path / "dt-primal_hopper_medium-replay-v0" / model / f"seed_{seed}"
+            run = tmp_path / "dt-primal_hopper_medium-v0" / model / f"seed_{seed}"
             run.mkdir(parents=True)
             for name in ("eval.json", "evals.jsonl"):
                 (run / name).write_text((src / model / f"seed_{seed}" / name).read_text())
@@ -61,8 +61,8 @@ def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
     legacy section below that protocol's current table, with the rows the folder holds and no others."""
     for legacy in ("table4-cpu-old", "table4-full-old"):
         shutil.copytree(
-            HOPPER_MR,
-            tmp_path / "results/legacy" / legacy / "dt-primal_hopper_medium-replay-v0",
+            HOPPER_M,
+            tmp_path / "results/legacy" / legacy / "dt-primal_hopper_medium-v0",
             ignore=shutil.ignore_patterns("events.out.tfevents.*"),
         )
     monkeypatch.setattr(tables, "ROOT", tmp_path)
@@ -72,7 +72,7 @@ def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
     ):
         now, before = md.split(f"### Legacy: `results/legacy/{legacy}`")
         assert now.startswith(f"No records in `{current}` yet: all 18 rows are missing.")
-        assert "| hopper/medium-replay (3600 / 1800) | Primal.+DT | 3 |" in before
+        assert "| hopper/medium (3600 / 1800) | Primal.+DT | 3 |" in before
         assert "missing" not in before and "All 2 rows are present." in before
         assert "### Legacy" not in before
 

@@ -210,7 +210,7 @@ def test_the_sweeps_table4_is_the_versions_its_records_use_that_the_tree_can_bui
     from commands.sweep.grid import TABLE4
 
     assert [d for d in TABLE4 if "hopper" in d] == [
-        f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v0", "medium-expert-v1")
+        f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v1", "medium-expert-v1")
     ]
     trained = []
     run = lambda groups, args, extra, deadline: trained.extend(groups) or []
