@@ -274,10 +274,13 @@ def compare(parts: list[tuple[str, list[str], str, str]], datasets: list[str], a
     errors; a short table of the rows' settings under it."""
     rows = []
     for folder, models, label, name in parts:
-        rows += [
-            dict(r, label=label or r["label"], name=name or r["name"])
-            for r in collect(ROOT / folder, datasets, models, [0, 1, 2])
-        ]
+        found = collect(ROOT / folder, datasets, models, [0, 1, 2])
+        if not found:  # records moved (to results/legacy/) and results/comparisons.json still names their old folder
+            raise UserError(
+                f"{folder} holds no records of {', '.join(models)} on {', '.join(datasets)}: point "
+                "results/comparisons.json at the folder that holds them."
+            )
+        rows += [dict(r, label=label or r["label"], name=name or r["name"]) for r in found]
     rows = [r for d in datasets for r in rows if r["dataset"] == d]
     head = [*SCORE_COLUMNS, "records"]
     lines = [

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from commands import tables
+from dt_primal.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (".py", ".md", ".txt", ".json", ".jsonl", ".csv", ".toml", ".cfg", ".yaml", ".yml", ".sh", "")
@@ -75,6 +76,18 @@ def test_moving_a_table4_to_legacy_is_one_step(tmp_path, monkeypatch):
         assert "| hopper/medium (3600 / 1800) | Primal.+DT | 3 |" in before
         assert "missing" not in before and "All 2 rows are present." in before
         assert "### Legacy" not in before
+
+
+def test_a_comparison_whose_folder_lost_its_records_is_refused(tmp_path, monkeypatch):
+    """A comparison part naming a folder that holds none of its datasets (records moved to results/legacy/) stops
+    the tables with the folder named, instead of rendering an empty side."""
+    shutil.copytree(HOPPER_M, tmp_path / "results/kept/dt-primal_hopper_medium-v0")
+    (tmp_path / "results/moved").mkdir()
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    parts = [("results/kept", ["dt"], "kept", "dt"), ("results/moved", ["dt"], "moved", "dt")]
+    assert "| hopper/medium | kept | 3 |" in tables.compare(parts[:1], ["dt-primal/hopper/medium-v0"], "kept", "kept")
+    with pytest.raises(UserError, match="results/moved holds no records of dt on dt-primal/hopper/medium-v0"):
+        tables.compare(parts, ["dt-primal/hopper/medium-v0"], "kept", "moved")
 
 
 def test_every_record_says_how_it_was_made():
