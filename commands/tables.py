@@ -388,36 +388,35 @@ def verdict(bc10: str, dt: str) -> str:
 
 
 def yardstick(datasets: list[str] = TABLE4) -> str:
-    """BC and 10 %BC at the full protocol on ``datasets`` (one per Table 4 row) beside their published scores and
-    our full-protocol DT and Primal.+DT on the same versions (high target), with a verdict per dataset: does the
-    data or the training explain where DT falls short?"""
+    """BC and 10 %BC at the full protocol on ``datasets`` (Table 4 rows, at any versions) beside their published
+    scores and our full-protocol DT and Primal.+DT on the same versions (high target), with a verdict per dataset:
+    does the data or the training explain where DT falls short?"""
     mine = {name: collect(ROOT / YARDSTICK / name, datasets, ["bc"], [0, 1, 2]) for name in ("bc", "bc10")}
     if not any(mine.values()):
         return f"No records in `{YARDSTICK}` yet.\n"
-    ours = {(row_key(r["dataset"]), name): r for name, rows in mine.items() for r in rows}
+    ours = {(r["dataset"], name): r for name, rows in mine.items() for r in rows}
     for folder in [ROOT / FULL, *sorted((ROOT / LEGACY).glob(FULL_LEGACY))]:
-        ours |= {(row_key(r["dataset"]), r["model"]): r for r in collect(folder, datasets, ["dt", "primal"], [0, 1, 2])}
-    names = {row_key(d): short(d) for d in datasets}
-    score = lambda key, name: ours[key, name]["targets"][0] if (key, name) in ours else None
+        ours |= {(r["dataset"], r["model"]): r for r in collect(folder, datasets, ["dt", "primal"], [0, 1, 2])}
+    score = lambda dataset, name: ours[dataset, name]["targets"][0] if (dataset, name) in ours else None
     lines = []
-    for key in (k for k in ORDER if k in names):
-        pub = BASELINES[key]
+    for dataset in sorted((d for d in datasets if row_key(d) in ORDER), key=lambda d: ORDER.index(row_key(d))):
+        pub = BASELINES[row_key(dataset)]
         bc_text, *_ = published(pub["bc"])
         bc10_text, lo10, hi10 = published(pub["bc10"])
-        dt_text, lo_dt, hi_dt = published([*pub["dt"], PAPER[key][1][0]])
+        dt_text, lo_dt, hi_dt = published([*pub["dt"], PAPER[row_key(dataset)][1][0]])
         mean = lambda t: None if t is None else t["mean"]
-        bc10, dt = score(key, "bc10"), score(key, "dt")
+        bc10, dt = score(dataset, "bc10"), score(dataset, "dt")
         bc10_vs, dt_vs = in_range(mean(bc10), lo10, hi10), in_range(mean(dt), lo_dt, hi_dt)
         lines.append(
             [
-                names[key],
-                cell(score(key, "bc")),
+                short(dataset),
+                cell(score(dataset, "bc")),
                 bc_text,
                 cell(bc10),
                 bc10_text,
                 bc10_vs,
                 cell(dt),
-                cell(score(key, "primal")),
+                cell(score(dataset, "primal")),
                 dt_text,
                 dt_vs,
                 verdict(bc10_vs, dt_vs),
@@ -447,13 +446,13 @@ def yardstick(datasets: list[str] = TABLE4) -> str:
 
 
 def earlier_versions() -> list[str]:
-    """For each Table 4 dataset, its newest earlier version with yardstick records (none where Table 4 still uses
-    the first)."""
+    """For each Table 4 dataset, every earlier version with yardstick records, oldest first (none where Table 4
+    still uses the first)."""
     have = {d for name in ("bc", "bc10") for d in held(ROOT / YARDSTICK / name)}
     earlier = []
     for env, levels in TABLE4_VERSIONS.items():
         for level, version in levels.items():
-            earlier += [d for d in (suite_id(env, level, v) for v in range(version)) if d in have][-1:]
+            earlier += [d for d in (suite_id(env, level, v) for v in range(version)) if d in have]
     return earlier
 
 

@@ -145,3 +145,12 @@ def test_the_yardstick_on_earlier_versions_sets_them_beside_the_dt_rows_made_on_
     (row,) = [line for line in md.splitlines() if line.startswith("| walker2d/medium-replay |")]
     assert row.count("| – |") == 0 and "training (10 %BC in range, DT short)" in row
     assert "hopper" not in md.split("\n\n")[0]
+
+
+def test_two_versions_of_one_row_keep_their_own_numbers():
+    """hopper medium-replay's v0 and v1 side by side: each row has its own yardstick, and only v0, on which the
+    full protocol ran, has DT's numbers."""
+    md = tables.yardstick(["dt-primal/hopper/medium-replay-v0", "dt-primal/hopper/medium-replay-v1"])
+    v0, v1 = [line.split(" | ") for line in md.splitlines() if line.startswith("| hopper/medium-replay")]
+    assert v0[0] == "| hopper/medium-replay" and v1[0] == "| hopper/medium-replay-v1"
+    assert v0[3] != v1[3] and v0[6] != "–" and v1[6] == "–"
