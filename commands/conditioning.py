@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
         "--dataset",
         default=None,
         help="the dataset whose best and median episode returns set the sweep and are marked (default: the "
-        "first checkpoint's, when it is a suite id such as dt-primal/hopper/medium-replay-v1)",
+        "first checkpoint's, when it is a suite id such as dt-primal/hopper/medium-replay-v2)",
     )
     return p
 

@@ -55,12 +55,13 @@ LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 # each task's newest version of each level; a version's files are committed under datasets/policies/<env>/
 VERSIONS = {
     "random": {"halfcheetah": 0, "hopper": 0, "walker2d": 0},
-    "medium": {"halfcheetah": 1, "hopper": 1, "walker2d": 1},
-    "medium-replay": {"halfcheetah": 1, "hopper": 1, "walker2d": 1},
+    "medium": {"halfcheetah": 1, "hopper": 2, "walker2d": 1},
+    "medium-replay": {"halfcheetah": 1, "hopper": 2, "walker2d": 1},
     "expert": {"halfcheetah": EXPERT_VERSION, "hopper": EXPERT_VERSION, "walker2d": EXPERT_VERSION},
-    "medium-expert": {"halfcheetah": 2, "hopper": 2, "walker2d": 2},
+    "medium-expert": {"halfcheetah": 2, "hopper": 3, "walker2d": 2},
 }
-MEDIUM_EXPERT = {0: (0, 0), 1: (0, 1), 2: (1, 1)}  # medium-expert-vN: the versions of its medium and its expert
+# medium-expert-vN: the versions of its medium and its expert
+MEDIUM_EXPERT = {0: (0, 0), 1: (0, 1), 2: (1, 1), 3: (2, 1)}
 FULL_STEPS = 1_000_000
 ROLLOUT_PARTS = 2  # fixed, so that a seed gives the same rollout seeds on any machine
 PART_ENVS = 32  # envs batched in a part; they may run in several processes (the same data)

@@ -12,7 +12,7 @@ Two DT baselines: this folder's ``dt`` runs share Primal.+DT's settings ("DT (ma
 the DT paper's own ("DT (DT paper's settings)", the paper's Table 4 row) is a sweep of its own with
 ``--models dt -- --preset dt-paper``, whose folder ``--baseline`` adds to the tables.
 
-  python -m commands.sweep --datasets dt-primal/hopper/medium-replay-v1 --models dt primal \\
+  python -m commands.sweep --datasets dt-primal/hopper/medium-replay-v2 --models dt primal \\
       --seeds 0 1 2 --jobs 2 --out runs/sweep -- --preset quick --steps 5000
   python -m commands.sweep --datasets table4 --jobs 6 --out runs/table4   # the paper's Table 4, 54 runs in 6 ensembles
   # only the rows not committed:

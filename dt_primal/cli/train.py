@@ -32,9 +32,9 @@ DESCRIPTION = """Train a Decision Transformer (dt), Primal.+DT (primal, default)
 dataset, evaluate it, and write DIR/last.pt, DIR/eval.json and TensorBoard events.
 
   python train.py --preset quick                       # a checkout: minutes on a CPU, on its offline suite
-  python train.py --dataset dt-primal/hopper/medium-replay-v1 --model primal --seeds 0 1 2 --out runs/hmr
+  python train.py --dataset dt-primal/hopper/medium-replay-v2 --model primal --seeds 0 1 2 --out runs/hmr
   python train.py --seeds 0 1 2 --out runs/hmr --resume  # after Ctrl-C (exit 130) or SIGTERM (exit 143)
-  python train.py --dataset dt-primal/hopper/medium-v0 dt-primal/hopper/medium-replay-v1 --seeds 0 1 2 --out runs/h
+  python train.py --dataset dt-primal/hopper/medium-v0 dt-primal/hopper/medium-replay-v2 --seeds 0 1 2 --out runs/h
   dt-primal-train --dataset mujoco/hopper/medium-v0 --download --out runs/hm   # installed: the same options
   (--seeds, and several --dataset of one task, train in one process as one ensemble, each member as it
   would train alone; several datasets write OUT/DATASET/MODEL/seed_N: docs/ensembles.md)

@@ -89,7 +89,7 @@ def test_a_medium_expert_that_is_not_local_says_how_to_make_it():
 def test_suite_datasets_built_at_once_are_those_built_one_by_one(tmp_path, monkeypatch, capsys):
     """``build --jobs``: child processes build the datasets (and a medium-expert's missing parts) side by side;
     the data is what building them one after the other gives."""
-    ids = ["dt-primal/hopper/medium-replay-v1", "dt-primal/hopper/medium-expert-v1"]
+    ids = ["dt-primal/hopper/medium-replay-v2", "dt-primal/hopper/medium-expert-v1"]
     built = {}
     for folder, jobs in (("together", "3"), ("apart", "1")):
         monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / folder))

@@ -27,12 +27,12 @@ STEPS = 300
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     """medium.pt, the experts expert-v0.pt and expert-v1.pt, and medium_replay.npz as the learner exports them,
-    and a second learner's medium-v1.pt and medium_replay-v1.npz (half-precision observations), which make
-    hopper's medium-v1, medium-replay-v1 and medium-expert-v2 here."""
+    and a second and a third learner's medium-vN.pt and medium_replay-vN.npz (half-precision observations), which
+    make hopper's medium-vN, medium-replay-vN and medium-expert-v(N + 1) here, N = 1, 2."""
     root = tmp_path_factory.mktemp("policies")
     folder = root / "hopper"
     folder.mkdir()
-    for i, name in enumerate(("medium.pt", "expert-v0.pt", "expert-v1.pt", "medium-v1.pt")):
+    for i, name in enumerate(("medium.pt", "expert-v0.pt", "expert-v1.pt", "medium-v1.pt", "medium-v2.pt")):
         torch.manual_seed(i)
         meta = {
             "task": "hopper",
@@ -47,13 +47,16 @@ def policies(tmp_path_factory):
     rng = np.random.default_rng(0)
     eps = collect(HOPPER, lambda o: rng.uniform(-1, 1, (len(o), 3)).astype(np.float32), num_steps=500, num_envs=4)
     (folder / "learner.json").write_text(json.dumps({"task": "hopper"}))  # the first learners' has no medium score
-    (folder / "learner-v1.json").write_text(json.dumps({"task": "hopper", "medium_score": 60.0}))
     buffer = as_buffer(eps)
     save_transitions(folder / "medium_replay.npz", buffer)
-    save_transitions(folder / "medium_replay-v1.npz", half_precision({**buffer, "actions": -buffer["actions"]}))
+    for version, scale in ((1, -1), (2, 0.5)):
+        (folder / f"learner-v{version}.json").write_text(json.dumps({"task": "hopper", "medium_score": 60.0}))
+        save_transitions(
+            folder / f"medium_replay-v{version}.npz", half_precision({**buffer, "actions": scale * buffer["actions"]})
+        )
     mp = pytest.MonkeyPatch()
     mp.setattr(suite, "POLICY_DIR", root)
-    for level, newest in (("medium", 1), ("medium-replay", 1), ("medium-expert", 2)):
+    for level, newest in (("medium", 2), ("medium-replay", 2), ("medium-expert", 3)):
         mp.setitem(suite.VERSIONS[level], "hopper", newest)
     yield folder
     mp.undo()
@@ -210,7 +213,7 @@ def test_the_sweeps_table4_is_the_versions_its_records_use_that_the_tree_can_bui
     from commands.sweep.grid import TABLE4
 
     assert [d for d in TABLE4 if "hopper" in d] == [
-        f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v1", "medium-expert-v1")
+        f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v2", "medium-expert-v1")
     ]
     trained = []
     run = lambda groups, args, extra, deadline: trained.extend(groups) or []

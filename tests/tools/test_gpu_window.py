@@ -292,7 +292,7 @@ def test_the_window_builds_the_first_tasks_datasets_first_and_every_medium_repla
 
     order = gpu_window.build_order(TABLE4_BY_GAIN, 3)
     assert order == {
-        "hopper": [f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v1", "medium-expert-v1")],
+        "hopper": [f"dt-primal/hopper/{level}" for level in ("medium-v0", "medium-replay-v2", "medium-expert-v1")],
         "walker2d": ["dt-primal/walker2d/medium-replay-v1"],
         "halfcheetah": ["dt-primal/halfcheetah/medium-replay-v1"],
     }
