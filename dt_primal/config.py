@@ -210,8 +210,20 @@ class Config:
         )
 
     def unresolved(self) -> Config:
-        """This config with the fields ``resolved`` sets per dataset left unset again, for another dataset."""
-        return dataclasses.replace(self, s=None, max_ep_len=None)
+        """This config, resolved for its dataset, made ready for another: ``s`` and ``max_ep_len`` unset again
+        where they are what ``resolved`` gives this dataset, kept where the run was given other values."""
+        from envs import find_task
+
+        unset = dataclasses.replace(self, s=None, max_ep_len=None)
+        task = find_task(self.dataset)
+        if task is None:
+            return unset
+        own = unset.resolved(task)
+        return dataclasses.replace(
+            unset,
+            s=None if self.s == own.s else self.s,
+            max_ep_len=None if self.max_ep_len == own.max_ep_len else self.max_ep_len,
+        )
 
     @classmethod
     def from_record(cls, record: object) -> Config:

@@ -102,7 +102,7 @@ def train_command(argv: list[str], load_dataset: Loader) -> None:
     if args.resume and first.exists():  # the checkpoint's settings, except those given now; checked whole first,
         # so that a damaged checkpoint is refused before the dataset it names is read
         run = Config.from_record(load_checkpoint(first, resume=True)["config"])
-        if specs and len(specs) > 1:  # the first member's resolved fields are its dataset's: each resolves its own
+        if specs and len(specs) > 1:  # fields resolved for the first member's dataset: each member resolves its own
             run = run.unresolved()
         cfg = dataclasses.replace(run, **{**given, "out": cfg.out}).validate()
     specs = specs or [cfg.dataset]

@@ -227,9 +227,11 @@ def test_several_datasets_on_the_command_line_train_resume_and_report_per_datase
             assert (result["dataset"], result["seed"], result["step"]) == (source, s, 5)
 
 
-def test_an_ensemble_of_datasets_whose_paper_s_differ_resumes(tmp_path):
+@pytest.mark.parametrize("given", [None, 16])
+def test_an_ensemble_of_datasets_whose_paper_s_differ_resumes(tmp_path, given):
     """DT members of halfcheetah medium (the paper's s 64) and medium-replay (32) train as one model; resumed,
-    each keeps the s its dataset resolved to instead of taking the first member's."""
+    each keeps the s its dataset resolved to instead of taking the first member's, or the --s the run was started
+    with, without being given it again."""
     files = []
     for k, name in enumerate(("halfcheetah_medium.hdf5", "halfcheetah_medium_replay.hdf5")):
         files.append(str(tmp_path / name))
@@ -238,11 +240,11 @@ def test_an_ensemble_of_datasets_whose_paper_s_differ_resumes(tmp_path):
     options = ["--model", "dt", "--d-model", "32", "--n-head", "2", "--n-layer", "2", "--device", "cpu"]
     options += ["--precision", "fp32", "--seeds", "0", "--warmup-steps", "2", "--eval-every", "1000"]
     common = ["train.py", "--dataset", *files, *options, "--eval-episodes", "1", "--out", str(out)]
-    res = run(*common, "--steps", "2")
+    res = run(*common, "--steps", "2", *(["--s", str(given)] if given else []))
     assert res.returncode == 0, res.stderr
     res = run(*common, "--steps", "3", "--resume")
     assert res.returncode == 0 and f"resumed from {out} at step 2" in res.stdout, res.stderr
-    for source, s in zip(files, (64, 32)):
+    for source, s in zip(files, (given or 64, given or 32)):
         folder = out / source.replace("/", "_").removesuffix(".hdf5") / "dt" / "seed_0"
         assert json.loads((folder / "eval.json").read_text())["config"]["s"] == s
 
