@@ -1,7 +1,8 @@
 """Checkpoint I/O. A checkpoint (``DIR/last.pt``) is one seed's run, self-describing: its weights and
 their architecture (``ModelConfig``, every field resolved), the run's config, the task (its
 environment, reference scores and targets), the normalisation statistics and, for ``--resume``, its
-AdamW moments and random generator states. A member of an ensemble writes the same file as a run of
+AdamW moments and random generator states, and the weights of an intermediate evaluation that ran
+beside training unrecorded when it was written. A member of an ensemble writes the same file as a run of
 that seed alone, so either can evaluate or resume it.
 
 The file holds tensors and plain data only (``torch.save``; read with ``dt_primal.files.torch_archive``, which
@@ -32,6 +33,9 @@ from dt_primal.model.members import stack_members
 FORMAT = 2
 CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
+PENDING = (
+    "pending_evaluation"  # read by --resume only, where an evaluation ran beside training (``pending_evaluation``)
+)
 FORMAT_1_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
 
 
@@ -61,10 +65,13 @@ def member_checkpoint(
     state_std: np.ndarray,
     dataset: str,
     model_config: ModelConfig,
+    pending: tuple[int, dict] | None = None,
 ) -> dict:
     """One member's checkpoint, as ``save_checkpoints`` writes it (its ``format`` added there): the keys
-    ``CHECKPOINT_KEYS`` and ``TRAINING_STATE_KEYS`` that ``read_checkpoint`` and ``load_checkpoint`` read."""
+    ``CHECKPOINT_KEYS`` and ``TRAINING_STATE_KEYS`` that ``read_checkpoint`` and ``load_checkpoint`` read, and
+    ``pending``, the step and member weights of an evaluation running beside training, not yet recorded."""
     return {
+        **({PENDING: {"step": pending[0], "model": pending[1]}} if pending else {}),
         "model": model,
         "optimizer": optimizer,
         "step": step,
@@ -241,6 +248,32 @@ def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
             f"the version that wrote it, or retrain."
         ) from exc
     return ckpt
+
+
+def pending_evaluation(ckpts: list[dict], eval_every: int, where) -> tuple[int, list[dict]] | None:
+    """The step and the members' weights of the intermediate evaluation that ran beside training, unrecorded,
+    when the members' checkpoints (``load_members``) were written; None when none ran. Checked: one step of
+    evaluation for all, not after the checkpoints' own, and finite weights."""
+    pending = [c.get(PENDING) for c in ckpts]
+    if all(p is None for p in pending):
+        return None
+    ok = all(
+        isinstance(p, dict)
+        and is_count(p.get("step"))
+        and isinstance(p.get("model"), dict)
+        and all(
+            isinstance(w, torch.Tensor) and (not w.is_floating_point() or torch.isfinite(w).all())
+            for w in p["model"].values()
+        )
+        for p in pending
+    )
+    step = pending[0]["step"] if ok else None
+    if not ok or any(p["step"] != step for p in pending) or not 0 < step <= ckpts[0]["step"] or step % eval_every:
+        raise UserError(
+            f"The training state in {where} is damaged (its unrecorded evaluation is not one of an evaluation step "
+            f"with finite weights); evaluate it with evaluate.py, or start a new run with another --out."
+        )
+    return step, [p["model"] for p in pending]
 
 
 def _upgrade(ckpt: dict, path: str | os.PathLike) -> dict:

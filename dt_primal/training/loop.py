@@ -29,6 +29,7 @@ from dt_primal.files.checkpoint import (
     load_members,
     member_checkpoint,
     model_from_checkpoints,
+    pending_evaluation,
     rng_state,
     save_checkpoints,
     set_rng_state,
@@ -109,8 +110,7 @@ class TrainingRun:
         self.overlapped = OverlappedEvaluation(self.model, self.acting_with, self.device, kernel) if overlap else None
         self.names = [member_name(m.cfg.dataset, m.cfg.seed, len(self.parts) > 1) for m in self.members]
         self._open_records()
-        if self._evaluation_missing():
-            self.evaluate_and_record()
+        self._evaluate_missing(ckpts)
 
     def acting_with(self, model, capture: bool = True) -> Policy:
         """The members' policy with ``model`` (the trained model, or a copy of its weights); ``capture``: as
@@ -185,17 +185,24 @@ class TrainingRun:
         self.step = self.saved_step = ckpts[0]["step"]
         print(f"resumed from {members[0].last if len(members) == 1 else self.out} at step {self.step}")
 
-    def _evaluation_missing(self) -> bool:
-        """Whether the run continues from a checkpoint of an evaluation step whose evaluation its learning curve
-        lacks (the evaluation ran beside training when the run was killed): it runs first then, as it would have."""
-        step, cfg = self.step, self.cfg
-        return (
-            self.rank == 0
-            and self.saved_step is not None
-            and 0 < step < cfg.steps
-            and step % cfg.eval_every == 0
-            and all(point["step"] != step for point in read_curve(self.curves[0]))
-        )
+    def _evaluate_missing(self, ckpts: list[dict] | None) -> None:
+        """A continued run first makes the intermediate evaluations its curve lacks, as it would have: the one that
+        ran beside training when the run was killed or ended (of an earlier step, whose weights the checkpoint keeps),
+        and the one of the checkpoint's own step (killed while it ran beside training, or a run ended there)."""
+        if self.rank != 0 or ckpts is None:
+            return
+        cfg, pending = self.cfg, pending_evaluation(ckpts, self.cfg.eval_every, self.where)
+        missing = {pending[0]: pending[1]} if pending and pending[0] != self.step else {}
+        missing[self.step] = None  # the model's own weights
+        made = {point["step"] for point in read_curve(self.curves[0])}
+        for step, weights in missing.items():
+            if step in made or not 0 < step < cfg.steps or step % cfg.eval_every:
+                continue
+            if weights is None:
+                self.evaluate_and_record()
+                continue
+            model = model_from_checkpoints([{**c, "model": w} for c, w in zip(ckpts, weights)], self.device)
+            self._evaluate_in_line(self.acting_with(model, capture=False), step)
 
     def _open_records(self) -> None:
         """TensorBoard writers and evals.jsonl of every member (rank 0; an evaluation newer than the
@@ -351,7 +358,9 @@ class TrainingRun:
         )
 
     def checkpoint(self) -> None:
-        """Every member's last.pt, written atomically."""
+        """Every member's last.pt, written atomically, with the weights of an evaluation running beside training
+        (recorded later: a run killed before then makes it again when continued)."""
+        running = self.overlapped.running() if self.overlapped is not None else None
         save_checkpoints(
             [m.last for m in self.members],
             [
@@ -366,6 +375,7 @@ class TrainingRun:
                     state_std=m.state_std,
                     dataset=m.data.source,
                     model_config=model_config(m),
+                    pending=None if running is None else (running, member_state(self.overlapped.copy, i)),
                 )
                 for i, m in enumerate(self.members)
             ],

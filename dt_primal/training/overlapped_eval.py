@@ -72,6 +72,10 @@ class OverlappedEvaluation:
         except BaseException as exc:  # raised again by collect(), in the training loop's thread
             self.outcome = exc
 
+    def running(self) -> int | None:
+        """The step of the evaluation started and not yet collected (its weights: ``copy``); None when none."""
+        return self.step if self.thread is not None else None
+
     def collect(self) -> tuple[int, list, float] | None:
         """The running evaluation's step, reports and seconds, once it has ended; None when none runs."""
         if self.thread is None:

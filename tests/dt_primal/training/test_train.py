@@ -12,6 +12,7 @@ from conftest import SMALL, TINY, hopper_file, needs_cuda, run
 
 from datasets.loaders import load_dataset
 from dt_primal.config import Config
+from dt_primal.errors import UserError
 from dt_primal.training import loop
 from dt_primal.training.loop import train
 
@@ -288,6 +289,53 @@ def test_resume_from_an_evaluation_step_runs_the_evaluation_its_curve_lacks(tmp_
     a, b = (torch.load(p / "last.pt", weights_only=True) for p in (tmp_path / "straight", split))
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
+
+
+class Killed(BaseException):
+    """A kill at a chosen moment: nothing after it runs, as after SIGKILL."""
+
+
+def test_an_evaluation_beside_training_that_a_kill_cut_off_runs_when_the_run_continues(tmp_path, monkeypatch):
+    """Killed after a checkpoint written while step 4's evaluation still ran beside training (step 6), a run
+    keeps step 4's weights in that checkpoint; continued, it evaluates them first, so its curve and weights are
+    an uninterrupted run's. A damaged record of that evaluation is refused."""
+    data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
+    cfg = Config(**{**SMALL, "eval_every": 4}, steps=12, checkpoint_every=3, eval_episodes_during=2, seed=2)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "straight"), eval_overlap=False), data)
+    slow, release = loop.rollout, threading.Event()
+
+    def rollout(*args, **kwargs):  # the evaluation beside training lasts until the kill
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(60)
+        return slow(*args, **kwargs)
+
+    def checkpoint(run):
+        save(run)
+        if run.step == 6:
+            raise Killed
+
+    monkeypatch.setattr(loop, "rollout", rollout)
+    save = loop.TrainingRun.checkpoint
+    monkeypatch.setattr(loop.TrainingRun, "checkpoint", checkpoint)
+    split = tmp_path / "split"
+    with pytest.raises(Killed):
+        train(dataclasses.replace(cfg, out=str(split)), data)
+    release.set()
+    monkeypatch.undo()
+    assert _curve(split) == [] and torch.load(split / "last.pt", weights_only=True)["pending_evaluation"]["step"] == 4
+    train(dataclasses.replace(cfg, out=str(split)), data, resume=True)
+    straight = _curve(tmp_path / "straight")
+    assert [p["step"] for p in _curve(split)] == [p["step"] for p in straight] == [4, 8]
+    assert [p["reports"] for p in _curve(split)] == [p["reports"] for p in straight]
+    a, b = (torch.load(p / "last.pt", weights_only=True) for p in (tmp_path / "straight", split))
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
+
+    ckpt = torch.load(split / "last.pt", weights_only=True)  # at step 12; a record of step 10 is no evaluation's
+    ckpt["pending_evaluation"] = {"step": 10, "model": {k: w.clone() for k, w in ckpt["model"].items()}}
+    torch.save(ckpt, split / "last.pt")
+    with pytest.raises(UserError, match="is damaged .*unrecorded evaluation"):
+        train(dataclasses.replace(cfg, out=str(split), steps=14), data, resume=True)
 
 
 def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys):
