@@ -11,6 +11,7 @@ import numpy as np
 from dt_primal.config import ADDED_LATER, PRESETS
 from dt_primal.errors import UserError
 from dt_primal.evaluation.reports import mean_std, score
+from dt_primal.files.reading import is_count
 from dt_primal.files.records import evaluated_alike, read_curve, read_record
 from dt_primal.files.run_folder import CURVE, RECORD, group_dir, linked, run_dir, seed_folder
 
@@ -68,6 +69,19 @@ def curve_points(rd: Path) -> list[dict]:
 LAST_N = 3  # "mean of the last three evaluations" beside the last checkpoint
 
 
+def last_evaluations(curve: list[dict], config: object) -> list[dict] | None:
+    """A curve's (``curve_points``) last ``LAST_N`` points, when they are the final evaluation and the evaluation
+    steps just before it (every ``eval_every`` steps of the run's recorded ``config``); None where one is missing
+    (a point lost, or a config that does not say), so that no mean mixes other steps than its row's other seeds'."""
+    every = config.get("eval_every") if isinstance(config, dict) else None
+    if not is_count(every) or every == 0 or not curve:
+        return None
+    final = curve[-1]["step"]
+    last_periodic = (final - 1) // every * every
+    steps = [last_periodic - k * every for k in reversed(range(LAST_N - 1))] + [final]
+    return curve[-LAST_N:] if steps[0] > 0 and [p["step"] for p in curve[-LAST_N:]] == steps else None
+
+
 def seed_records(out: Path, dataset: str, model: str, seeds: list[int]) -> tuple[list[int], list[dict]]:
     """The seeds of one row that finished and their records (``read_record``), refused with a message naming the
     record where one is read through a link (it may lie outside ``out``) or where the seeds were not evaluated
@@ -108,15 +122,17 @@ def collect(
             finished, evals = seed_records(out, d, m, seeds)
             if not finished:
                 continue
-            curves = [curve_points(run_dir(out, d, m, s)) for s in finished]
+            lasts = [
+                last_evaluations(curve_points(run_dir(out, d, m, s)), e.get("config")) for s, e in zip(finished, evals)
+            ]
             targets = [r["target"] for r in evals[0]["targets"]]
             per_target = []
             for i, t in enumerate(targets):
                 entry = {"target": t, **mean_std([score(e["targets"][i]) for e in evals])}
-                if all(len(c) >= LAST_N for c in curves):
+                if all(lasts) and len({tuple(p["step"] for p in last) for last in lasts}) == 1:
                     entry["last3"] = {
-                        **mean_std([np.mean([p["scores"][i] for p in c[-LAST_N:]]) for c in curves]),
-                        "steps": [p["step"] for p in curves[0][-LAST_N:]],
+                        **mean_std([np.mean([p["scores"][i] for p in last]) for last in lasts]),
+                        "steps": [p["step"] for p in lasts[0]],
                     }
                 per_target.append(entry)
             settings = run_settings(gd, finished[0])

@@ -104,8 +104,8 @@ DT_PAPER_CONFIG = {"model": "dt", "d_model": 128, "n_head": 1, "lr": 1e-4, "prec
 
 
 def fake_run(out, dataset, model, seed, final, curve, config=None):
-    """A finished run as the sweep leaves it: evals.jsonl (5-episode points) and eval.json (final; with the
-    settings of ``config`` where given)."""
+    """A finished run as the sweep leaves it: evals.jsonl (5-episode points every 100 steps) and eval.json (final;
+    with the settings of ``config`` where given)."""
     rd = run_dir(out, dataset, model, seed)
     rd.mkdir(parents=True)
     (rd / "evals.jsonl").write_text(
@@ -131,7 +131,7 @@ def fake_run(out, dataset, model, seed, final, curve, config=None):
                     {"target": 3600.0, "normalized_mean": final[0], "episodes": 100},
                     {"target": 1800.0, "normalized_mean": final[1], "episodes": 100},
                 ],
-                **({"config": config} if config else {}),
+                "config": {"eval_every": 100, **(config or {})},
             }
         )
     )
@@ -168,6 +168,20 @@ def test_tables_tell_the_two_dt_baselines_apart_and_give_the_last_three_evaluati
     se = np.sqrt(np.var([60, 62, 64], ddof=1) / 3 + np.var([50, 51, 52], ddof=1) / 3)
     assert gap["gap"] == pytest.approx(11) and gap["se"] == pytest.approx(se) and gap["z"] == pytest.approx(11 / se)
     assert (tmp_path / "results.csv").read_text().count(DT_PAPER) == 2  # one line per target
+
+
+def test_the_last_three_evaluations_are_left_out_where_a_seed_lost_one(tmp_path):
+    """A seed whose curve lacks one of its last evaluations (one beside training, lost to a kill) leaves its row
+    without a mean of the last three, rather than one over other steps than its other seeds'."""
+    d = "dt-primal/hopper/medium-replay-v2"
+    for s in range(3):
+        fake_run(tmp_path, d, "dt", s, (50 + s, 40), [(10, 10), (20, 20), (30, 30)])
+    assert collect(tmp_path, [d], ["dt"], [0, 1, 2])[0]["targets"][0]["last3"]["steps"] == [200, 300, 400]
+    curve = run_dir(tmp_path, d, "dt", 2) / "evals.jsonl"
+    curve.write_text("".join(line + "\n" for line in curve.read_text().splitlines() if '"step": 300' not in line))
+    row = collect(tmp_path, [d], ["dt"], [0, 1, 2])[0]
+    assert row["targets"][0]["mean"] == pytest.approx(51) and "last3" not in row["targets"][0]
+    assert "last3" not in collect(tmp_path, [d], ["dt"], [2])[0]["targets"][1]  # 100, 200 and 400: not the last three
 
 
 def test_a_dt_is_labelled_by_the_settings_it_trained_with():
