@@ -33,9 +33,8 @@ from dt_primal.model.members import stack_members
 FORMAT = 2
 CHECKPOINT_KEYS = {"format", "model", "model_config", "config", "state_mean", "state_std", "task", "step", "dataset"}
 TRAINING_STATE_KEYS = {"optimizer", "rng"}  # needed by --resume only
-PENDING = (
-    "pending_evaluation"  # read by --resume only, where an evaluation ran beside training (``pending_evaluation``)
-)
+# read by --resume only, in a checkpoint written while an evaluation ran beside training (``pending_evaluation``)
+PENDING = "pending_evaluation"
 FORMAT_1_KEYS = {"model", "config", "state_mean", "state_std", "task", "obs_dim", "act_dim", "step", "dataset"}
 
 
@@ -250,10 +249,10 @@ def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict:
     return ckpt
 
 
-def pending_evaluation(ckpts: list[dict], eval_every: int, where) -> tuple[int, list[dict]] | None:
+def pending_evaluation(ckpts: list[dict], where) -> tuple[int, list[dict]] | None:
     """The step and the members' weights of the intermediate evaluation that ran beside training, unrecorded,
-    when the members' checkpoints (``load_members``) were written; None when none ran. Checked: one step of
-    evaluation for all, not after the checkpoints' own, and finite weights."""
+    when the members' checkpoints (``load_members``) were written; None when none ran. Checked: one step for
+    all, not after the checkpoints' own, and finite weights."""
     pending = [c.get(PENDING) for c in ckpts]
     if all(p is None for p in pending):
         return None
@@ -268,9 +267,9 @@ def pending_evaluation(ckpts: list[dict], eval_every: int, where) -> tuple[int, 
         for p in pending
     )
     step = pending[0]["step"] if ok else None
-    if not ok or any(p["step"] != step for p in pending) or not 0 < step <= ckpts[0]["step"] or step % eval_every:
+    if not ok or any(p["step"] != step for p in pending) or not 0 < step <= ckpts[0]["step"]:
         raise UserError(
-            f"The training state in {where} is damaged (its unrecorded evaluation is not one of an evaluation step "
+            f"The training state in {where} is damaged (its unrecorded evaluation is not one of a step it trained, "
             f"with finite weights); evaluate it with evaluate.py, or start a new run with another --out."
         )
     return step, [p["model"] for p in pending]

@@ -191,12 +191,13 @@ class TrainingRun:
         and the one of the checkpoint's own step (killed while it ran beside training, or a run ended there)."""
         if self.rank != 0 or ckpts is None:
             return
-        cfg, pending = self.cfg, pending_evaluation(ckpts, self.cfg.eval_every, self.where)
+        pending = pending_evaluation(ckpts, self.where)
         missing = {pending[0]: pending[1]} if pending and pending[0] != self.step else {}
-        missing[self.step] = None  # the model's own weights
+        if self.step % self.cfg.eval_every == 0 or pending and pending[0] == self.step:
+            missing[self.step] = None  # the model's own weights
         made = {point["step"] for point in read_curve(self.curves[0])}
         for step, weights in missing.items():
-            if step in made or not 0 < step < cfg.steps or step % cfg.eval_every:
+            if step in made or not 0 < step < self.cfg.steps:
                 continue
             if weights is None:
                 self.evaluate_and_record()

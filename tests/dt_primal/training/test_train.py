@@ -298,7 +298,7 @@ class Killed(BaseException):
 def test_an_evaluation_beside_training_that_a_kill_cut_off_runs_when_the_run_continues(tmp_path, monkeypatch):
     """Killed after a checkpoint written while step 4's evaluation still ran beside training (step 6), a run
     keeps step 4's weights in that checkpoint; continued, it evaluates them first, so its curve and weights are
-    an uninterrupted run's. A damaged record of that evaluation is refused."""
+    an uninterrupted run's. A record of an evaluation after the checkpoint's step is refused as damage."""
     data = load_dataset(str(hopper_file(tmp_path)), env="hopper")
     cfg = Config(**{**SMALL, "eval_every": 4}, steps=12, checkpoint_every=3, eval_episodes_during=2, seed=2)
     train(dataclasses.replace(cfg, out=str(tmp_path / "straight"), eval_overlap=False), data)
@@ -331,11 +331,11 @@ def test_an_evaluation_beside_training_that_a_kill_cut_off_runs_when_the_run_con
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
 
-    ckpt = torch.load(split / "last.pt", weights_only=True)  # at step 12; a record of step 10 is no evaluation's
-    ckpt["pending_evaluation"] = {"step": 10, "model": {k: w.clone() for k, w in ckpt["model"].items()}}
+    ckpt = torch.load(split / "last.pt", weights_only=True)  # at step 12: an evaluation of step 13 is damage
+    ckpt["pending_evaluation"] = {"step": 13, "model": {k: w.clone() for k, w in ckpt["model"].items()}}
     torch.save(ckpt, split / "last.pt")
-    with pytest.raises(UserError, match="is damaged .*unrecorded evaluation"):
-        train(dataclasses.replace(cfg, out=str(split), steps=14), data, resume=True)
+    with pytest.raises(UserError, match="is damaged .*unrecorded evaluation is not one of a step it trained"):
+        train(dataclasses.replace(cfg, out=str(split), steps=16), data, resume=True)
 
 
 def test_compiled_training_gives_the_weights_of_eager_training(tmp_path, capsys):
