@@ -288,10 +288,15 @@ class TrainingRun:
         self.bar.set_postfix(loss=" ".join(f"{a:.4f}" for a in sums[:, 1]), ups=f"{self.n_log / seconds:.1f}")
 
     def evaluate(
-        self, policy: Policy, episodes: int, recorder: Recorder | None = None, pipeline: bool | None = None
+        self,
+        policy: Policy,
+        episodes: int,
+        recorder: Recorder | None = None,
+        pipeline: bool | None = None,
+        progress: bool = False,
     ) -> tuple[list[list[dict]], float]:
-        """``episodes`` episodes per target of every member at once, acting with ``policy`` (``pipeline``: as
-        ``rollout``'s): per member, a report per target; and the seconds they took."""
+        """``episodes`` episodes per target of every member at once, acting with ``policy`` (``pipeline``, and
+        ``progress``, a progress bar: as ``rollout``'s): per member, a report per target; and the seconds they took."""
         members, t0 = self.members, time.perf_counter()
         with phase("evaluation"):
             per_member = rollout(
@@ -302,6 +307,7 @@ class TrainingRun:
                 seeds=evaluation_seeds([m.cfg.seed for m in members]),
                 recorder=recorder,
                 pipeline=pipeline,
+                progress=progress,
             )
         return per_member, time.perf_counter() - t0
 
@@ -407,7 +413,7 @@ class TrainingRun:
             self.checkpoint()
         chosen = renderer(self.members[0].task) if video else None  # before the evaluation's clock starts
         recorder = Recorder(1) if chosen else None
-        per_member, seconds = self.evaluate(self.policy, self.cfg.eval_episodes, recorder)
+        per_member, seconds = self.evaluate(self.policy, self.cfg.eval_episodes, recorder, progress=True)
         if recorder is not None:
             render([m.task for m in self.members], recorder.recorded(), per_member, self.names, video, chosen)
         results, made = [], provenance(self.device, self.code)

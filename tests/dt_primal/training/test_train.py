@@ -53,7 +53,7 @@ def test_end_to_end_train_then_evaluate(tmp_path):
         assert r["episodes"] == 3 and math.isfinite(r["normalized_mean"]) and r["return_mean"] > 0
     assert (out / "last.pt").exists() and list(out.glob("events.out.tfevents*"))
     assert [json.loads(line)["step"] for line in (out / "evals.jsonl").read_text().splitlines()] == [15]
-    assert "normalised score" in res.stdout
+    assert "normalised score" in res.stdout and "evaluating 6 episodes" in res.stderr  # the final one's progress
 
     res = run(
         "evaluate.py", str(out / "last.pt"), str(out / "last.pt"), "--episodes", "2", "--out", str(tmp_path / "ev.json")
