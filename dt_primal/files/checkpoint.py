@@ -176,10 +176,9 @@ def _check_values(ckpt: dict, path) -> None:
         raise UserError(
             f"{path} is damaged: its step is {str(step)[:40]!r}, not a count. Use an earlier copy or retrain."
         )
-    weights = ckpt["model"]
-    if not isinstance(weights, dict) or not all(isinstance(w, torch.Tensor) for w in weights.values()):
+    bad = _nonfinite(ckpt["model"])
+    if bad is None:
         raise UserError(f"{path} is damaged: its model is not a set of named tensors. Use an earlier copy or retrain.")
-    bad = [k for k, w in weights.items() if w.is_floating_point() and not torch.isfinite(w).all()]
     if bad:
         raise UserError(
             f"{path} holds NaN or infinite weights ({', '.join(bad[:3])}), so every action would be NaN: "
@@ -194,6 +193,14 @@ def _check_values(ckpt: dict, path) -> None:
             f"or so small that dividing by it overflows), which would make every action NaN; the file is "
             f"damaged. Use an earlier copy or retrain."
         )
+
+
+def _nonfinite(weights: object) -> list[str] | None:
+    """The names of ``weights``' floating tensors holding a NaN or an infinity; None when ``weights`` is not a
+    dict of named tensors."""
+    if not isinstance(weights, dict) or not all(isinstance(w, torch.Tensor) for w in weights.values()):
+        return None
+    return [k for k, w in weights.items() if w.is_floating_point() and not torch.isfinite(w).all()]
 
 
 def _check_training_state(ckpt: dict, path) -> None:
@@ -256,16 +263,7 @@ def pending_evaluation(ckpts: list[dict], where) -> tuple[int, list[dict]] | Non
     pending = [c.get(PENDING) for c in ckpts]
     if all(p is None for p in pending):
         return None
-    ok = all(
-        isinstance(p, dict)
-        and is_count(p.get("step"))
-        and isinstance(p.get("model"), dict)
-        and all(
-            isinstance(w, torch.Tensor) and (not w.is_floating_point() or torch.isfinite(w).all())
-            for w in p["model"].values()
-        )
-        for p in pending
-    )
+    ok = all(isinstance(p, dict) and is_count(p.get("step")) and _nonfinite(p.get("model")) == [] for p in pending)
     step = pending[0]["step"] if ok else None
     if not ok or any(p["step"] != step for p in pending) or not 0 < step <= ckpts[0]["step"]:
         raise UserError(
